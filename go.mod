@@ -1,0 +1,3 @@
+module github.com/vipkit/vipkit
+
+go 1.26

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the system packages vipkit's tests need when they are missing:
+# PostgreSQL (hosting's store tests start their own server), Chromium (the web
+# editor's tests), iproute2 (network namespaces) and systemd (systemd-analyze
+# verifies keel-vip's units). Needs root and apt; elsewhere it only says what
+# is missing, and the tests that need it skip (or fail under
+# VIPKIT_REQUIRE_ALL=1).
+set -euo pipefail
+
+missing=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "deps: missing ${missing[*]}; install them (as root, with apt-get) or the tests that need them skip" >&2
+  exit 0
+fi
+echo "deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

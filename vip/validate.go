@@ -190,7 +190,7 @@ func ActiveChecks(services []Service) []CheckKey {
 				continue
 			}
 			for _, b := range l.Backends {
-				set[CheckKey{b.Node, b.Port}] = true
+				set[CheckKey(b)] = true
 			}
 		}
 	}

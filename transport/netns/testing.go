@@ -1,0 +1,175 @@
+//go:build linux
+
+package netns
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/vipkit/vipkit/internal/testenv"
+)
+
+// The functions ending in T are for tests: they skip the test (or fail it
+// under VIPKIT_REQUIRE_ALL=1) without root, fail it on error, and register
+// the teardown with t.Cleanup, so that namespaces, links and processes go
+// away when the test ends, passed or failed.
+
+var sweepOnce sync.Once
+
+// NewHostT creates a Host named UniqueName(label) for the test and closes it
+// at cleanup. The first call in a process also runs Sweep, removing what
+// earlier killed runs left behind.
+func NewHostT(t testing.TB, label string) *Host {
+	t.Helper()
+	testenv.NeedRoot(t)
+	sweepOnce.Do(func() {
+		removed, err := Sweep(context.Background())
+		if len(removed) > 0 {
+			t.Logf("netns: swept stale namespaces %v", removed)
+		}
+		if err != nil {
+			t.Logf("netns: sweep: %v", err)
+		}
+	})
+	name, err := UniqueName(label)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHost(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := h.Close(); err != nil {
+			t.Errorf("netns: close %s: %v", h.name, err)
+		}
+	})
+	return h
+}
+
+// ConnectT connects a and b with Connect and fails t on error. The link goes
+// away with either host.
+func ConnectT(t testing.TB, a, b *Host, o LinkOptions) *Link {
+	t.Helper()
+	l, err := Connect(context.Background(), a, b, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// NewSwitchT creates a Switch for the test, closed at cleanup.
+func NewSwitchT(t testing.TB, label string) *Switch {
+	t.Helper()
+	testenv.NeedRoot(t)
+	name, err := UniqueName(label)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSwitch(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("netns: close switch %s: %v", s.host.name, err)
+		}
+	})
+	return s
+}
+
+// LANT makes a switch and attaches every host to it; it returns the hosts'
+// interfaces on the LAN, in order.
+func LANT(t testing.TB, hosts ...*Host) (*Switch, []Iface) {
+	t.Helper()
+	s := NewSwitchT(t, "lan")
+	ifs := make([]Iface, len(hosts))
+	for i, h := range hosts {
+		var err error
+		if ifs[i], err = s.Attach(context.Background(), h, PortOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, ifs
+}
+
+// StartT runs argv in h with Start, logging its output to the test log line
+// by line (prefixed with the program and pid), and kills it at cleanup.
+func StartT(t testing.TB, h *Host, argv ...string) *Process {
+	t.Helper()
+	lw := &logWriter{t: t, prefix: fmt.Sprintf("[%s %s] ", h.name, argv[0])}
+	p, err := h.Start(context.Background(), argv, ProcOptions{Output: lw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw.setPrefix(fmt.Sprintf("[%s %s %d] ", h.name, argv[0], p.Pid()))
+	t.Cleanup(func() {
+		_ = p.Kill()
+		lw.close()
+	})
+	return p
+}
+
+// StartChildT runs the registered child function name in h with
+// StartChild, logging its output to the test log, and kills it at cleanup.
+func StartChildT(t testing.TB, h *Host, name string, args ...string) *Process {
+	t.Helper()
+	lw := &logWriter{t: t, prefix: fmt.Sprintf("[%s child %s] ", h.name, name)}
+	p, err := h.StartChild(context.Background(), name, args, ProcOptions{Output: lw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw.setPrefix(fmt.Sprintf("[%s child %s %d] ", h.name, name, p.Pid()))
+	t.Cleanup(func() {
+		_ = p.Kill()
+		lw.close()
+	})
+	return p
+}
+
+// logWriter sends whole lines to t.Log and drops output after close (t.Log
+// after the test has ended panics).
+type logWriter struct {
+	t      testing.TB
+	mu     sync.Mutex
+	prefix string
+	buf    []byte
+	closed bool
+}
+
+func (w *logWriter) setPrefix(p string) {
+	w.mu.Lock()
+	w.prefix = p
+	w.mu.Unlock()
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			break
+		}
+		w.t.Log(w.prefix + string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
+}
+
+func (w *logWriter) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.buf) > 0 && !w.closed {
+		w.t.Log(w.prefix + string(w.buf))
+	}
+	w.buf = nil
+	w.closed = true
+}

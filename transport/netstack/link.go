@@ -1,0 +1,349 @@
+package netstack
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/vipkit/vipkit/transport"
+)
+
+// link is the host's stack.LinkEndpoint: a bounded ring of outbound packets
+// drained by Read, with a wake-up channel instead of polling, and a
+// dispatcher into which Write injects inbound packets. It carries bare IP
+// packets: no link header, no link addresses, no ARP or NDP resolution.
+type link struct {
+	mtu uint32
+
+	dispatcher atomic.Pointer[dispatcherBox]
+
+	mu      sync.Mutex
+	ring    []*stack.PacketBuffer // guarded by mu
+	head    int                   // guarded by mu; index of the oldest packet
+	n       int                   // guarded by mu; packets queued
+	waiting bool                  // guarded by mu; a Read waits on ready
+	closed  bool                  // guarded by mu
+
+	ready chan struct{} // capacity 1: wakes a waiting Read
+	done  chan struct{} // closed by Close
+
+	// readMu serialises Reads, which share scratch.
+	readMu  sync.Mutex
+	scratch []*stack.PacketBuffer
+
+	outPackets, outBytes, outQueueFull, outTooBig atomic.Uint64
+}
+
+type dispatcherBox struct{ d stack.NetworkDispatcher }
+
+var _ stack.LinkEndpoint = (*link)(nil)
+
+func newLink(mtu, queue, batch int) *link {
+	return &link{
+		mtu:     uint32(mtu),
+		ring:    make([]*stack.PacketBuffer, queue),
+		ready:   make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		scratch: make([]*stack.PacketBuffer, batch),
+	}
+}
+
+// WritePackets implements stack.LinkWriter: it queues the stack's outbound
+// packets for Read. It never blocks; packets that find the queue full are
+// dropped, counted, and reported to the stack as ErrNoBufferSpace.
+func (l *link) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
+	all := pkts.AsSlice()
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return 0, &tcpip.ErrClosedForSend{}
+	}
+	n := 0
+	for _, pkt := range all {
+		if l.n == len(l.ring) {
+			break
+		}
+		i := l.head + l.n
+		if i >= len(l.ring) {
+			i -= len(l.ring)
+		}
+		l.ring[i] = pkt.IncRef()
+		l.n++
+		n++
+	}
+	wake := l.waiting && n > 0
+	if wake {
+		l.waiting = false
+	}
+	l.mu.Unlock()
+	if wake {
+		select {
+		case l.ready <- struct{}{}:
+		default:
+		}
+	}
+	if dropped := len(all) - n; dropped > 0 {
+		l.outQueueFull.Add(uint64(dropped))
+		if n == 0 {
+			return 0, &tcpip.ErrNoBufferSpace{}
+		}
+	}
+	return n, nil
+}
+
+// queued returns how many packets wait for Read.
+func (l *link) queued() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+// take moves up to len(dst) queued packets into dst. When the queue is empty
+// it returns 0 and, unless the link is closed, marks a Read as waiting.
+func (l *link) take(dst []*stack.PacketBuffer) (n int, closed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, true
+	}
+	for n < len(dst) && l.n > 0 {
+		dst[n] = l.ring[l.head]
+		l.ring[l.head] = nil
+		l.head++
+		if l.head == len(l.ring) {
+			l.head = 0
+		}
+		l.n--
+		n++
+	}
+	if n == 0 {
+		l.waiting = true
+	}
+	return n, false
+}
+
+// read implements Host.Read.
+func (l *link) read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if offset < 0 {
+		return 0, fmt.Errorf("%w: %d", ErrBadOffset, offset)
+	}
+	l.readMu.Lock()
+	defer l.readMu.Unlock()
+	limit := min(len(bufs), len(sizes), len(l.scratch))
+	if limit == 0 {
+		return 0, nil
+	}
+	for {
+		k, closed := l.take(l.scratch[:limit])
+		if closed {
+			return 0, transport.ErrClosed
+		}
+		if k == 0 {
+			select {
+			case <-l.ready:
+			case <-l.done:
+			}
+			continue
+		}
+		n, bytes, tooBig := 0, 0, 0
+		for i := range k {
+			pkt := l.scratch[i]
+			l.scratch[i] = nil
+			size := pkt.Size()
+			if size > len(bufs[n])-offset {
+				tooBig++
+			} else {
+				copyPacket(bufs[n][offset:offset+size], pkt)
+				sizes[n] = size
+				bytes += size
+				n++
+			}
+			pkt.DecRef()
+		}
+		if tooBig > 0 {
+			l.outTooBig.Add(uint64(tooBig))
+		}
+		if n > 0 {
+			l.outPackets.Add(uint64(n))
+			l.outBytes.Add(uint64(bytes))
+			return n, nil
+		}
+	}
+}
+
+// copyPacket copies the whole of pkt (headers and payload) into dst, which
+// has exactly pkt.Size() bytes, without allocating.
+func copyPacket(dst []byte, pkt *stack.PacketBuffer) {
+	views, off := pkt.AsViewList()
+	n := 0
+	for v := views.Front(); v != nil && n < len(dst); v = v.Next() {
+		s := v.AsSlice()
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		n += copy(dst[n:], s[off:])
+		off = 0
+	}
+}
+
+// inject hands one inbound IP packet to the stack. The caller has checked
+// the version and size.
+func (l *link) inject(proto tcpip.NetworkProtocolNumber, p []byte) bool {
+	box := l.dispatcher.Load()
+	if box == nil {
+		return false
+	}
+	pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(p)})
+	box.d.DeliverNetworkPacket(proto, pkt)
+	pkt.DecRef()
+	return true
+}
+
+// Close implements stack.LinkEndpoint. It discards queued packets and wakes
+// a waiting Read, which then returns transport.ErrClosed. It is idempotent.
+func (l *link) Close() {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.done)
+	}
+	for l.n > 0 {
+		l.ring[l.head].DecRef()
+		l.ring[l.head] = nil
+		l.head++
+		if l.head == len(l.ring) {
+			l.head = 0
+		}
+		l.n--
+	}
+	l.mu.Unlock()
+}
+
+// Attach implements stack.NetworkLinkEndpoint.
+func (l *link) Attach(d stack.NetworkDispatcher) {
+	if d == nil {
+		l.dispatcher.Store(nil)
+		return
+	}
+	l.dispatcher.Store(&dispatcherBox{d})
+}
+
+// IsAttached implements stack.NetworkLinkEndpoint.
+func (l *link) IsAttached() bool { return l.dispatcher.Load() != nil }
+
+// MTU implements stack.NetworkLinkEndpoint.
+func (l *link) MTU() uint32 { return l.mtu }
+
+// SetMTU implements stack.NetworkLinkEndpoint. The host's MTU is fixed at
+// creation (it is what PacketIO.MTU reports), so this is a no-op.
+func (l *link) SetMTU(uint32) {}
+
+// MaxHeaderLength implements stack.NetworkLinkEndpoint: no link header.
+func (*link) MaxHeaderLength() uint16 { return 0 }
+
+// LinkAddress implements stack.NetworkLinkEndpoint: no link address.
+func (*link) LinkAddress() tcpip.LinkAddress { return "" }
+
+// SetLinkAddress implements stack.NetworkLinkEndpoint; a no-op.
+func (*link) SetLinkAddress(tcpip.LinkAddress) {}
+
+// Capabilities implements stack.NetworkLinkEndpoint. None: checksums are
+// computed and verified in the stack, since packets come from the network.
+func (*link) Capabilities() stack.LinkEndpointCapabilities { return 0 }
+
+// Wait implements stack.NetworkLinkEndpoint: the link has no goroutines.
+func (*link) Wait() {}
+
+// ARPHardwareType implements stack.NetworkLinkEndpoint.
+func (*link) ARPHardwareType() header.ARPHardwareType { return header.ARPHardwareNone }
+
+// AddHeader implements stack.NetworkLinkEndpoint: no link header.
+func (*link) AddHeader(*stack.PacketBuffer) {}
+
+// ParseHeader implements stack.NetworkLinkEndpoint: no link header.
+func (*link) ParseHeader(*stack.PacketBuffer) bool { return true }
+
+// SetOnCloseAction implements stack.NetworkLinkEndpoint; a no-op.
+func (*link) SetOnCloseAction(func()) {}
+
+// Read implements transport.PacketIO. It blocks until the stack has sent at
+// least one packet, then copies up to min(len(bufs), BatchSize) packets into
+// bufs[i][offset:] and their lengths into sizes[i]. A packet that does not
+// fit its buffer after the offset is dropped and counted in
+// Stats.OutTooBig, never truncated. Concurrent Reads are serialised. After
+// Close it returns an error matching transport.ErrClosed; a Read blocked at
+// the time returns it too. A negative offset fails with ErrBadOffset.
+func (h *Host) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return h.link.read(bufs, sizes, offset)
+}
+
+// Write implements transport.PacketIO. It injects each bufs[i][offset:] as
+// an IPv4 or IPv6 packet, chosen by the version nibble, and returns
+// len(bufs). Packets that are empty, of another version, shorter than their
+// header claims (Stats.InMalformed) or larger than the MTU (Stats.InTooBig)
+// are dropped and counted; the stack drops and counts what else is wrong
+// with a packet. Write copies the packets: the caller keeps its buffers.
+// Write may be called from several goroutines at once. After Close it
+// returns an error matching transport.ErrClosed. A negative offset fails
+// with ErrBadOffset.
+func (h *Host) Write(bufs [][]byte, offset int) (int, error) {
+	if offset < 0 {
+		return 0, fmt.Errorf("%w: %d", ErrBadOffset, offset)
+	}
+	h.closeMu.RLock()
+	defer h.closeMu.RUnlock()
+	if h.closed {
+		return 0, transport.ErrClosed
+	}
+	var in, inBytes, malformed, tooBig uint64
+	for _, b := range bufs {
+		if offset >= len(b) {
+			malformed++
+			continue
+		}
+		p := b[offset:]
+		if len(p) > h.opts.MTU {
+			tooBig++
+			continue
+		}
+		var proto tcpip.NetworkProtocolNumber
+		switch p[0] >> 4 {
+		case header.IPv4Version:
+			if !header.IPv4(p).IsValid(len(p)) {
+				malformed++
+				continue
+			}
+			proto = header.IPv4ProtocolNumber
+		case header.IPv6Version:
+			if !header.IPv6(p).IsValid(len(p)) {
+				malformed++
+				continue
+			}
+			proto = header.IPv6ProtocolNumber
+		default:
+			malformed++
+			continue
+		}
+		if h.link.inject(proto, p) {
+			in++
+			inBytes += uint64(len(p))
+		}
+	}
+	if in > 0 {
+		h.inPackets.Add(in)
+		h.inBytes.Add(inBytes)
+	}
+	if malformed > 0 {
+		h.inMalformed.Add(malformed)
+	}
+	if tooBig > 0 {
+		h.inTooBig.Add(tooBig)
+	}
+	return len(bufs), nil
+}

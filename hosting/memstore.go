@@ -1,0 +1,340 @@
+package hosting
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemStore is an in-memory Store with the same contract as the SQL store:
+// per-share locks held to the end of the transaction, taken in id order,
+// and READ COMMITTED visibility (a transaction's writes are seen by others
+// only once it commits). It passes hosting/storetest's suite.
+//
+// The zero value is not usable; make one with NewMemStore. It is safe for
+// concurrent use.
+type MemStore struct {
+	mu     sync.Mutex
+	shares map[string]Share
+	agents map[string]Agent
+	locks  map[string]chan struct{} // one token per share id
+	closed bool
+}
+
+var _ Store = (*MemStore)(nil)
+
+// NewMemStore returns an empty store.
+func NewMemStore() *MemStore {
+	return &MemStore{shares: map[string]Share{}, agents: map[string]Agent{}, locks: map[string]chan struct{}{}}
+}
+
+// Close makes every later call fail with ErrClosed.
+func (m *MemStore) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+}
+
+func (m *MemStore) check() error {
+	if m.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Agents implements AgentLookup.
+func (m *MemStore) Agents(ctx context.Context, ids []string) (map[string]Agent, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	out := map[string]Agent{}
+	for _, id := range ids {
+		if a, ok := m.agents[id]; ok {
+			out[id] = a
+		}
+	}
+	return out, nil
+}
+
+// PutAgent implements Store.
+func (m *MemStore) PutAgent(ctx context.Context, a Agent) error {
+	if a.ID == "" {
+		return fmt.Errorf("%w: agent without id", ErrStore)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	m.agents[a.ID] = a
+	return nil
+}
+
+// Get implements Store.
+func (m *MemStore) Get(ctx context.Context, id string) (Share, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return Share{}, err
+	}
+	s, ok := m.shares[id]
+	if !ok {
+		return Share{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return s.Clone(), nil
+}
+
+func match(s Share, f Filter) bool {
+	if !s.Live() || f.AccountID != "" && s.AccountID != f.AccountID {
+		return false
+	}
+	r, ok := s.Hosts.RoleOf(f.AgentID)
+	if f.AgentID != "" && !ok {
+		return false
+	}
+	if f.ActiveAgentID != "" {
+		if r, ok = s.Hosts.RoleOf(f.ActiveAgentID); !ok || r != Active {
+			return false
+		}
+	}
+	if f.PassiveAgentID != "" {
+		if r, ok = s.Hosts.RoleOf(f.PassiveAgentID); !ok || r != Passive {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *MemStore) find(f Filter) []Share {
+	var out []Share
+	for _, id := range slices.Sorted(maps.Keys(m.shares)) {
+		if s := m.shares[id]; match(s, f) {
+			out = append(out, s.Clone())
+		}
+	}
+	return out
+}
+
+// Find implements Store.
+func (m *MemStore) Find(ctx context.Context, f Filter) ([]Share, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	return m.find(f), nil
+}
+
+func ids(ss []Share) []string {
+	out := []string{}
+	for _, s := range ss {
+		out = append(out, s.ID)
+	}
+	return out
+}
+
+// SharesHostedBy implements Store.
+func (m *MemStore) SharesHostedBy(ctx context.Context, agent string) ([]string, error) {
+	return m.sharesHostedBy(agent)
+}
+
+func (m *MemStore) sharesHostedBy(agent string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	if agent == "" {
+		return []string{}, nil
+	}
+	return ids(m.find(Filter{AgentID: agent})), nil
+}
+
+// FindLiveHostedOnlyBy implements Store.
+func (m *MemStore) FindLiveHostedOnlyBy(ctx context.Context, agent string) ([]Share, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	var out []Share
+	for _, s := range m.find(Filter{AgentID: agent}) {
+		if s.Hosts.Len() == 1 {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// InTx implements Store.
+func (m *MemStore) InTx(ctx context.Context, fn func(ctx context.Context, tx Tx) error) (err error) {
+	m.mu.Lock()
+	if err := m.check(); err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	m.mu.Unlock()
+	tx := &memTx{m: m, held: map[string]bool{}, writes: map[string]Share{}}
+	defer tx.release()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	for id, s := range tx.writes {
+		m.shares[id] = s
+	}
+	return nil
+}
+
+type memTx struct {
+	m      *MemStore
+	held   map[string]bool
+	writes map[string]Share // committed at the end
+}
+
+func (t *memTx) release() {
+	t.m.mu.Lock()
+	defer t.m.mu.Unlock()
+	for id := range t.held {
+		<-t.m.locks[id]
+	}
+	t.held = nil
+}
+
+func (t *memTx) lockOne(ctx context.Context, id string) error {
+	if t.held[id] {
+		return nil
+	}
+	t.m.mu.Lock()
+	ch, ok := t.m.locks[id]
+	if !ok {
+		ch = make(chan struct{}, 1)
+		t.m.locks[id] = ch
+	}
+	t.m.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		t.held[id] = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *memTx) read(id string) (Share, bool) {
+	if s, ok := t.writes[id]; ok {
+		return s.Clone(), true
+	}
+	t.m.mu.Lock()
+	defer t.m.mu.Unlock()
+	s, ok := t.m.shares[id]
+	return s.Clone(), ok
+}
+
+func (t *memTx) Agents(ctx context.Context, ids []string) (map[string]Agent, error) {
+	return t.m.Agents(ctx, ids)
+}
+
+func (t *memTx) Lock(ctx context.Context, ids ...string) ([]Share, error) {
+	sorted := slices.Sorted(slices.Values(ids))
+	sorted = slices.Compact(sorted)
+	out := make([]Share, 0, len(sorted))
+	for _, id := range sorted {
+		if err := t.lockOne(ctx, id); err != nil {
+			return nil, err
+		}
+		s, ok := t.read(id)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// merged returns the live shares as this transaction sees them.
+func (t *memTx) merged(f Filter) []string {
+	t.m.mu.Lock()
+	all := maps.Clone(t.m.shares)
+	t.m.mu.Unlock()
+	maps.Copy(all, t.writes)
+	var out []string
+	for _, id := range slices.Sorted(maps.Keys(all)) {
+		if match(all[id], f) {
+			out = append(out, id)
+		}
+	}
+	if out == nil {
+		out = []string{}
+	}
+	return out
+}
+
+func (t *memTx) SharesHostedBy(ctx context.Context, agent string) ([]string, error) {
+	if agent == "" {
+		return []string{}, nil
+	}
+	return t.merged(Filter{AgentID: agent}), nil
+}
+
+func (t *memTx) SharesOfAccount(ctx context.Context, account string) ([]string, error) {
+	if account == "" {
+		return []string{}, nil
+	}
+	return t.merged(Filter{AccountID: account}), nil
+}
+
+func (t *memTx) Create(ctx context.Context, s Share) error {
+	if s.ID == "" {
+		return fmt.Errorf("%w: share without id", ErrStore)
+	}
+	if err := t.lockOne(ctx, s.ID); err != nil {
+		return err
+	}
+	if _, ok := t.read(s.ID); ok {
+		return fmt.Errorf("%w: %s", ErrExists, s.ID)
+	}
+	t.writes[s.ID] = s.Clone()
+	return nil
+}
+
+func (t *memTx) Save(ctx context.Context, s Share, now time.Time) error {
+	if !t.held[s.ID] {
+		return fmt.Errorf("%w: save of share %s that this transaction did not lock", ErrStore, s.ID)
+	}
+	old, ok := t.read(s.ID)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, s.ID)
+	}
+	s = s.Clone()
+	s.CreatedAt, s.DeletedAt, s.UpdatedAt = old.CreatedAt, old.DeletedAt, now
+	t.writes[s.ID] = s
+	return nil
+}
+
+func (t *memTx) Delete(ctx context.Context, id string, now time.Time) error {
+	if !t.held[id] {
+		return fmt.Errorf("%w: delete of share %s that this transaction did not lock", ErrStore, id)
+	}
+	s, ok := t.read(id)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if s.Live() {
+		s.DeletedAt, s.UpdatedAt = now, now
+	}
+	t.writes[id] = s
+	return nil
+}

@@ -1,0 +1,571 @@
+package hosting
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/vipkit/vipkit/hosting/ziti"
+)
+
+// Ziti is the part of the Edge Management API that the projection calls.
+// *ziti.Client implements it against a real controller; hosting/zititest
+// serves a fake controller for it. Every call takes a context.
+type Ziti interface {
+	ListConfigTypes(ctx context.Context, filter string) ([]ziti.ConfigType, error)
+	CreateConfig(ctx context.Context, c ziti.ConfigCreate) (string, error)
+	PatchConfig(ctx context.Context, id string, p ziti.ConfigPatch) error
+	DeleteConfig(ctx context.Context, id string) error
+	ListConfigs(ctx context.Context, filter string) ([]ziti.Config, error)
+	CreateService(ctx context.Context, s ziti.ServiceCreate) (string, error)
+	DeleteService(ctx context.Context, id string) error
+	ListServices(ctx context.Context, filter string) ([]ziti.Service, error)
+	CreateServicePolicy(ctx context.Context, p ziti.ServicePolicyCreate) (string, error)
+	PatchServicePolicy(ctx context.Context, id string, p ziti.ServicePolicyPatch) error
+	DeleteServicePolicy(ctx context.Context, id string) error
+	ListServicePolicies(ctx context.Context, filter string) ([]ziti.ServicePolicy, error)
+	ListIdentities(ctx context.Context, filter string) ([]ziti.Identity, error)
+	ListServiceConfigs(ctx context.Context, identityID string) ([]ziti.ServiceConfig, error)
+	AssignServiceConfigs(ctx context.Context, identityID string, scs []ziti.ServiceConfig) error
+	RemoveServiceConfigs(ctx context.Context, identityID string, scs []ziti.ServiceConfig) error
+	ListTerminators(ctx context.Context, filter string) ([]ziti.Terminator, error)
+}
+
+var _ Ziti = (*ziti.Client)(nil)
+
+// Tag keys and values on Ziti objects. Share objects never carry
+// TagAgentID: a tag holds one value and the hosts are on the rows. Only an
+// agent's identity carries it.
+const (
+	TagFrontdoor   = "frontdoor-id"     // the frontdoor id
+	TagShare       = "frontdoor-share"  // the share id
+	TagObject      = "frontdoor-object" // TagStandbyHost on the standby config
+	TagStandbyHost = "standby-host"
+	TagAgentID     = "agent-id" // on an agent's identity: the agent id
+	HostConfigType = "host.v1"
+)
+
+// HealthCheck holds the timings of the port check in every host.v1. They
+// have no default.
+type HealthCheck struct {
+	Interval time.Duration // between two checks; at least 1s
+	Timeout  time.Duration // one check's wait for the target; at least 1s
+	Failures int           // consecutive failures before "mark unhealthy"; at least 1
+}
+
+// Setting keys of the health check (application.yaml's
+// io.netfoundry.frontdoor.share.health-check block).
+const (
+	SettingInterval = "io.netfoundry.frontdoor.share.health-check.interval"
+	SettingTimeout  = "io.netfoundry.frontdoor.share.health-check.timeout"
+	SettingFailures = "io.netfoundry.frontdoor.share.health-check.failures"
+)
+
+// HealthCheckFromSettings reads the three settings through get (which
+// reports whether a key is set). A missing value, a duration under one
+// second or failures under 1 is ErrSettings.
+func HealthCheckFromSettings(get func(key string) (string, bool)) (HealthCheck, error) {
+	var h HealthCheck
+	var errs []error
+	dur := func(key string) time.Duration {
+		v, ok := get(key)
+		if !ok || v == "" {
+			errs = append(errs, fmt.Errorf("%w: %s is missing", ErrSettings, key))
+			return 0
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrSettings, key, err))
+			return 0
+		}
+		return d
+	}
+	h.Interval = dur(SettingInterval)
+	h.Timeout = dur(SettingTimeout)
+	if v, ok := get(SettingFailures); !ok || v == "" {
+		errs = append(errs, fmt.Errorf("%w: %s is missing", ErrSettings, SettingFailures))
+	} else if n, err := strconv.Atoi(v); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %s: %v", ErrSettings, SettingFailures, err))
+	} else {
+		h.Failures = n
+	}
+	if len(errs) > 0 {
+		return HealthCheck{}, errors.Join(errs...)
+	}
+	return h, h.Validate()
+}
+
+// Validate checks the ranges: both durations at least one second, failures
+// at least 1.
+func (h HealthCheck) Validate() error {
+	var errs []error
+	if h.Interval < time.Second {
+		errs = append(errs, fmt.Errorf("%w: interval %v is under 1s", ErrSettings, h.Interval))
+	}
+	if h.Timeout < time.Second {
+		errs = append(errs, fmt.Errorf("%w: timeout %v is under 1s", ErrSettings, h.Timeout))
+	}
+	if h.Failures < 1 {
+		errs = append(errs, fmt.Errorf("%w: failures %d is under 1", ErrSettings, h.Failures))
+	}
+	return errors.Join(errs...)
+}
+
+// ProjectionOptions configure a Projection.
+type ProjectionOptions struct {
+	FrontdoorID string      // required: this frontdoor's id, in names and tags
+	HealthCheck HealthCheck // required: see HealthCheck.Validate
+}
+
+// Projection writes a share's hosts to Ziti: the share's host.v1 at
+// precedence required, the standby host.v1 at default while the share has a
+// passive, one override per passive (service → standby config), and the bind
+// policy naming every host. Its writes follow the spec's order table. It is
+// safe for concurrent use; writes for one share must be serialized by the
+// caller (the store's lock does it).
+type Projection struct {
+	z  Ziti
+	o  ProjectionOptions
+	mu sync.Mutex
+	ct string // host.v1 config type id, once found
+}
+
+// NewProjection checks the options and returns a projection over z.
+func NewProjection(z Ziti, o ProjectionOptions) (*Projection, error) {
+	if z == nil {
+		return nil, fmt.Errorf("%w: no Ziti client", ErrSettings)
+	}
+	if o.FrontdoorID == "" {
+		return nil, fmt.Errorf("%w: no frontdoor id", ErrSettings)
+	}
+	if err := o.HealthCheck.Validate(); err != nil {
+		return nil, err
+	}
+	return &Projection{z: z, o: o}, nil
+}
+
+// Names of a share's Ziti objects.
+func (p *Projection) serviceName(s Share) string {
+	return s.Name + " | " + p.o.FrontdoorID + " | " + s.ID
+}
+func (p *Projection) hostConfigName(s Share) string {
+	return s.Name + " | host | " + p.o.FrontdoorID + " | " + s.ID
+}
+
+// StandbyConfigName is the name of the share's standby host.v1.
+func (p *Projection) StandbyConfigName(s Share) string {
+	return s.Name + " | standby | " + p.o.FrontdoorID + " | " + s.ID
+}
+func (p *Projection) bindPolicyName(s Share) string {
+	return s.Name + " | bind | " + p.o.FrontdoorID + " | " + s.ID
+}
+
+func (p *Projection) tags(s Share) ziti.Tags {
+	return ziti.Tags{TagFrontdoor: p.o.FrontdoorID, TagShare: s.ID}
+}
+
+func (p *Projection) standbyTags(s Share) ziti.Tags {
+	t := p.tags(s)
+	t[TagObject] = TagStandbyHost
+	return t
+}
+
+// AgentRole is the bind policy's identity role of an agent.
+func AgentRole(agent string) string { return "#agent | " + agent }
+
+// PortCheckAddress is the address of the port check: host:port, with an
+// IPv6 literal in brackets.
+func PortCheckAddress(addr string, port uint16) string {
+	return net.JoinHostPort(addr, strconv.Itoa(int(port)))
+}
+
+// HostConfigData is the body of a host.v1 at precedence (required for the
+// share's own config, default for the standby one).
+func (p *Projection) HostConfigData(s Share, precedence string) map[string]any {
+	h := p.o.HealthCheck
+	d := map[string]any{
+		"protocol": "tcp",
+		"address":  s.TargetAddress,
+		"port":     int(s.TargetPort),
+		"listenOptions": map[string]any{
+			"precedence": precedence,
+		},
+		"portChecks": []any{map[string]any{
+			"address":  PortCheckAddress(s.TargetAddress, s.TargetPort),
+			"interval": h.Interval.String(),
+			"timeout":  h.Timeout.String(),
+			"actions": []any{
+				map[string]any{"trigger": "fail", "consecutiveEvents": h.Failures, "action": "mark unhealthy"},
+				map[string]any{"trigger": "pass", "action": "mark healthy"},
+			},
+		}},
+	}
+	return normJSON(d)
+}
+
+// normJSON round-trips v through JSON so that it compares equal to what the
+// controller answers.
+func normJSON(v map[string]any) map[string]any {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return v
+	}
+	var out map[string]any
+	if json.Unmarshal(b, &out) != nil {
+		return v
+	}
+	return out
+}
+
+func (p *Projection) hostConfigType(ctx context.Context) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ct != "" {
+		return p.ct, nil
+	}
+	cts, err := p.z.ListConfigTypes(ctx, ziti.Eq("name", HostConfigType))
+	if err != nil {
+		return "", err
+	}
+	for _, ct := range cts {
+		if ct.Name == HostConfigType {
+			p.ct = ct.ID
+			return ct.ID, nil
+		}
+	}
+	return "", fmt.Errorf("%w: config type %s not found", ErrZitiState, HostConfigType)
+}
+
+// identity finds the identity of an agent by its agent-id tag; "" when it
+// has none.
+func (p *Projection) identity(ctx context.Context, agent string) (string, error) {
+	ids, err := p.z.ListIdentities(ctx, ziti.Eq("tags."+TagAgentID, agent))
+	if err != nil {
+		return "", err
+	}
+	var found []string
+	for _, id := range ids {
+		if v, _ := id.Tags[TagAgentID].(string); v == agent {
+			found = append(found, id.ID)
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", nil
+	case 1:
+		return found[0], nil
+	}
+	return "", fmt.Errorf("%w: agent %s has %d identities", ErrZitiState, agent, len(found))
+}
+
+// objects are a share's objects in Ziti, found by tag.
+type objects struct {
+	service    string
+	hostConfig *ziti.Config
+	standby    *ziti.Config
+	policy     *ziti.ServicePolicy
+}
+
+func isStandby(c ziti.Config) bool {
+	v, _ := c.Tags[TagObject].(string)
+	return v == TagStandbyHost
+}
+
+func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
+	var o objects
+	byShare := ziti.And(ziti.Eq("tags."+TagShare, s.ID), ziti.Eq("tags."+TagFrontdoor, p.o.FrontdoorID))
+	svcs, err := p.z.ListServices(ctx, byShare)
+	if err != nil {
+		return o, err
+	}
+	if len(svcs) > 1 {
+		return o, fmt.Errorf("%w: share %s has %d services", ErrZitiState, s.ID, len(svcs))
+	}
+	if len(svcs) == 1 {
+		o.service = svcs[0].ID
+	}
+	ct, err := p.hostConfigType(ctx)
+	if err != nil {
+		return o, err
+	}
+	cfgs, err := p.z.ListConfigs(ctx, byShare)
+	if err != nil {
+		return o, err
+	}
+	for i := range cfgs {
+		c := cfgs[i]
+		if c.ConfigTypeID != ct {
+			continue
+		}
+		slot := &o.hostConfig
+		if isStandby(c) {
+			slot = &o.standby
+		}
+		if *slot != nil {
+			return o, fmt.Errorf("%w: share %s has two host.v1 configs of one kind", ErrZitiState, s.ID)
+		}
+		*slot = &c
+	}
+	pols, err := p.z.ListServicePolicies(ctx, byShare)
+	if err != nil {
+		return o, err
+	}
+	for i := range pols {
+		if pols[i].Type != ziti.PolicyBind {
+			continue
+		}
+		if o.policy != nil {
+			return o, fmt.Errorf("%w: share %s has two bind policies", ErrZitiState, s.ID)
+		}
+		o.policy = &pols[i]
+	}
+	return o, nil
+}
+
+// Project creates a new share's objects: host.v1, service, the standby
+// config when it has passives, each passive's override, then the bind
+// policy. Identities are looked up first, so a failed lookup leaves nothing
+// in Ziti; any later failure removes what was created (DeProject).
+func (p *Projection) Project(ctx context.Context, s Share) (err error) {
+	ct, err := p.hostConfigType(ctx)
+	if err != nil {
+		return err
+	}
+	idents, err := p.passiveIdentities(ctx, s.Hosts.Passive, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, p.DeProject(context.WithoutCancel(ctx), s))
+		}
+	}()
+	hc, err := p.z.CreateConfig(ctx, ziti.ConfigCreate{Name: p.hostConfigName(s), ConfigTypeID: ct, Data: p.HostConfigData(s, ziti.PrecedenceRequired), Tags: p.tags(s)})
+	if err != nil {
+		return err
+	}
+	svc, err := p.z.CreateService(ctx, ziti.ServiceCreate{Name: p.serviceName(s), Configs: []string{hc}, EncryptionRequired: true, Tags: p.tags(s)})
+	if err != nil {
+		return err
+	}
+	o := objects{service: svc}
+	roles, err := p.standbySide(ctx, s, &o, ct, idents)
+	if err != nil {
+		return err
+	}
+	roles = append(roles, agentRoles(s.Hosts.Active)...)
+	slices.Sort(roles)
+	_, err = p.z.CreateServicePolicy(ctx, ziti.ServicePolicyCreate{
+		Name: p.bindPolicyName(s), Type: ziti.PolicyBind, Semantic: ziti.AnyOf,
+		ServiceRoles: []string{"@" + svc}, IdentityRoles: roles, Tags: p.tags(s),
+	})
+	return err
+}
+
+func agentRoles(agents []string) []string {
+	out := make([]string, 0, len(agents))
+	for _, a := range agents {
+		out = append(out, AgentRole(a))
+	}
+	return out
+}
+
+// passiveIdentities resolves the identities of passives: a live agent with
+// no identity is ErrNoIdentity; a deleted one (deleted[agent]) is skipped.
+func (p *Projection) passiveIdentities(ctx context.Context, passives []string, deleted map[string]bool) (map[string]string, error) {
+	out := map[string]string{}
+	for _, a := range passives {
+		if deleted[a] {
+			continue
+		}
+		id, err := p.identity(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		if id == "" {
+			return nil, fmt.Errorf("%w: agent %s", ErrNoIdentity, a)
+		}
+		out[a] = id
+	}
+	return out, nil
+}
+
+// standbySide makes sure the standby config exists (created or healed) when
+// s has passives, and that every passive with an identity holds its
+// override. It returns the bind-policy roles of the passives that hold one.
+func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct string, idents map[string]string) ([]string, error) {
+	if len(s.Hosts.Passive) == 0 {
+		return nil, nil
+	}
+	want := p.HostConfigData(s, ziti.PrecedenceDefault)
+	name := p.StandbyConfigName(s)
+	if o.standby == nil {
+		id, err := p.z.CreateConfig(ctx, ziti.ConfigCreate{Name: name, ConfigTypeID: ct, Data: want, Tags: p.standbyTags(s)})
+		if err != nil {
+			return nil, err
+		}
+		o.standby = &ziti.Config{ID: id, Name: name, ConfigTypeID: ct, Data: want, Tags: p.standbyTags(s)}
+	} else if o.standby.Name != name || !reflect.DeepEqual(normJSON(o.standby.Data), want) {
+		if err := p.z.PatchConfig(ctx, o.standby.ID, ziti.ConfigPatch{Name: &name, Data: want}); err != nil {
+			return nil, err
+		}
+	}
+	var roles []string
+	for _, a := range s.Hosts.Passive {
+		ident, ok := idents[a]
+		if !ok {
+			continue // deleted agent: its cascade removes it
+		}
+		have, err := p.z.ListServiceConfigs(ctx, ident)
+		if err != nil {
+			return nil, err
+		}
+		pair := ziti.ServiceConfig{ServiceID: o.service, ConfigID: o.standby.ID}
+		if !slices.Contains(have, pair) {
+			if err := p.z.AssignServiceConfigs(ctx, ident, []ziti.ServiceConfig{pair}); err != nil {
+				return nil, err
+			}
+		}
+		roles = append(roles, AgentRole(a))
+	}
+	return roles, nil
+}
+
+// Update moves Ziti from prev to cur, in the spec's order. deleted names the
+// hosts whose agents are deleted: they are skipped on assign, and a missing
+// identity on remove is expected. Update is symmetric, so Update(ctx, cur,
+// prev, deleted) is the compensation of a failed Update(ctx, prev, cur, …).
+func (p *Projection) Update(ctx context.Context, prev, cur Share, deleted map[string]bool) error {
+	ct, err := p.hostConfigType(ctx)
+	if err != nil {
+		return err
+	}
+	o, err := p.find(ctx, cur)
+	if err != nil {
+		return err
+	}
+	if o.service == "" || o.hostConfig == nil || o.policy == nil {
+		return fmt.Errorf("%w: share %s is not projected", ErrZitiState, cur.ID)
+	}
+	// Lookups first: a failed one leaves nothing changed.
+	idents, err := p.passiveIdentities(ctx, cur.Hosts.Passive, deleted)
+	if err != nil {
+		return err
+	}
+	leaving := map[string]string{} // passives of prev that are not passives of cur
+	for _, a := range prev.Hosts.Passive {
+		if _, still := slices.BinarySearch(cur.Hosts.Passive, a); still {
+			continue
+		}
+		id, err := p.identity(ctx, a)
+		if err != nil {
+			return err
+		}
+		if id != "" {
+			leaving[a] = id
+		}
+	}
+	// Heal or patch the share's own host.v1, before the standby side.
+	name, want := p.hostConfigName(cur), p.HostConfigData(cur, ziti.PrecedenceRequired)
+	if o.hostConfig.Name != name || !reflect.DeepEqual(normJSON(o.hostConfig.Data), want) {
+		if err := p.z.PatchConfig(ctx, o.hostConfig.ID, ziti.ConfigPatch{Name: &name, Data: want}); err != nil {
+			return err
+		}
+	}
+	// Standby config, then overrides.
+	passRoles, err := p.standbySide(ctx, cur, &o, ct, idents)
+	if err != nil {
+		return err
+	}
+	// Passive → active: remove the override; the host rebinds at required.
+	removeOverride := func(a, ident string) error {
+		if o.standby == nil {
+			return nil // no standby config, so no override can name it
+		}
+		return p.z.RemoveServiceConfigs(ctx, ident, []ziti.ServiceConfig{{ServiceID: o.service, ConfigID: o.standby.ID}})
+	}
+	var removed []string
+	for _, a := range slices.Sorted(mapsKeys(leaving)) {
+		if _, nowActive := slices.BinarySearch(cur.Hosts.Active, a); nowActive {
+			if err := removeOverride(a, leaving[a]); err != nil && !ziti.IsNotFound(err) {
+				return err
+			}
+		} else {
+			removed = append(removed, a)
+		}
+	}
+	// Bind policy, by difference with the whole role set.
+	roles := append(agentRoles(cur.Hosts.Active), passRoles...)
+	slices.Sort(roles)
+	have := slices.Sorted(slices.Values(o.policy.IdentityRoles))
+	if !slices.Equal(have, roles) {
+		if err := p.z.PatchServicePolicy(ctx, o.policy.ID, ziti.ServicePolicyPatch{IdentityRoles: &roles}); err != nil {
+			return err
+		}
+	}
+	// Passives that left: override after the policy.
+	for _, a := range removed {
+		if err := removeOverride(a, leaving[a]); err != nil && !ziti.IsNotFound(err) {
+			return err
+		}
+	}
+	// The standby config goes last, once no passive remains.
+	if len(cur.Hosts.Passive) == 0 && o.standby != nil {
+		if err := p.z.DeleteConfig(ctx, o.standby.ID); err != nil && !ziti.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+func mapsKeys(m map[string]string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// DeProject removes a share's objects by tag: policies, then the service
+// (which removes its overrides), then the configs. Objects already gone are
+// fine.
+func (p *Projection) DeProject(ctx context.Context, s Share) error {
+	byShare := ziti.And(ziti.Eq("tags."+TagShare, s.ID), ziti.Eq("tags."+TagFrontdoor, p.o.FrontdoorID))
+	pols, err := p.z.ListServicePolicies(ctx, byShare)
+	if err != nil {
+		return err
+	}
+	for _, pol := range pols {
+		if err := p.z.DeleteServicePolicy(ctx, pol.ID); err != nil && !ziti.IsNotFound(err) {
+			return err
+		}
+	}
+	svcs, err := p.z.ListServices(ctx, byShare)
+	if err != nil {
+		return err
+	}
+	for _, svc := range svcs {
+		if err := p.z.DeleteService(ctx, svc.ID); err != nil && !ziti.IsNotFound(err) {
+			return err
+		}
+	}
+	cfgs, err := p.z.ListConfigs(ctx, byShare)
+	if err != nil {
+		return err
+	}
+	for _, c := range cfgs {
+		if err := p.z.DeleteConfig(ctx, c.ID); err != nil && !ziti.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,411 @@
+package hosting
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vipkit/vipkit/transport"
+)
+
+// EventType is the type of a share event.
+type EventType string
+
+// The share events.
+const (
+	EventUpdated EventType = "UPDATED"
+	EventDeleted EventType = "DELETED"
+)
+
+// Event tells other services that a share changed.
+type Event struct {
+	Type  EventType
+	Share Share // the share after the change (a deleted share keeps its hosts)
+}
+
+// Publisher sends share events. Publish is called after the transaction
+// that made the change committed, once per changed share.
+type Publisher interface {
+	Publish(ctx context.Context, e Event) error
+}
+
+// View is a share as the API returns it. Hosting is set only by a single
+// read (Service.Get) when the controller answered; listings never carry it.
+type View struct {
+	Share
+	ActiveAgentIDs  []string `json:"activeAgentIds"`
+	PassiveAgentIDs []string `json:"passiveAgentIds"`
+	Hosting         *Hosting `json:"hosting,omitempty"`
+}
+
+func viewOf(s Share) View {
+	return View{Share: s, ActiveAgentIDs: s.Hosts.Clone().Active, PassiveAgentIDs: s.Hosts.Clone().Passive}
+}
+
+// Options configure a Service.
+type Options struct {
+	Store      Store       // required
+	Projection *Projection // required
+	Publisher  Publisher   // nil publishes nothing
+	Clock      transport.Clock
+	Validator  Validator
+}
+
+// Service holds the share-host logic: validated create, update (PUT and
+// PATCH), dry run and delete, the agent and account cascades, and single
+// reads with the hosting status. Every path that changes a share locks the
+// share and its hosts first, in id order, and decides from what it read
+// under the lock; Ziti is written inside that transaction, and a failed
+// transaction is compensated in Ziti with the reverse update.
+//
+// A Service is safe for concurrent use.
+type Service struct {
+	st  Store
+	pr  *Projection
+	pub Publisher
+	clk transport.Clock
+	val Validator
+}
+
+// NewService returns a service. It fails when Store or Projection is nil.
+func NewService(o Options) (*Service, error) {
+	if o.Store == nil || o.Projection == nil {
+		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrSettings)
+	}
+	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator}, nil
+}
+
+// NewID returns a random (version 4) UUID.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+func (sv *Service) publish(ctx context.Context, evs []Event) error {
+	if sv.pub == nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range evs {
+		if err := sv.pub.Publish(ctx, e); err != nil {
+			errs = append(errs, fmt.Errorf("hosting: publish %s %s: %w", e.Type, e.Share.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Create validates and stores a new share (s.ID may be empty: a UUID is
+// made) with the hosts of u applied as a PUT, and projects it onto Ziti.
+func (sv *Service) Create(ctx context.Context, s Share, u Update) (Share, error) {
+	u.Method = Put
+	if !u.Active.Present {
+		u.Active = Of() // a create's omitted list is empty: rule 1 reports it
+	}
+	next, err := u.ApplyTo(s)
+	if err != nil {
+		return Share{}, err
+	}
+	if next.ID == "" {
+		next.ID = NewID()
+	}
+	now := sv.clk.Now()
+	next.CreatedAt, next.UpdatedAt, next.DeletedAt = now, now, time.Time{}
+	projected := false
+	err = sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
+		if err := sv.val.Validate(ctx, next, tx); err != nil {
+			return err
+		}
+		if err := tx.Create(ctx, next); err != nil {
+			return err
+		}
+		if err := sv.pr.Project(ctx, next); err != nil {
+			return err
+		}
+		projected = true
+		return nil
+	})
+	if err != nil {
+		if projected {
+			err = errors.Join(err, sv.pr.DeProject(context.WithoutCancel(ctx), next))
+		}
+		return Share{}, err
+	}
+	return next, nil
+}
+
+// DryRun validates the share that u would make of share id, writing
+// nothing. It reports the same violations as Update.
+func (sv *Service) DryRun(ctx context.Context, id string, u Update) error {
+	cur, err := sv.st.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !cur.Live() {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	next, err := u.ApplyTo(cur)
+	if err != nil {
+		return err
+	}
+	return sv.val.Validate(ctx, next, sv.st)
+}
+
+// deletedAgents returns which of the agents are deleted (or unknown).
+func deletedAgents(ctx context.Context, l AgentLookup, agents []string) (map[string]bool, error) {
+	found, err := l.Agents(ctx, agents)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, a := range agents {
+		if ag, ok := found[a]; !ok || ag.Deleted {
+			out[a] = true
+		}
+	}
+	return out, nil
+}
+
+func union(a, b Hosts) []string { return normalize(append(a.All(), b.All()...)) }
+
+func sameShare(a, b Share) bool {
+	return a.Name == b.Name && a.TargetAddress == b.TargetAddress && a.TargetPort == b.TargetPort && a.Hosts.Equal(b.Hosts)
+}
+
+// change is one share changed inside a transaction, for compensation and
+// events.
+type change struct {
+	prev, next Share
+	deleted    map[string]bool
+	removed    bool // the share was deleted
+}
+
+// compensate reverts the Ziti side of changes, newest first.
+func (sv *Service) compensate(ctx context.Context, done []change) error {
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	for i := len(done) - 1; i >= 0; i-- {
+		c := done[i]
+		if c.removed {
+			errs = append(errs, sv.pr.Project(ctx, c.prev))
+		} else {
+			errs = append(errs, sv.pr.Update(ctx, c.next, c.prev, c.deleted))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// update changes one locked share from cur to next, in tx.
+func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, done *[]change) error {
+	if err := tx.Save(ctx, next, sv.clk.Now()); err != nil {
+		return err
+	}
+	deleted, err := deletedAgents(ctx, tx, union(cur.Hosts, next.Hosts))
+	if err != nil {
+		return err
+	}
+	if err := sv.pr.Update(ctx, cur, next, deleted); err != nil {
+		return errors.Join(err, sv.pr.Update(context.WithoutCancel(ctx), next, cur, deleted))
+	}
+	*done = append(*done, change{prev: cur, next: next, deleted: deleted})
+	return nil
+}
+
+func (sv *Service) remove(ctx context.Context, tx Tx, cur Share, done *[]change) error {
+	if err := sv.pr.DeProject(ctx, cur); err != nil {
+		return err
+	}
+	*done = append(*done, change{prev: cur, next: cur, removed: true})
+	now := sv.clk.Now()
+	if err := tx.Delete(ctx, cur.ID, now); err != nil {
+		return err
+	}
+	(*done)[len(*done)-1].next.DeletedAt = now
+	return nil
+}
+
+// run runs fn in a transaction, compensates Ziti when it fails (or its
+// commit does), and publishes one event per changed share after commit.
+func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, done *[]change) error) ([]change, error) {
+	var done []change
+	err := sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
+		done = done[:0]
+		return fn(ctx, tx, &done)
+	})
+	if err != nil {
+		return nil, errors.Join(err, sv.compensate(ctx, done))
+	}
+	evs := make([]Event, 0, len(done))
+	for _, c := range done {
+		t := EventUpdated
+		if c.removed {
+			t = EventDeleted
+		}
+		evs = append(evs, Event{Type: t, Share: c.next})
+	}
+	return done, sv.publish(ctx, evs)
+}
+
+// Update applies u (PUT or PATCH) to share id: it locks the share, merges,
+// validates, stores and patches Ziti. An update that changes nothing writes
+// nothing and returns before Ziti.
+func (sv *Service) Update(ctx context.Context, id string, u Update) (Share, error) {
+	var out Share
+	_, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+		locked, err := tx.Lock(ctx, id)
+		if err != nil {
+			return err
+		}
+		cur := locked[0]
+		if !cur.Live() {
+			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		next, err := u.ApplyTo(cur)
+		if err != nil {
+			return err
+		}
+		if err := sv.val.Validate(ctx, next, tx); err != nil {
+			return err
+		}
+		out = cur
+		if sameShare(cur, next) {
+			return nil
+		}
+		if err := sv.update(ctx, tx, cur, next, done); err != nil {
+			return err
+		}
+		out = next
+		return nil
+	})
+	if err != nil {
+		return Share{}, err
+	}
+	return out, nil
+}
+
+// Delete locks and soft-deletes share id and removes its Ziti objects:
+// policies, service, configs.
+func (sv *Service) Delete(ctx context.Context, id string) error {
+	_, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+		locked, err := tx.Lock(ctx, id)
+		if err != nil {
+			return err
+		}
+		if !locked[0].Live() {
+			return fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+		return sv.remove(ctx, tx, locked[0], done)
+	})
+	return err
+}
+
+// RemoveDeletedAgent is the cascade of an agent's deletion, in one
+// transaction for every share the agent hosts (live host rows only, so a
+// redelivery does nothing): the agent leaves each share; if no active
+// remains and passives do, every passive is promoted; if no host remains,
+// the share is deleted. It returns the events it published.
+func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Event, error) {
+	done, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+		ids, err := tx.SharesHostedBy(ctx, agent)
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		locked, err := tx.Lock(ctx, ids...)
+		if err != nil {
+			return err
+		}
+		for _, cur := range locked {
+			if _, hosts := cur.Hosts.RoleOf(agent); !cur.Live() || !hosts {
+				continue // changed before we got the lock
+			}
+			rest, _ := cur.Hosts.Without(agent)
+			if rest.Empty() {
+				if err := sv.remove(ctx, tx, cur, done); err != nil {
+					return err
+				}
+				continue
+			}
+			next := cur.Clone()
+			next.Hosts = rest
+			if err := sv.update(ctx, tx, cur, next, done); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return eventsOf(done), err
+}
+
+// RemoveAccount deletes every share of an account, under the same locks.
+func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, error) {
+	done, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+		ids, err := tx.SharesOfAccount(ctx, account)
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		locked, err := tx.Lock(ctx, ids...)
+		if err != nil {
+			return err
+		}
+		for _, cur := range locked {
+			if !cur.Live() || cur.AccountID != account {
+				continue
+			}
+			if err := sv.remove(ctx, tx, cur, done); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return eventsOf(done), err
+}
+
+func eventsOf(done []change) []Event {
+	var out []Event
+	for _, c := range done {
+		t := EventUpdated
+		if c.removed {
+			t = EventDeleted
+		}
+		out = append(out, Event{Type: t, Share: c.next})
+	}
+	return out
+}
+
+// Get reads one share with its hosting status. The status is absent when
+// the share is deleted or the controller cannot be asked.
+func (sv *Service) Get(ctx context.Context, id string) (View, error) {
+	s, err := sv.st.Get(ctx, id)
+	if err != nil {
+		return View{}, err
+	}
+	v := viewOf(s)
+	if s.Live() {
+		if h, err := sv.pr.Status(ctx, s); err == nil {
+			v.Hosting = h
+		}
+	}
+	return v, nil
+}
+
+// List lists live shares; views never carry the hosting block.
+func (sv *Service) List(ctx context.Context, f Filter) ([]View, error) {
+	ss, err := sv.st.Find(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]View, 0, len(ss))
+	for _, s := range ss {
+		out = append(out, viewOf(s))
+	}
+	return out, nil
+}
+
+// Store returns the service's store.
+func (sv *Service) Store() Store { return sv.st }
+
+

@@ -1,0 +1,165 @@
+package zititest
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrFilter: a filter is outside the subset the fake understands.
+var ErrFilter = errors.New("zititest: bad filter")
+
+// maxFilterLength bounds a filter, as the controller bounds a query.
+const maxFilterLength = 4096
+
+// Clause is one comparison of a filter: Field = Value or Field != Value.
+type Clause struct {
+	Field string
+	Not   bool
+	Value string
+}
+
+// Filter is a parsed filter: clauses joined by "and". The zero value
+// matches everything.
+type Filter []Clause
+
+// ParseFilter parses the subset of the controller's filter language that
+// the fake understands:
+//
+//	filter = clause { "and" clause }
+//	clause = field ( "=" | "!=" ) string
+//	field  = letter { letter | digit | "_" | "-" | "." }
+//	string = '"' { char | '\"' | '\\' } '"'
+//
+// Anything else is ErrFilter (the controller's INVALID_FILTER).
+func ParseFilter(s string) (Filter, error) {
+	if len(s) > maxFilterLength {
+		return nil, fmt.Errorf("%w: longer than %d bytes", ErrFilter, maxFilterLength)
+	}
+	p := parser{s: s}
+	p.ws()
+	if p.eof() {
+		return nil, nil
+	}
+	var out Filter
+	for {
+		c, err := p.clause()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+		p.ws()
+		if p.eof() {
+			return out, nil
+		}
+		if !p.keyword("and") {
+			return nil, fmt.Errorf("%w: want \"and\" at offset %d", ErrFilter, p.i)
+		}
+	}
+}
+
+type parser struct {
+	s string
+	i int
+}
+
+func (p *parser) eof() bool { return p.i >= len(p.s) }
+
+func (p *parser) ws() {
+	for !p.eof() && (p.s[p.i] == ' ' || p.s[p.i] == '\t' || p.s[p.i] == '\n') {
+		p.i++
+	}
+}
+
+func (p *parser) keyword(k string) bool {
+	if strings.HasPrefix(strings.ToLower(p.s[p.i:]), k) {
+		end := p.i + len(k)
+		if end < len(p.s) && p.s[end] != ' ' {
+			return false
+		}
+		p.i = end
+		return true
+	}
+	return false
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+func (p *parser) clause() (Clause, error) {
+	var c Clause
+	p.ws()
+	start := p.i
+	if p.eof() || !isLetter(p.s[p.i]) {
+		return c, fmt.Errorf("%w: want a field at offset %d", ErrFilter, p.i)
+	}
+	for !p.eof() {
+		b := p.s[p.i]
+		if !(isLetter(b) || b >= '0' && b <= '9' || b == '_' || b == '-' || b == '.') {
+			break
+		}
+		p.i++
+	}
+	c.Field = p.s[start:p.i]
+	if strings.HasSuffix(c.Field, ".") || strings.Contains(c.Field, "..") {
+		return c, fmt.Errorf("%w: bad field %q", ErrFilter, c.Field)
+	}
+	p.ws()
+	switch {
+	case strings.HasPrefix(p.s[p.i:], "!="):
+		c.Not = true
+		p.i += 2
+	case strings.HasPrefix(p.s[p.i:], "="):
+		p.i++
+	default:
+		return c, fmt.Errorf("%w: want = or != at offset %d", ErrFilter, p.i)
+	}
+	p.ws()
+	if p.eof() || p.s[p.i] != '"' {
+		return c, fmt.Errorf("%w: want a string at offset %d", ErrFilter, p.i)
+	}
+	p.i++
+	var b strings.Builder
+	for {
+		if p.eof() {
+			return c, fmt.Errorf("%w: unterminated string", ErrFilter)
+		}
+		ch := p.s[p.i]
+		p.i++
+		if ch == '"' {
+			break
+		}
+		if ch == '\\' {
+			if p.eof() || p.s[p.i] != '"' && p.s[p.i] != '\\' {
+				return c, fmt.Errorf("%w: bad escape at offset %d", ErrFilter, p.i)
+			}
+			ch = p.s[p.i]
+			p.i++
+		}
+		b.WriteByte(ch)
+	}
+	c.Value = b.String()
+	return c, nil
+}
+
+// Match reports whether the JSON object obj (as the fake answers it)
+// satisfies every clause. "service" compares serviceId; "tags.k" the tag k.
+func (f Filter) Match(obj map[string]any) bool {
+	for _, c := range f {
+		var v any
+		switch {
+		case c.Field == "service":
+			v = obj["serviceId"]
+		case strings.HasPrefix(c.Field, "tags."):
+			tags, _ := obj["tags"].(map[string]any)
+			v = tags[strings.TrimPrefix(c.Field, "tags.")]
+		default:
+			v = obj[c.Field]
+		}
+		s, ok := v.(string)
+		eq := ok && s == c.Value
+		if eq == c.Not {
+			return false
+		}
+	}
+	return true
+}

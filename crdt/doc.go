@@ -1,0 +1,120 @@
+// Package crdt holds a network's shared service configuration as signed
+// field registers: each field is one register (one key of one service),
+// signed by the member who wrote it, merged by a total order that every
+// replica computes alike, persisted before it is exposed, and carried
+// between nodes as whole-service snapshots.
+//
+// crdt knows nothing of listeners or backends: the vip package owns the
+// field schema (which keys exist, what their values mean, listener
+// generations, listener and backend limits). crdt gives it a Replica to
+//
+//   - make local edits (Edit) and deletions (Delete): signed with the
+//     node's key, with a Lamport clock past everything seen and the author's
+//     next durable counter, committed before they are returned;
+//   - merge what other members publish (MergeSnapshot, MergeSnapshots,
+//     MergeFields), verified under ZIP-215 rules, in batches;
+//   - list services and their fields (Services, Service, Fields), export a
+//     service for publishing (EncodedSnapshot, Snapshot);
+//   - drop fields the schema calls obsolete (Config.Obsolete) and hold a
+//     per-service error state (SetServiceError, ServiceInfo.Err);
+//   - follow the network's membership (Config.Members, SetMembers).
+//
+// A typical use:
+//
+//	store, err := pebblestore.Open(ctx, dir, nil) // or crdt.NewMemStore()
+//	r, err := crdt.Open(ctx, crdt.Config{Network: net, Signer: key, Members: members, Store: store})
+//	defer r.Close()
+//	fields, err := r.Edit(ctx, svc, rev, crdt.Edit{Key: "name", Value: []byte("api")})
+//	snap, _ := r.EncodedSnapshot(svc) // publish snap; peers call MergeSnapshot
+//
+// # Merge
+//
+// For each (network, service, key) the field with the highest (Lamport
+// clock, author id, canonical bytes) wins, compared in that order, the id
+// and the bytes (the field's whole encoding, signature included) as
+// unsigned byte strings. The merge is commutative, associative and
+// idempotent, so replicas that hold the same fields hold byte-identical
+// state whatever the arrival order, duplicates or wall time. Each
+// author's counter is durable and strictly increasing (committed with the
+// edit it numbers), so an author never signs two fields with one counter,
+// even across a crash; receivers accept counters in any order, and only the
+// merge order decides a winner.
+//
+// A service is deleted by a permanent signed tombstone: a field with key
+// TombstoneKey and no value. It wins over every other field of the service
+// id, which are dropped and never come back by replay; a recreated service
+// takes a fresh id. A field missing from a snapshot is never a deletion.
+//
+// # Verification
+//
+// A field is accepted when its network is the replica's, its key is not
+// reserved, its clocks are at most MaxClock, its author is a member and its
+// signature verifies. Each failure has its own error (ErrWrongNetwork,
+// ErrReservedKey, ErrLamportRange, ErrNotMember, ErrWrongDomain,
+// ErrBadSignature). Signatures follow one rule set, ZIP-215, as implemented
+// by github.com/hdevalence/ed25519consensus, for single and batch checks
+// alike (crypto/ed25519's stricter Verify would let replicas disagree). A
+// snapshot's new fields are verified as one batch; when a batch fails each
+// of its fields is verified alone so that the error names the bad ones.
+// Fields held byte-identical are not verified again.
+//
+// # Wire encoding (a contract)
+//
+// Fields and snapshots are encoded in postcard's wire format, as serde
+// encodes the structs below: unsigned integers as LEB128 varints (7 bits a
+// byte, least significant group first, 0x80 set on every byte but the last;
+// at most 10 bytes for u64 and 5 for u32; decoders accept only the shortest
+// form), signed integers (none here) zigzag-mapped first, a byte vector as
+// a varint length and the bytes, a fixed array [u8; N] as its N bytes with
+// no prefix, an Option as a tag byte 0 (None) or 1 (Some) followed by the
+// value, and struct fields in order with nothing between them.
+//
+// A field, in order:
+//
+//	network   [u8; 16]         the network id
+//	service   [u8; 16]         the service id
+//	key       Vec<u8>          varint length (1..MaxKeyBytes) + key bytes
+//	value     Option<Vec<u8>>  0x00, or 0x01 + varint length (..MaxValueBytes) + bytes
+//	lamport   u64              varint, at most MaxClock
+//	author    [u8; 32]         the author's Ed25519 public key
+//	counter   u64              varint, at most MaxClock
+//	signature Vec<u8>          0x40 + the 64 signature bytes
+//
+// The signature is Ed25519 over Domain ("tsunagi-vip-field/v1" and a NUL
+// byte, 21 bytes) followed by the field's encoding with the signature
+// vector empty, that is with a single 0x00 in place of 0x40 and the 64
+// bytes.
+//
+// A snapshot, in order:
+//
+//	version   u32         varint, SnapshotVersion (1)
+//	network   [u8; 16]    every field's network
+//	service   [u8; 16]    every field's service
+//	fields    Vec<Field>  varint count (at most MaxFieldsPerService+1), then the fields
+//
+// Exported snapshots list fields in key order (the tombstone, whose key
+// starts with 0x00, first); decoders accept any order. A whole encoded
+// snapshot must fit Limits.MaxSnapshotBytes, the control frame limit.
+// testdata/vectors.txt pins these encodings with golden vectors.
+//
+// # Storage
+//
+// A Store holds one meta record and one record per service; MemStore is in
+// memory, crdt/pebblestore is on disk (a separate package, so that importers
+// that need no disk store do not link pebble). A service record is the
+// service's snapshot encoding; the meta record is version u32 (1), network
+// [u8; 16], the Lamport high-water mark u64 and a vector of (author
+// [u8; 32], last counter u64) in author order; each record is followed by
+// its CRC-32C (Castagnoli, little endian). Open checks every record and
+// fails with ErrCorrupt or ErrUnknownVersion rather than reset anything.
+// Every change (merged services, Lamport mark, counters) is one synced
+// Commit, made before the change is visible or returned for publishing.
+//
+// # Limits
+//
+// Limits bounds active services (64), tombstones (1024), signed fields per
+// active service (192), key and value bytes, and the encoded snapshot (the
+// control frame limit, 64 KiB by default). A merge or edit that would
+// exceed one is refused with the limit's error; nothing is evicted, and
+// deleted services do not count as active.
+package crdt

@@ -1,0 +1,119 @@
+package crdt
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// Edit makes a local edit of one service: it signs one field per edit with
+// the replica's key, a Lamport clock one past everything seen and the
+// author's next durable counters, merges them, and commits the merged
+// snapshot with the new counter in one synced batch before returning. The
+// returned fields (and EncodedSnapshot) are then ready to publish.
+//
+// base is the service's revision the edit was drafted on: the edit fails
+// with ErrStaleRevision when the service has changed since (NoRevision for
+// a new service, AnyRevision to skip the check). A deleted service fails
+// with ErrDeleted; an edit beyond a limit fails with the limit's error and
+// changes nothing.
+func (r *Replica) Edit(ctx context.Context, id ServiceID, base Revision, edits ...Edit) ([]Field, error) {
+	if len(edits) == 0 {
+		return nil, fmt.Errorf("%w: no field", ErrBadEdit)
+	}
+	fields := make([]Field, len(edits))
+	seen := make(map[string]bool, len(edits))
+	for i, e := range edits {
+		if seen[e.Key] {
+			return nil, fmt.Errorf("%w: key %q twice", ErrBadEdit, e.Key)
+		}
+		seen[e.Key] = true
+		switch {
+		case e.Key == "":
+			return nil, ErrEmptyKey
+		case e.Key[0] == 0:
+			return nil, fmt.Errorf("%w: %q", ErrReservedKey, e.Key)
+		case len(e.Key) > r.lim.MaxKeyBytes:
+			return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLong, len(e.Key), r.lim.MaxKeyBytes)
+		case len(e.Value) > r.lim.MaxValueBytes:
+			return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(e.Value), r.lim.MaxValueBytes)
+		}
+		fields[i] = Field{Key: e.Key, HasValue: !e.Clear}
+		if !e.Clear {
+			fields[i].Value = append([]byte{}, e.Value...)
+		}
+	}
+	return r.local(ctx, id, base, fields)
+}
+
+// Delete deletes a service with a permanent signed tombstone, dropping its
+// fields; no replay of them can bring it back. The returned tombstone (and
+// EncodedSnapshot) is ready to publish. A service not held fails with
+// ErrUnknownService; a full tombstone history with ErrTombstoneLimit,
+// leaving the service as it was. base is checked as by Edit.
+func (r *Replica) Delete(ctx context.Context, id ServiceID, base Revision) (Field, error) {
+	out, err := r.local(ctx, id, base, []Field{{Key: TombstoneKey}})
+	if err != nil {
+		return Field{}, err
+	}
+	return out[0], nil
+}
+
+// local signs fields for service id and merges them as a trusted group.
+func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields []Field) ([]Field, error) {
+	if r.signer == nil {
+		return nil, ErrNoSigner
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	r.mu.RLock()
+	closed := r.closed
+	s := r.services[id]
+	lamport := r.meta.lamport
+	counter := r.meta.counter[r.self]
+	r.mu.RUnlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	cur := NoRevision
+	if s != nil {
+		cur = s.rev
+		if s.tomb != nil {
+			return nil, fmt.Errorf("%w: %s", ErrDeleted, id)
+		}
+	}
+	if base != AnyRevision && base != cur {
+		return nil, fmt.Errorf("%w: service %s is at %d, edit based on %d", ErrStaleRevision, id, cur, base)
+	}
+	if s == nil && fields[0].Key == TombstoneKey {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownService, id)
+	}
+	if lamport >= MaxClock || counter > MaxClock-uint64(len(fields)) {
+		return nil, ErrLamportRange
+	}
+	g := group{id: id, trusted: true}
+	for i := range fields {
+		f := &fields[i]
+		f.Network, f.Service = r.net, id
+		f.Lamport = lamport + 1
+		f.Counter = counter + uint64(i) + 1
+		Sign(r.signer, f)
+		raw := f.Encode()
+		p, _, err := parseField(raw, 0, &r.lim, false)
+		if err != nil {
+			return nil, fmt.Errorf("crdt: edit: %w", err)
+		}
+		g.ps = append(g.ps, p)
+	}
+	res, err := r.mergeLocked(ctx, []group{g})
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(res.Changed, id) {
+		return nil, fmt.Errorf("crdt: edit of %s changed nothing", id)
+	}
+	return fields, nil
+}

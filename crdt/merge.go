@@ -1,0 +1,479 @@
+package crdt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// group is the part of one merge or edit that concerns one service. A
+// group is applied whole or not at all.
+type group struct {
+	id      ServiceID
+	ps      []parsed
+	trusted bool // a local edit: signed here, not verified again
+	errs    []error
+	bad     bool // a field failed a check that rejects the group
+}
+
+// fieldState is what classification decided for one field.
+type fieldState uint8
+
+const (
+	fsPending   fieldState = iota // to verify, then apply
+	fsIdentical                   // held byte-identical
+	fsIgnored                     // the service is deleted
+	fsRejected                    // refused (errs has why)
+)
+
+// MergeSnapshot verifies an encoded snapshot and merges it. See
+// MergeSnapshots.
+func (r *Replica) MergeSnapshot(ctx context.Context, snap []byte) (MergeResult, error) {
+	return r.MergeSnapshots(ctx, [][]byte{snap})
+}
+
+// MergeSnapshots verifies encoded snapshots and merges them, committing
+// every change in one synced store batch before it becomes visible.
+//
+// Each snapshot is decoded strictly (an encoding error rejects the whole
+// snapshot) and applied whole or not at all: a field of another network, a
+// bad or wrong-domain signature, a reserved key or a clock out of range
+// rejects its snapshot; a limit that the merged service would exceed
+// rejects it too (and sets the service's error state when it is held).
+// Fields whose author is not a member are left out (ErrNotMember) while the
+// snapshot's other fields merge. Fields already held byte-identical are
+// not verified again; the others are verified in ZIP-215 batches.
+//
+// The returned error joins one error per refused snapshot or field, each
+// wrapping a sentinel (errors.Is); MergeResult counts what was done. The
+// snapshots' bytes are not retained.
+func (r *Replica) MergeSnapshots(ctx context.Context, snaps [][]byte) (MergeResult, error) {
+	groups := make([]group, 0, len(snaps))
+	var errs []error
+	for i, b := range snaps {
+		h, err := parseSnapshot(b, &r.lim, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("crdt: snapshot %d: %w", i, err))
+			continue
+		}
+		groups = append(groups, group{id: h.service, ps: h.fields})
+	}
+	res, err := r.merge(ctx, groups)
+	return res, errors.Join(append(errs, err)...)
+}
+
+// MergeFields verifies fields (from a live update) and merges them, with
+// the rules of MergeSnapshots; the fields of each service form one group
+// applied whole or not at all.
+func (r *Replica) MergeFields(ctx context.Context, fields []Field) (MergeResult, error) {
+	idx := map[ServiceID]int{}
+	var groups []group
+	var errs []error
+	for i := range fields {
+		f := &fields[i]
+		raw := f.Encode()
+		p, n, err := parseField(raw, 0, &r.lim, false)
+		if err == nil && n != len(raw) {
+			err = ErrTrailingBytes
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("crdt: %w", fieldErr(f, err)))
+			continue
+		}
+		gi, ok := idx[f.Service]
+		if !ok {
+			gi = len(groups)
+			idx[f.Service] = gi
+			groups = append(groups, group{id: f.Service})
+		}
+		groups[gi].ps = append(groups[gi].ps, p)
+	}
+	res, err := r.merge(ctx, groups)
+	res.Rejected += len(errs)
+	return res, errors.Join(append(errs, err)...)
+}
+
+// checkField applies the checks that need no signature.
+func (r *Replica) checkField(p *parsed) error {
+	if p.network != r.net {
+		return ErrWrongNetwork
+	}
+	if p.key[0] == 0 && string(p.key) != TombstoneKey {
+		return ErrReservedKey
+	}
+	if p.hasValue && string(p.key) == TombstoneKey {
+		return ErrBadTombstone
+	}
+	if p.lamport > MaxClock || p.counter > MaxClock {
+		return ErrLamportRange
+	}
+	return nil
+}
+
+// merge classifies, verifies, applies and commits groups.
+func (r *Replica) merge(ctx context.Context, groups []group) (MergeResult, error) {
+	var res MergeResult
+	if len(groups) == 0 {
+		return res, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	return r.mergeLocked(ctx, groups)
+}
+
+// mergeLocked is merge with r.writeMu held.
+func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult, error) {
+	var res MergeResult
+	r.mu.RLock()
+	closed, members := r.closed, r.members
+	r.mu.RUnlock()
+	if closed {
+		return res, ErrClosed
+	}
+
+	// Classify every field against the committed state. r.services is only
+	// written under writeMu, which we hold.
+	states := make([][]fieldState, len(groups))
+	var toVerify []*parsed
+	var verifyAt [][2]int
+	for gi := range groups {
+		g := &groups[gi]
+		g.errs = make([]error, len(g.ps))
+		st := make([]fieldState, len(g.ps))
+		states[gi] = st
+		held := r.services[g.id]
+		for i := range g.ps {
+			p := &g.ps[i]
+			if err := r.checkField(p); err != nil {
+				st[i], g.errs[i], g.bad = fsRejected, err, true
+				continue
+			}
+			if g.trusted {
+				continue
+			}
+			if held != nil {
+				if e := held.lookup(p.key); e != nil && bytes.Equal(e.raw, p.raw) {
+					st[i] = fsIdentical
+					continue
+				}
+				if held.tomb != nil && string(p.key) != TombstoneKey {
+					st[i] = fsIgnored
+					continue
+				}
+			}
+			if _, ok := members[p.author]; !ok {
+				st[i], g.errs[i] = fsRejected, ErrNotMember
+				continue
+			}
+			toVerify = append(toVerify, p)
+			verifyAt = append(verifyAt, [2]int{gi, i})
+		}
+	}
+	if len(toVerify) > 0 {
+		verrs := make([]error, len(toVerify))
+		if verifyParsed(toVerify, verrs) {
+			for k, err := range verrs {
+				if err != nil {
+					gi, i := verifyAt[k][0], verifyAt[k][1]
+					states[gi][i], groups[gi].errs[i], groups[gi].bad = fsRejected, err, true
+				}
+			}
+		}
+	}
+
+	// Apply each group to a pending copy of its service.
+	pending := map[ServiceID]*service{}
+	var order []ServiceID
+	limitErrs := map[ServiceID]error{}
+	newMeta := meta{network: r.net, lamport: r.meta.lamport, counter: r.meta.counter}
+	metaChanged, countersCopied := false, false
+	active, tombs := r.active, r.tombs
+	var errs []error
+	for gi := range groups {
+		g := &groups[gi]
+		st := states[gi]
+		var gerrs []error
+		for i, s := range st {
+			switch s {
+			case fsIdentical:
+				res.Identical++
+			case fsIgnored:
+				res.Ignored++
+			case fsRejected:
+				res.Rejected++
+				gerrs = append(gerrs, fieldErr(ptrField(&g.ps[i]), g.errs[i]))
+			}
+		}
+		if g.bad {
+			errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, errors.Join(gerrs...)))
+			continue
+		}
+		if len(gerrs) > 0 {
+			errs = append(errs, fmt.Errorf("crdt: service %s: %w", g.id, errors.Join(gerrs...)))
+		}
+		base := pending[g.id]
+		if base == nil {
+			base = r.services[g.id]
+		}
+		ns, gr, lamport, own, err := r.applyGroup(base, g, st)
+		if err != nil {
+			res.Rejected += gr.Accepted
+			errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
+			if r.services[g.id] != nil {
+				limitErrs[g.id] = err
+			}
+			continue
+		}
+		wasActive := base != nil && base.tomb == nil
+		wasTomb := base != nil && base.tomb != nil
+		if ns != nil {
+			isTomb := ns.tomb != nil
+			if !wasActive && !isTomb && active+1 > r.lim.MaxServices {
+				err = fmt.Errorf("%w: limit %d", ErrServiceLimit, r.lim.MaxServices)
+			} else if !wasTomb && isTomb && tombs+1 > r.lim.MaxTombstones {
+				err = fmt.Errorf("%w: limit %d", ErrTombstoneLimit, r.lim.MaxTombstones)
+			}
+			if err != nil {
+				res.Rejected += gr.Accepted
+				errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
+				if r.services[g.id] != nil {
+					limitErrs[g.id] = err
+				}
+				continue
+			}
+			if wasActive {
+				active--
+			}
+			if wasTomb {
+				tombs--
+			}
+			if isTomb {
+				tombs++
+			} else {
+				active++
+			}
+			if _, seen := pending[g.id]; !seen {
+				order = append(order, g.id)
+			}
+			pending[g.id] = ns
+		}
+		res.Accepted += gr.Accepted
+		res.Superseded += gr.Superseded
+		res.Ignored += gr.Ignored
+		res.Identical += gr.Identical
+		if lamport > newMeta.lamport {
+			newMeta.lamport = lamport
+			metaChanged = true
+		}
+		if r.signer != nil && own > newMeta.counter[r.self] {
+			if !countersCopied {
+				// r.meta stays untouched until publish.
+				newMeta.counter = maps.Clone(r.meta.counter)
+				if newMeta.counter == nil {
+					newMeta.counter = map[AuthorID]uint64{}
+				}
+				countersCopied = true
+			}
+			newMeta.counter[r.self] = own
+			metaChanged = true
+		}
+	}
+	if len(pending) == 0 && !metaChanged {
+		r.setLimitErrs(limitErrs)
+		return res, errors.Join(errs...)
+	}
+	if err := r.commit(ctx, pending, order, &newMeta); err != nil {
+		return MergeResult{}, err
+	}
+	r.publish(pending, order, &newMeta, active, tombs, limitErrs)
+	res.Changed = order
+	slices.SortFunc(res.Changed, func(a, b ServiceID) int { return bytes.Compare(a[:], b[:]) })
+	return res, errors.Join(errs...)
+}
+
+func ptrField(p *parsed) *Field {
+	f := p.field()
+	return &f
+}
+
+// lookup returns the held entry for key, the tombstone included.
+func (s *service) lookup(key []byte) *entry {
+	if string(key) == TombstoneKey {
+		return s.tomb
+	}
+	return s.fields[string(key)]
+}
+
+// applyGroup merges g's surviving fields into a copy of base. It returns
+// the new service (nil when nothing changed), the counts, the highest
+// Lamport clock and own counter among the applied fields, or a limit error.
+func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service, MergeResult, uint64, uint64, error) {
+	var gr MergeResult
+	var lamport, own uint64
+	ns := &service{id: g.id, fields: map[string]*entry{}}
+	if base != nil {
+		ns.tomb = base.tomb
+		for k, e := range base.fields {
+			ns.fields[k] = e
+		}
+	}
+	changed := false
+	for i := range g.ps {
+		if st[i] != fsPending {
+			continue
+		}
+		p := &g.ps[i]
+		lamport = max(lamport, p.lamport)
+		if p.author == r.self {
+			own = max(own, p.counter)
+		}
+		if string(p.key) == TombstoneKey {
+			if ns.tomb == nil || compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &ns.tomb.f, ns.tomb.raw) > 0 {
+				if ns.tomb != nil && bytes.Equal(ns.tomb.raw, p.raw) {
+					gr.Identical++
+					continue
+				}
+				ns.tomb = newEntry(p)
+				gr.Accepted++
+				changed = true
+			} else if bytes.Equal(ns.tomb.raw, p.raw) {
+				gr.Identical++
+			} else {
+				gr.Superseded++
+			}
+			continue
+		}
+		if ns.tomb != nil {
+			gr.Ignored++
+			continue
+		}
+		e := ns.fields[string(p.key)]
+		switch {
+		case e == nil:
+		case bytes.Equal(e.raw, p.raw):
+			gr.Identical++
+			continue
+		case compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &e.f, e.raw) <= 0:
+			gr.Superseded++
+			continue
+		}
+		ne := newEntry(p)
+		ns.fields[ne.f.Key] = ne
+		gr.Accepted++
+		changed = true
+	}
+	if !changed {
+		return nil, gr, lamport, own, nil
+	}
+	if ns.tomb != nil {
+		gr.Ignored += len(ns.fields)
+		ns.fields = map[string]*entry{}
+	} else if r.obs != nil {
+		drop := r.obs(ns.id, ns.sortedFields(true))
+		for _, k := range drop {
+			if _, ok := ns.fields[k]; ok {
+				delete(ns.fields, k)
+				gr.Ignored++
+			}
+		}
+	}
+	if ns.tomb == nil && len(ns.fields) > r.lim.MaxFieldsPerService {
+		return nil, gr, 0, 0, fmt.Errorf("%w: %d fields, limit %d", ErrFieldLimit, len(ns.fields), r.lim.MaxFieldsPerService)
+	}
+	ns.enc = r.encodeRaw(ns)
+	if len(ns.enc) > r.lim.MaxSnapshotBytes {
+		return nil, gr, 0, 0, fmt.Errorf("%w: %d bytes, limit %d", ErrSnapshotTooLarge, len(ns.enc), r.lim.MaxSnapshotBytes)
+	}
+	ns.rev = revisionOf(ns)
+	if base != nil {
+		ns.schemaErr = base.schemaErr
+	}
+	return ns, gr, lamport, own, nil
+}
+
+// encodeRaw encodes s's snapshot from its fields' held encodings.
+func (r *Replica) encodeRaw(s *service) []byte {
+	keys := make([]string, 0, len(s.fields))
+	n := uvarintLen(SnapshotVersion) + 32 + 10
+	for k, e := range s.fields {
+		keys = append(keys, k)
+		n += len(e.raw)
+	}
+	slices.Sort(keys)
+	cnt := len(keys)
+	if s.tomb != nil {
+		cnt++
+		n += len(s.tomb.raw)
+	}
+	b := make([]byte, 0, n)
+	b = appendUvarint(b, SnapshotVersion)
+	b = append(b, r.net[:]...)
+	b = append(b, s.id[:]...)
+	b = appendUvarint(b, uint64(cnt))
+	if s.tomb != nil {
+		b = append(b, s.tomb.raw...)
+	}
+	for _, k := range keys {
+		b = append(b, s.fields[k].raw...)
+	}
+	return b
+}
+
+// commit writes the pending services and the meta record in one batch.
+func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, order []ServiceID, m *meta) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b := Batch{Meta: encodeMeta(m)}
+	for _, id := range order {
+		enc := pending[id].enc
+		rec := make([]byte, 0, len(enc)+4)
+		rec = appendCRC(append(rec, enc...), 0)
+		b.Put = append(b.Put, Record{Service: id, Data: rec})
+	}
+	if err := r.store.Commit(ctx, b); err != nil {
+		return fmt.Errorf("crdt: commit: %w", err)
+	}
+	return nil
+}
+
+// publish makes committed changes visible.
+func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range order {
+		ns := pending[id]
+		if old := r.services[id]; old != nil {
+			ns.schemaErr = old.schemaErr
+		}
+		r.services[id] = ns
+	}
+	for id, err := range limitErrs {
+		if s := r.services[id]; s != nil {
+			if _, changed := pending[id]; !changed {
+				s.limitErr = err
+			}
+		}
+	}
+	r.active, r.tombs = active, tombs
+	r.meta = *m
+}
+
+func (r *Replica) setLimitErrs(errs map[ServiceID]error) {
+	if len(errs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, err := range errs {
+		if s := r.services[id]; s != nil {
+			s.limitErr = err
+		}
+	}
+}

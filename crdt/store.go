@@ -1,0 +1,287 @@
+package crdt
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"slices"
+	"sync"
+)
+
+// Store is the durable home of a replica's state: one meta record (the
+// network, the Lamport high-water mark and the local authors' counters) and
+// one record per service (its snapshot). Records are opaque to the store;
+// crdt frames each with a CRC-32C and checks it on Open (ErrCorrupt).
+//
+// Implementations: MemStore here, pebblestore.Store on disk. Both pass the
+// contract suite in crdt/storetest. A Store is used by one Replica at a
+// time; its methods need not be safe for concurrent use.
+type Store interface {
+	// Load returns every committed record, services in id order. An empty
+	// store returns Records with a nil Meta. A store that cannot be read
+	// faithfully (unknown format version, damaged files) returns an error
+	// wrapping ErrUnknownVersion or ErrCorrupt; it never resets itself.
+	Load(ctx context.Context) (Records, error)
+	// Commit applies b atomically and durably: when it returns nil, every
+	// record of b is on stable storage (synced); when it returns an error,
+	// the store holds either all of b or none of it, and a store that
+	// cannot tell returns its failure on every later call.
+	Commit(ctx context.Context, b Batch) error
+	// Close releases the store. Later calls return ErrClosed.
+	Close() error
+}
+
+// Record is one service's stored record.
+type Record struct {
+	Service ServiceID
+	Data    []byte
+}
+
+// Records is the content of a store.
+type Records struct {
+	Meta     []byte
+	Services []Record
+}
+
+// Batch is one atomic change: the new meta record (nil keeps the old one),
+// service records to write (replacing any old one) and to remove.
+type Batch struct {
+	Meta   []byte
+	Put    []Record
+	Delete []ServiceID
+}
+
+// MemStore is an in-memory Store for tests and for replicas that need no
+// durability. Its durable content survives Close: Reopen returns a new
+// MemStore over it, as a restart would. Safe for concurrent use.
+type MemStore struct {
+	d      *memData
+	mu     sync.Mutex
+	closed bool
+}
+
+type memData struct {
+	mu       sync.Mutex
+	version  uint32
+	meta     []byte
+	services map[ServiceID][]byte
+	failNext int // >0: the next commit fails after applying this many puts to its copy
+}
+
+var _ Store = (*MemStore)(nil)
+
+// MemStoreVersion is the format version a MemStore records.
+const MemStoreVersion = 1
+
+// NewMemStore returns an empty MemStore.
+func NewMemStore() *MemStore {
+	return &MemStore{d: &memData{version: MemStoreVersion, services: map[ServiceID][]byte{}}}
+}
+
+// Reopen returns a new MemStore over s's content, like reopening a file
+// after a restart. s should be closed first (its content is shared).
+func (s *MemStore) Reopen() *MemStore { return &MemStore{d: s.d} }
+
+// FailNextCommit makes the next Commit fail after writing puts records of
+// its batch to the copy it builds (a failure midway); the store keeps its
+// old content. For tests.
+func (s *MemStore) FailNextCommit(puts int) {
+	s.d.mu.Lock()
+	s.d.failNext = puts + 1
+	s.d.mu.Unlock()
+}
+
+// SetVersionForTest sets the recorded format version, to test rejection of
+// unknown versions.
+func (s *MemStore) SetVersionForTest(v uint32) {
+	s.d.mu.Lock()
+	s.d.version = v
+	s.d.mu.Unlock()
+}
+
+// CorruptForTest flips a byte of the record of service id (the meta record
+// when id is zero) and reports whether there was such a record.
+func (s *MemStore) CorruptForTest(id ServiceID) bool {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	rec := s.d.meta
+	if id != (ServiceID{}) {
+		rec = s.d.services[id]
+	}
+	if len(rec) == 0 {
+		return false
+	}
+	rec[len(rec)/2] ^= 0x5a
+	return true
+}
+
+// Load implements Store.
+func (s *MemStore) Load(ctx context.Context) (Records, error) {
+	if err := s.check(ctx); err != nil {
+		return Records{}, err
+	}
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	if s.d.version != MemStoreVersion {
+		return Records{}, fmt.Errorf("crdt: mem store: %w: %d", ErrUnknownVersion, s.d.version)
+	}
+	r := Records{Meta: bytes.Clone(s.d.meta)}
+	for id, data := range s.d.services {
+		r.Services = append(r.Services, Record{Service: id, Data: bytes.Clone(data)})
+	}
+	slices.SortFunc(r.Services, func(a, b Record) int { return bytes.Compare(a.Service[:], b.Service[:]) })
+	return r, nil
+}
+
+// Commit implements Store. It builds the new content aside and swaps it in.
+func (s *MemStore) Commit(ctx context.Context, b Batch) error {
+	if err := s.check(ctx); err != nil {
+		return err
+	}
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	next := make(map[ServiceID][]byte, len(s.d.services)+len(b.Put))
+	for id, data := range s.d.services {
+		next[id] = data
+	}
+	for i, r := range b.Put {
+		if s.d.failNext > 0 && i+1 >= s.d.failNext {
+			s.d.failNext = 0
+			return fmt.Errorf("crdt: mem store: injected failure after %d of %d records", i, len(b.Put))
+		}
+		next[r.Service] = bytes.Clone(r.Data)
+	}
+	if s.d.failNext > 0 {
+		s.d.failNext = 0
+		return fmt.Errorf("crdt: mem store: injected failure after %d records", len(b.Put))
+	}
+	for _, id := range b.Delete {
+		delete(next, id)
+	}
+	if b.Meta != nil {
+		s.d.meta = bytes.Clone(b.Meta)
+	}
+	s.d.services = next
+	return nil
+}
+
+// Close implements Store.
+func (s *MemStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.closed = true
+	return nil
+}
+
+func (s *MemStore) check(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Record framing: body || CRC-32C(body), little endian.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func appendCRC(b []byte, start int) []byte {
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}
+
+func checkCRC(rec []byte) ([]byte, error) {
+	if len(rec) < 4 {
+		return nil, fmt.Errorf("%w: record of %d bytes", ErrCorrupt, len(rec))
+	}
+	body := rec[:len(rec)-4]
+	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(rec[len(rec)-4:]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
+	}
+	return body, nil
+}
+
+// metaVersion is the format version of the meta record.
+const metaVersion = 1
+
+// meta is the replica-wide durable state.
+type meta struct {
+	network NetworkID
+	lamport uint64              // highest Lamport clock seen
+	counter map[AuthorID]uint64 // last counter used per local author
+}
+
+// encodeMeta encodes m as a framed record: version u32, network [16],
+// Lamport u64, then a vector of (author [32], counter u64) in author order,
+// all in the postcard rules, followed by the CRC-32C.
+func encodeMeta(m *meta) []byte {
+	b := appendUvarint(nil, metaVersion)
+	b = append(b, m.network[:]...)
+	b = appendUvarint(b, m.lamport)
+	authors := make([]AuthorID, 0, len(m.counter))
+	for a := range m.counter {
+		authors = append(authors, a)
+	}
+	slices.SortFunc(authors, func(x, y AuthorID) int { return bytes.Compare(x[:], y[:]) })
+	b = appendUvarint(b, uint64(len(authors)))
+	for _, a := range authors {
+		b = append(b, a[:]...)
+		b = appendUvarint(b, m.counter[a])
+	}
+	return appendCRC(b, 0)
+}
+
+func decodeMeta(rec []byte) (meta, error) {
+	m := meta{counter: map[AuthorID]uint64{}}
+	b, err := checkCRC(rec)
+	if err != nil {
+		return m, err
+	}
+	ver, off, err := readUvarint(b, 0, 5, math.MaxUint32)
+	if err != nil {
+		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if ver != metaVersion {
+		return m, fmt.Errorf("%w: meta record version %d", ErrUnknownVersion, ver)
+	}
+	if len(b)-off < 16 {
+		return m, fmt.Errorf("%w: meta truncated", ErrCorrupt)
+	}
+	copy(m.network[:], b[off:])
+	off += 16
+	if m.lamport, off, err = readUvarint(b, off, 10, math.MaxUint64); err != nil {
+		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	n, off, err := readUvarint(b, off, 10, math.MaxUint64)
+	if err != nil {
+		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if n > uint64(len(b)-off)/33 {
+		return m, fmt.Errorf("%w: meta counters truncated", ErrCorrupt)
+	}
+	for i := uint64(0); i < n; i++ {
+		if len(b)-off < 32 {
+			return m, fmt.Errorf("%w: meta counters truncated", ErrCorrupt)
+		}
+		var a AuthorID
+		copy(a[:], b[off:])
+		off += 32
+		var c uint64
+		if c, off, err = readUvarint(b, off, 10, math.MaxUint64); err != nil {
+			return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		m.counter[a] = c
+	}
+	if off != len(b) {
+		return m, fmt.Errorf("%w: %w in meta record", ErrCorrupt, ErrTrailingBytes)
+	}
+	return m, nil
+}

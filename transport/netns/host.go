@@ -108,7 +108,9 @@ type Host struct {
 
 // NewHost creates a network namespace called name (UniqueName("") when name
 // is empty), bind-mounted at RunDir/name the way `ip netns add` does it, and
-// brings its loopback interface up. It needs root (CAP_SYS_ADMIN).
+// brings its loopback interface up. Interfaces added later skip IPv6
+// duplicate address detection (accept_dad=0), so their addresses, link-local
+// ones included, are usable at once. It needs root (CAP_SYS_ADMIN).
 //
 // The namespace exists until Close, or until the process dies: a killed test
 // leaves it mounted, and Sweep removes it later. It returns ErrInvalidName,
@@ -163,6 +165,16 @@ func NewHost(ctx context.Context, name string) (*Host, error) {
 		}
 		if err := h.nl.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("netns: loopback up in %s: %w", name, err)
+		}
+		// No duplicate address detection on interfaces made later: their
+		// link-local addresses would stay tentative for a second or two, and
+		// neighbour discovery waits for them. Without IPv6 there is nothing
+		// to set.
+		for _, conf := range []string{"default", "all"} {
+			p := "/proc/sys/net/ipv6/conf/" + conf + "/accept_dad"
+			if err := os.WriteFile(p, []byte("0"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("netns: %s in %s: %w", p, name, err)
+			}
 		}
 		return nil
 	})

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -111,6 +112,7 @@ type Iface struct {
 	Host  *Host
 	Name  string
 	Index int
+	MAC   net.HardwareAddr
 	Addrs []netip.Prefix // the addresses this package put on it
 }
 
@@ -213,7 +215,43 @@ func Connect(ctx context.Context, a, b *Host, o LinkOptions) (*Link, error) {
 			return nil, err
 		}
 	}
+	if err := seedNeighbors(l.A, l.B); err != nil {
+		_ = l.Close()
+		return nil, err
+	}
 	return l, nil
+}
+
+// seedNeighbors puts each interface's addresses and MAC into the other's
+// neighbour table as STALE entries. Right after an interface comes up, the
+// kernel joins its solicited-node multicast groups from a work queue, and a
+// neighbour solicitation that arrives first is dropped: the first IPv6
+// packet then waits a second or more for a retry. A STALE entry is used at
+// once and confirmed by unicast, which needs no group; the kernel manages
+// the entry from there as if it had learnt it.
+func seedNeighbors(x, y Iface) error {
+	for _, d := range [][2]Iface{{x, y}, {y, x}} {
+		from, to := d[0], d[1]
+		if len(to.MAC) == 0 {
+			continue
+		}
+		for _, p := range to.Addrs {
+			n := &netlink.Neigh{
+				LinkIndex:    from.Index,
+				Family:       netlink.FAMILY_V4,
+				State:        netlink.NUD_STALE,
+				IP:           net.IP(p.Addr().AsSlice()),
+				HardwareAddr: to.MAC,
+			}
+			if p.Addr().Is6() {
+				n.Family = netlink.FAMILY_V6
+			}
+			if err := from.Host.nl.NeighSet(n); err != nil {
+				return fmt.Errorf("netns: neighbour %v on %s in %s: %w", p.Addr(), from.Name, from.Host.name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // vethPair creates a veth with one end in a and the other in b. peerName
@@ -246,7 +284,8 @@ func vethPair(a, b *Host, mtu int, peerName string) (Iface, Iface, error) {
 		_ = a.nl.LinkDel(la)
 		return Iface{}, Iface{}, fmt.Errorf("netns: veth %s/%s: %w", b.name, peerName, err)
 	}
-	return Iface{Host: a, Name: nameA, Index: la.Attrs().Index}, Iface{Host: b, Name: peerName, Index: lb.Attrs().Index}, nil
+	return Iface{Host: a, Name: nameA, Index: la.Attrs().Index, MAC: la.Attrs().HardwareAddr},
+		Iface{Host: b, Name: peerName, Index: lb.Attrs().Index, MAC: lb.Attrs().HardwareAddr}, nil
 }
 
 // dupFD returns a new descriptor of the namespace, for the caller to close.
@@ -456,8 +495,9 @@ type Switch struct {
 	host   *Host
 	subnet int
 
-	mu   sync.Mutex
-	next int // next host number
+	mu      sync.Mutex
+	next    int     // next host number
+	members []Iface // host ends of the ports, for neighbour seeding
 }
 
 // NewSwitch creates a bridge "br0" in a new namespace (name "" means
@@ -589,6 +629,19 @@ func (s *Switch) Attach(ctx context.Context, h *Host, o PortOptions) (Iface, err
 	if err := h.SetUp(hi.Name); err != nil {
 		_ = l.Close()
 		return Iface{}, err
+	}
+	s.mu.Lock()
+	members := slices.Clone(s.members)
+	s.members = append(s.members, hi)
+	s.mu.Unlock()
+	for _, m := range members {
+		if m.Host.isClosed() {
+			continue
+		}
+		if err := seedNeighbors(hi, m); err != nil && !errors.Is(err, unix.ENODEV) {
+			_ = l.Close()
+			return Iface{}, err
+		}
 	}
 	return hi, nil
 }

@@ -104,8 +104,9 @@ func (l *link) queued() int {
 }
 
 // take moves up to len(dst) queued packets into dst. When the queue is empty
-// it returns 0 and, unless the link is closed, marks a Read as waiting.
-func (l *link) take(dst []*stack.PacketBuffer) (n int, closed bool) {
+// it returns 0 and, if wait is set and the link is open, marks a Read as
+// waiting for the ready channel.
+func (l *link) take(dst []*stack.PacketBuffer, wait bool) (n int, closed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -121,7 +122,7 @@ func (l *link) take(dst []*stack.PacketBuffer) (n int, closed bool) {
 		l.n--
 		n++
 	}
-	if n == 0 {
+	if n == 0 && wait {
 		l.waiting = true
 	}
 	return n, false
@@ -135,22 +136,23 @@ func (l *link) read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	l.readMu.Lock()
 	defer l.readMu.Unlock()
 	limit := min(len(bufs), len(sizes), len(l.scratch))
-	if limit == 0 {
-		return 0, nil
-	}
-	for {
-		k, closed := l.take(l.scratch[:limit])
+	n, bytes := 0, 0
+	for n < limit {
+		k, closed := l.take(l.scratch[:limit-n], n == 0)
 		if closed {
 			return 0, transport.ErrClosed
 		}
 		if k == 0 {
+			if n > 0 {
+				break
+			}
 			select {
 			case <-l.ready:
 			case <-l.done:
 			}
 			continue
 		}
-		n, bytes, tooBig := 0, 0, 0
+		tooBig := 0
 		for i := range k {
 			pkt := l.scratch[i]
 			l.scratch[i] = nil
@@ -165,15 +167,18 @@ func (l *link) read(bufs [][]byte, sizes []int, offset int) (int, error) {
 			}
 			pkt.DecRef()
 		}
-		if tooBig > 0 {
-			l.outTooBig.Add(uint64(tooBig))
+		if tooBig == 0 {
+			break
 		}
-		if n > 0 {
-			l.outPackets.Add(uint64(n))
-			l.outBytes.Add(uint64(bytes))
-			return n, nil
-		}
+		// Some packets did not fit: fill their places from the queue, if
+		// it has more, without blocking once we have something.
+		l.outTooBig.Add(uint64(tooBig))
 	}
+	if n > 0 {
+		l.outPackets.Add(uint64(n))
+		l.outBytes.Add(uint64(bytes))
+	}
+	return n, nil
 }
 
 // copyPacket copies the whole of pkt (headers and payload) into dst, which

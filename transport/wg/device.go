@@ -1,0 +1,373 @@
+package wg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+
+	"github.com/vipkit/vipkit/transport"
+)
+
+// pollInterval is how often WaitHandshake reads the device.
+const pollInterval = 10 * time.Millisecond
+
+// Options tunes NewDevice. The zero value uses real UDP sockets and logs
+// nothing.
+type Options struct {
+	// Bind carries the encrypted UDP: a SimBind, a UDPBind, or any
+	// conn.Bind. nil means wireguard-go's default (real UDP sockets on all
+	// interfaces). The Device owns it: Close closes it.
+	Bind conn.Bind
+	// Logger receives wireguard-go's log lines: errors at Error, the rest at
+	// Debug. nil discards them. Nothing is ever written to stdout.
+	Logger *slog.Logger
+}
+
+// Device is a wireguard-go device whose TUN side is a transport.PacketIO
+// and whose configuration is read and written as Go values.
+//
+// All methods are safe for concurrent use; configuration changes are
+// serialized. After Close, every method returns an error that matches
+// ErrDeviceClosed.
+type Device struct {
+	dev  *device.Device
+	tun  *tunAdapter
+	bind conn.Bind
+	log  *slog.Logger
+
+	mu     sync.Mutex // serializes configuration changes and Close
+	closed bool
+}
+
+// NewDevice starts a wireguard-go device on io with the configuration cfg
+// and returns it up: its Bind is open and peers with endpoints can be
+// reached at once. The Device owns io and the Bind, and closes both on
+// Close (closing io is the only way to unblock wireguard-go's reader).
+//
+// cfg is validated first (see Config.Validate); nothing is started for a
+// bad configuration. An error from the Bind (a port in use) is wrapped in
+// ErrDevice.
+func NewDevice(io transport.PacketIO, cfg Config, o Options) (*Device, error) {
+	if io == nil {
+		return nil, errors.New("wg: NewDevice needs a PacketIO")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	bind := o.Bind
+	if bind == nil {
+		bind = conn.NewDefaultBind()
+	}
+	if err := checkEndpointsForBind(bind, cfg.Peers); err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{
+		// No EventUp: NewDevice brings the device up itself, after its
+		// configuration, so that the Bind opens once, on the right port.
+		tun:  newTUNAdapter(io, false),
+		bind: bind,
+		log:  log,
+	}
+	d.dev = device.NewDevice(d.tun, bind, newLogger(log))
+	fail := func(err error) (*Device, error) {
+		d.dev.Close()
+		return nil, err
+	}
+	if cfg.ListenPort != 0 {
+		if err := d.dev.IpcSet("listen_port=" + strconv.Itoa(int(cfg.ListenPort)) + "\n"); err != nil {
+			return fail(fmt.Errorf("%w: listen port %d: %w", ErrDevice, cfg.ListenPort, err))
+		}
+	}
+	if err := d.dev.IpcSet(diffUAPI(Config{}, cfg)); err != nil {
+		return fail(fmt.Errorf("%w: configure: %w", ErrDevice, err))
+	}
+	if err := d.dev.Up(); err != nil {
+		return fail(fmt.Errorf("%w: up: %w", ErrDevice, err))
+	}
+	return d, nil
+}
+
+// checkEndpointsForBind asks the Bind to parse every endpoint, so that a
+// Bind's refusal is reported before any change is applied.
+func checkEndpointsForBind(b conn.Bind, peers []PeerConfig) error {
+	for _, p := range peers {
+		if !p.Endpoint.IsValid() {
+			continue
+		}
+		if _, err := b.ParseEndpoint(p.Endpoint.String()); err != nil {
+			return fmt.Errorf("%w: peer %v: %v refused by the bind: %v", ErrBadEndpoint, p.PublicKey, p.Endpoint, err)
+		}
+	}
+	return nil
+}
+
+// Configure replaces the device's whole configuration with cfg: peers not
+// in cfg are removed, listed peers are added or updated, and each listed
+// peer's allowed IPs become exactly the ones given. Peers that stay keep
+// their sessions (no new handshake), and a prefix that changes peer moves
+// atomically, never unrouted in between.
+//
+// ListenPort 0 keeps the current port; another port rebinds (if that fails,
+// the previous port is restored when possible and nothing else changes). A
+// peer without an Endpoint keeps the endpoint the device knows.
+//
+// cfg is validated first; a bad cfg changes nothing.
+func (d *Device) Configure(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := checkEndpointsForBind(d.bind, cfg.Peers); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrDeviceClosed
+	}
+	cur, _, err := d.readLocked()
+	if err != nil {
+		return err
+	}
+	if cfg.ListenPort != 0 && cfg.ListenPort != cur.ListenPort {
+		if err := d.dev.IpcSet("listen_port=" + strconv.Itoa(int(cfg.ListenPort)) + "\n"); err != nil {
+			if cur.ListenPort != 0 {
+				_ = d.dev.IpcSet("listen_port=" + strconv.Itoa(int(cur.ListenPort)) + "\n")
+			}
+			return fmt.Errorf("%w: listen port %d: %w", ErrDevice, cfg.ListenPort, err)
+		}
+	}
+	return d.setLocked(diffUAPI(cur, cfg))
+}
+
+// UpsertPeer adds the peer p, or updates it: its endpoint (when given),
+// keepalive, preshared key, and its allowed IPs, which become exactly
+// p.AllowedIPs without a gap in routing. A prefix that another peer already
+// has is refused with ErrDuplicateAllowedIP; use MoveAllowedIP to move it.
+func (d *Device) UpsertPeer(p PeerConfig) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if err := checkEndpointsForBind(d.bind, []PeerConfig{p}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrDeviceClosed
+	}
+	cur, _, err := d.readLocked()
+	if err != nil {
+		return err
+	}
+	if p.PublicKey == cur.PrivateKey.PublicKey() {
+		return fmt.Errorf("%w: %v", ErrSelfPeer, p.PublicKey)
+	}
+	want := cur.Clone()
+	found := false
+	for i, q := range want.Peers {
+		if q.PublicKey == p.PublicKey {
+			want.Peers[i] = p
+			found = true
+			continue
+		}
+		for _, a := range p.AllowedIPs {
+			if slices.Contains(q.AllowedIPs, a) {
+				return fmt.Errorf("%w: %v is on peer %v; move it with MoveAllowedIP", ErrDuplicateAllowedIP, a, q.PublicKey)
+			}
+		}
+	}
+	if !found {
+		if len(want.Peers) >= MaxPeers {
+			return fmt.Errorf("%w: the device has %d", ErrTooManyPeers, len(want.Peers))
+		}
+		want.Peers = append(want.Peers, p)
+	}
+	return d.setLocked(diffUAPI(cur, want))
+}
+
+// RemovePeer removes the peer with public key pub, its allowed IPs and its
+// sessions. It fails with ErrNoSuchPeer if there is none.
+func (d *Device) RemovePeer(pub Key) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrDeviceClosed
+	}
+	cur, _, err := d.readLocked()
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(cur.Peers, func(p PeerConfig) bool { return p.PublicKey == pub }) {
+		return fmt.Errorf("%w: %v", ErrNoSuchPeer, pub)
+	}
+	var w uapiWriter
+	w.key("public_key", pub)
+	w.line("remove", "true")
+	return d.setLocked(w.String())
+}
+
+// MoveAllowedIP routes the host prefix p (a /32 or a /128) to the peer to,
+// taking it from whichever peer has it (if any). The move is one update of
+// wireguard-go's routing table, under its lock: every packet is routed
+// either to the old peer or to the new one, never dropped for want of a
+// route. Sessions are untouched.
+//
+// It fails with ErrNotHostPrefix for any other prefix, ErrBadPrefix for an
+// invalid one and ErrNoSuchPeer if to is not a peer.
+func (d *Device) MoveAllowedIP(p netip.Prefix, to Key) error {
+	if err := checkPrefix(p); err != nil {
+		return err
+	}
+	if p.Bits() != p.Addr().BitLen() {
+		return fmt.Errorf("%w: %v", ErrNotHostPrefix, p)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrDeviceClosed
+	}
+	cur, _, err := d.readLocked()
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(cur.Peers, func(q PeerConfig) bool { return q.PublicKey == to }) {
+		return fmt.Errorf("%w: %v", ErrNoSuchPeer, to)
+	}
+	var w uapiWriter
+	w.key("public_key", to)
+	w.line("update_only", "true")
+	w.line("allowed_ip", p.String())
+	return d.setLocked(w.String())
+}
+
+// Config reads the live device back: its private key, the listen port in
+// use, and every peer with its current endpoint (which roams), keepalive,
+// preshared key and allowed IPs, normalized (see Config.Normalize).
+func (d *Device) Config() (Config, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return Config{}, ErrDeviceClosed
+	}
+	c, _, err := d.readLocked()
+	return c, err
+}
+
+// PeerStats returns the run-time state of the peer pub, or ErrNoSuchPeer.
+func (d *Device) PeerStats(pub Key) (PeerStats, error) {
+	all, err := d.Stats()
+	if err != nil {
+		return PeerStats{}, err
+	}
+	s, ok := all[pub]
+	if !ok {
+		return PeerStats{}, fmt.Errorf("%w: %v", ErrNoSuchPeer, pub)
+	}
+	return s, nil
+}
+
+// Stats returns the run-time state of every peer, by public key.
+func (d *Device) Stats() (map[Key]PeerStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrDeviceClosed
+	}
+	c, st, err := d.readLocked()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range c.Peers {
+		if _, ok := st[p.PublicKey]; !ok {
+			st[p.PublicKey] = PeerStats{}
+		}
+	}
+	return st, nil
+}
+
+// WaitHandshake blocks until the peer pub has completed a handshake, or ctx
+// ends. It polls the device every 10 ms (on the real clock: wireguard-go
+// runs in real time). It fails with ErrNoSuchPeer if pub is not a peer.
+func (d *Device) WaitHandshake(ctx context.Context, pub Key) error {
+	for {
+		s, err := d.PeerStats(pub)
+		if err != nil {
+			return err
+		}
+		if !s.LastHandshake.IsZero() {
+			return nil
+		}
+		if !transport.Sleep(nil, pollInterval, ctx.Done()) {
+			return fmt.Errorf("wg: waiting for a handshake with %v: %w", pub, ctx.Err())
+		}
+	}
+}
+
+// Bind returns the device's Bind.
+func (d *Device) Bind() conn.Bind { return d.bind }
+
+// Close brings the device down and releases everything: wireguard-go's
+// goroutines, the Bind, and the PacketIO. It is idempotent and returns
+// once wireguard-go's Close has returned; wireguard-go's worker goroutines
+// exit right after, asynchronously.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	d.dev.Close()
+	return nil
+}
+
+func (d *Device) readLocked() (Config, map[Key]PeerStats, error) {
+	text, err := d.dev.IpcGet()
+	if err != nil {
+		return Config{}, nil, fmt.Errorf("%w: read configuration: %w", ErrDevice, err)
+	}
+	c, st, err := applyUAPI(text, Config{})
+	if err != nil {
+		return Config{}, nil, err
+	}
+	return c.Normalize(), st, nil
+}
+
+func (d *Device) setLocked(text string) error {
+	if text == "" {
+		return nil
+	}
+	if err := d.dev.IpcSet(text); err != nil {
+		return fmt.Errorf("%w: configure: %w", ErrDevice, err)
+	}
+	return nil
+}
+
+// newLogger routes wireguard-go's printf-style logging to l.
+func newLogger(l *slog.Logger) *device.Logger {
+	return &device.Logger{
+		Verbosef: func(format string, args ...any) {
+			if l.Enabled(context.Background(), slog.LevelDebug) {
+				l.Debug(fmt.Sprintf(format, args...), "component", "wireguard")
+			}
+		},
+		Errorf: func(format string, args ...any) {
+			if l.Enabled(context.Background(), slog.LevelError) {
+				l.Error(fmt.Sprintf(format, args...), "component", "wireguard")
+			}
+		},
+	}
+}

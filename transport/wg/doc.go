@@ -1,0 +1,46 @@
+// Package wg runs wireguard-go on any transport.PacketIO and configures it
+// from Go values.
+//
+// A Device is a wireguard-go device whose TUN side is a PacketIO — a
+// gVisor netstack host (transport/netstack), a kernel TUN
+// (PacketIOFromTUN), a channel pair, or the vip engine wrapping one of
+// them — and whose encrypted side is a conn.Bind:
+//
+//	host stack ⇄ (vip engine) ⇄ Device ⇄ Bind ⇄ network
+//
+// Configuration is a Config value (private key, listen port, peers with
+// public key, endpoint, allowed IPs, keepalive, preshared key). NewDevice,
+// Configure, UpsertPeer, RemovePeer and MoveAllowedIP turn changes into
+// wireguard-go's UAPI internally, writing only what changes: peers that stay
+// keep their sessions, and a /32 or /128 moved between peers is re-routed in
+// one step, never unrouted. Config and PeerStats read the live device back.
+// Bad input is refused before anything changes, with errors that match the
+// package's sentinels (ErrZeroKey, ErrDuplicatePeer, ErrDuplicateAllowedIP,
+// ErrBadPrefix, ErrBadEndpoint, ...).
+//
+// Two Binds come with the package:
+//
+//   - SimBind carries the encrypted UDP through a transporttest.Network, so
+//     the network's latency, jitter, loss and partitions act on the real
+//     WireGuard protocol, in process and without root;
+//   - UDPBind uses real UDP sockets and impairs its own sends in real time
+//     (latency, jitter, loss, partitions per destination), for nodes in
+//     separate processes or network namespaces.
+//
+// wireguard-go keeps its own real timers (handshakes, keepalives, rekeys),
+// so anything that runs a Device runs in real time: tests over it assert
+// outcomes, not exact traces.
+//
+// Typical use, two nodes over a simulated network:
+//
+//	n := transporttest.NewNetwork(nil, seed)
+//	ba, bb := wg.NewSimBind(n, "a"), wg.NewSimBind(n, "b")
+//	ka, kb := wg.GeneratePrivateKey(), wg.GeneratePrivateKey()
+//	da, err := wg.NewDevice(hostA, wg.Config{PrivateKey: ka, Peers: []wg.PeerConfig{{
+//		PublicKey:  kb.PublicKey(),
+//		Endpoint:   bb.Addr(),
+//		AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/32")},
+//	}}}, wg.Options{Bind: ba})
+//	...
+//	defer da.Close()
+package wg

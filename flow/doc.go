@@ -1,0 +1,52 @@
+// Package flow is vipkit's NAT flow table and packet path for service VIPs:
+// the translation a client node applies at its local ingress so that
+// connections to a VIP (a virtual IPv4 address with TCP/UDP listeners) reach
+// one of the listener's backends through the overlay, and the replies come
+// back as if the VIP had sent them.
+//
+// A NAT (New) serves one overlay network. The vip engine, a PacketIO
+// wrapper between the host's TUN and wireguard-go, calls
+//
+//   - FromHost for every packet the host sends. A packet to a VIP gets a
+//     binding to a backend chosen by the engine's Selector and is rewritten
+//     in place: destination → backend overlay address and application port,
+//     source port → a shadow port reserved through a PortReserver (and the
+//     source address → Options.LocalAddr). A local backend is reached by
+//     hairpin: the packet is reflected into the host with the VIP as source.
+//   - FromPeer for every packet an authenticated peer delivers: VIP sources
+//     and destinations are refused, Options.Admit applies, and a reply from
+//     the binding's backend peer is rewritten back to come from the VIP.
+//
+// Both take the current time as an argument (no clock reads per packet),
+// update checksums incrementally (RFC 1624) and allocate nothing for
+// established flows. The result says what to do with the packet: Pass
+// (not ours), Forward, Reflect (into the host), Drop (with a counted
+// DropReason) or Consumed. Packets the NAT creates (fragments of datagrams
+// it reassembled or that exceed the MTU, ICMP fragmentation-needed) go to
+// Options.Emit.
+//
+// Bindings follow tsunagi-vip's delivery rules: a TCP flow is pinned to its
+// backend, a retransmitted empty SYN before any SYN-ACK may be retargeted,
+// a new SYN sequence on a reused tuple makes a new binding, RST (and FIN in
+// both directions) shortens retention; UDP bindings fail over when the
+// Selector reports their backend unavailable (after HealthChanged or an
+// ICMP port unreachable, which is also reported to OnPortUnreachable). Idle
+// bindings expire (7200 s TCP, 120 s UDP by default, per listener
+// configurable); retired shadow ports stay quarantined for 120 s. Active and
+// quarantined bindings share one bounded capacity (4096 by default); when it
+// is full, new flows are refused and counted, and nothing live is evicted.
+// Removing a backend, listener or VIP stops new bindings; existing ones
+// drain until idle expiry.
+//
+// Fragments are reassembled before NAT in a cache scoped to the sender and
+// bounded in datagrams, bytes and fragments, expiring on the clock;
+// overlapping fragments discard the datagram. ICMP errors about a binding
+// get their quoted headers translated, so the client's stack sees the error
+// for its own VIP flow.
+//
+// The package also holds the header views it is built on (IPv4, TCP, UDP,
+// ICMPv4: one Validate, then accessors) and the checksum helpers, and two
+// PortReservers: MemReserver (in memory, optionally keyed per backend for
+// tables beyond 64k flows) and OSReserver (real sockets bound on the overlay
+// address, Linux).
+package flow

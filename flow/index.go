@@ -1,0 +1,164 @@
+package flow
+
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
+// tuple is a packed IPv4 5-tuple: k0 = src<<32 | dst (exactly the eight bytes
+// at offset 12 of the IPv4 header, read big-endian), k1 = sport<<48 |
+// dport<<32 | proto<<24. The low 24 bits of k1 are zero in a tuple; the index
+// stores a binding id and a direction bit there.
+type tuple struct{ k0, k1 uint64 }
+
+func mkTuple(src, dst uint32, sport, dport uint16, proto Proto) tuple {
+	return tuple{uint64(src)<<32 | uint64(dst), uint64(sport)<<48 | uint64(dport)<<32 | uint64(proto)<<24}
+}
+
+// packetTuple reads the tuple of an IPv4 packet whose L4 header starts at l4.
+func packetTuple(pkt, l4 []byte) tuple {
+	return tuple{binary.BigEndian.Uint64(pkt[ipv4Src:]), uint64(binary.BigEndian.Uint32(l4))<<32 | uint64(pkt[ipv4Proto])<<24}
+}
+
+func (t tuple) src() uint32          { return uint32(t.k0 >> 32) }
+func (t tuple) dst() uint32          { return uint32(t.k0) }
+func (t tuple) sport() uint16        { return uint16(t.k1 >> 48) }
+func (t tuple) dport() uint16        { return uint16(t.k1 >> 32) }
+func (t tuple) proto() Proto         { return Proto(t.k1 >> 24) }
+func (t tuple) swapped() tuple       { return mkTuple(t.dst(), t.src(), t.dport(), t.sport(), t.proto()) }
+func (t tuple) ports() uint32        { return uint32(t.k1 >> 32) }
+func (t tuple) addrs() uint64        { return t.k0 }
+func (t tuple) isZero() bool         { return t.k1 == 0 && t.k0 == 0 }
+func (t tuple) withID(v uint64) ient { return ient{t.k0, t.k1 | v} }
+
+const (
+	idBits   = 23
+	idMask   = 1<<idBits - 1
+	dirShift = idBits
+	keyMask1 = ^uint64(1<<24 - 1)
+
+	// MaxCapacity is the largest Options.Capacity: binding ids have 23 bits.
+	MaxCapacity = idMask
+
+	dirFwd = 0 // the client's packet (orig tuple)
+	dirRev = 1 // the backend's reply (reply tuple)
+)
+
+// ient is one index entry: a tuple with the binding id and direction in the
+// low 24 bits of k1. k1 == 0 marks an empty entry (a stored tuple always has
+// a nonzero protocol).
+type ient struct{ k0, k1 uint64 }
+
+// index maps tuples to (binding id, direction) with open addressing and
+// linear probing over one flat array: the full key is inline, so a lookup
+// touches one or two cache lines and no pointers. Deletion shifts entries
+// back (no tombstones), so churn does not degrade it. Every binding has two
+// entries (its client tuple and its reply tuple); the array is sized for a
+// load factor of at most ½ at full capacity. The hash is keyed with a random
+// seed so that remote senders cannot aim collisions.
+type index struct {
+	ents  []ient
+	mask  uint64
+	shift uint
+	seed0 uint64
+	seed1 uint64
+	n     int
+}
+
+func newIndex(entries int, seed0, seed1 uint64) index {
+	size := 16
+	for size < entries*2 {
+		size <<= 1
+	}
+	return index{
+		ents:  make([]ient, size),
+		mask:  uint64(size - 1),
+		shift: uint(64 - bits.TrailingZeros(uint(size))),
+		seed0: seed0 | 1,
+		seed1: seed1 | 1,
+	}
+}
+
+func (x *index) home(k0, k1 uint64) uint64 {
+	hi, lo := bits.Mul64(k0^x.seed0, (k1&keyMask1)^x.seed1)
+	h := (hi ^ lo) * 0x9e3779b97f4a7c15
+	return h >> x.shift
+}
+
+// lookup returns the id and direction stored for t.
+func (x *index) lookup(t tuple) (id uint32, dir int, ok bool) {
+	i := x.home(t.k0, t.k1)
+	for {
+		e := &x.ents[i]
+		if e.k1 == 0 {
+			return 0, 0, false
+		}
+		if e.k0 == t.k0 && e.k1&keyMask1 == t.k1 {
+			return uint32(e.k1 & idMask), int(e.k1>>dirShift) & 1, true
+		}
+		i = (i + 1) & x.mask
+	}
+}
+
+// insert adds t → (id, dir). It reports false, changing nothing, when t is
+// already present.
+func (x *index) insert(t tuple, id uint32, dir int) bool {
+	i := x.home(t.k0, t.k1)
+	for {
+		e := &x.ents[i]
+		if e.k1 == 0 {
+			*e = t.withID(uint64(id) | uint64(dir)<<dirShift)
+			x.n++
+			return true
+		}
+		if e.k0 == t.k0 && e.k1&keyMask1 == t.k1 {
+			return false
+		}
+		i = (i + 1) & x.mask
+	}
+}
+
+// remove deletes t and reports whether it was present.
+func (x *index) remove(t tuple) bool {
+	i := x.home(t.k0, t.k1)
+	for {
+		e := &x.ents[i]
+		if e.k1 == 0 {
+			return false
+		}
+		if e.k0 == t.k0 && e.k1&keyMask1 == t.k1 {
+			break
+		}
+		i = (i + 1) & x.mask
+	}
+	// Backward-shift deletion: move later entries of the same probe run
+	// into the hole when their home allows it.
+	j := i
+	for {
+		j = (j + 1) & x.mask
+		e := x.ents[j]
+		if e.k1 == 0 {
+			break
+		}
+		k := x.home(e.k0, e.k1)
+		// The entry at j may move to i iff its home k is not cyclically in (i, j].
+		if i <= j {
+			if i < k && k <= j {
+				continue
+			}
+		} else if i < k || k <= j {
+			continue
+		}
+		x.ents[i] = e
+		i = j
+	}
+	x.ents[i] = ient{}
+	x.n--
+	return true
+}
+
+// reset empties the index.
+func (x *index) reset() {
+	clear(x.ents)
+	x.n = 0
+}

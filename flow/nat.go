@@ -1,0 +1,1239 @@
+package flow
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vipkit/vipkit/transport"
+)
+
+// side is where a packet came from.
+type side uint8
+
+const (
+	sideHost side = iota // read from the host's TUN (FromHost)
+	sidePeer             // received from an overlay peer (FromPeer)
+)
+
+// binding state bits
+const (
+	stActive = 1 << iota
+	stQuarantined
+	stHairpin
+	stSynAck  // the backend answered the SYN: the flow is pinned
+	stFinOut  // FIN seen from the client
+	stFinIn   // FIN seen from the backend
+	stSynData // the SYN carried data: never retargeted
+)
+
+const noID = ^uint32(0)
+
+// Per-binding drop reasons (a compact subset; the listener and NAT count
+// every reason).
+var bindingDropSlot = [NumDropReasons]int8{
+	ReasonQuarantined:  1,
+	ReasonPeerMismatch: 2,
+	ReasonFragNeeded:   3,
+	ReasonNoEmit:       4,
+}
+
+const bindingDropSlots = 4
+
+// binding is one NAT binding, stored inline in NAT.slots. 144 bytes.
+type binding struct {
+	orig  tuple // the client's packet: C:cport → VIP:vport
+	reply tuple // the backend's reply: B:bport → L:shadow (L is the VIP for hairpin)
+
+	// Precomputed checksum deltas (RFC 1624) for each direction.
+	fwdIP, fwdL4, revIP, revL4 uint16
+
+	deadline int64 // idle expiry (active) or end of quarantine, ns since NAT.base
+	idle     int64 // current retention, ns
+	peer     PeerID
+
+	wprev, wnext, wbucket uint32 // expiry wheel links
+	lis                   uint32 // listener index
+	isn                   uint32 // the client's SYN sequence number
+	gen                   uint32 // health generation last checked (UDP)
+	st                    uint8
+
+	pktsOut, bytesOut, pktsIn, bytesIn uint64
+	drops                              [bindingDropSlots]uint32
+}
+
+type lkey struct {
+	vip   uint32
+	port  uint16
+	proto Proto
+}
+
+type listenerState struct {
+	l        Listener
+	key      lkey
+	idx      uint32
+	backends []Backend
+	idle     int64
+	removed  bool
+	refs     int // bindings (active or quarantined) referring to it
+
+	active, quarantined           int
+	created, retargets, failovers uint64
+	c                             Counters
+}
+
+type vipInfo struct{ listeners, bindings int }
+
+type unreachReport struct {
+	pending bool
+	l       Listener
+	b       Backend
+}
+
+// NAT is the flow table and packet path of one overlay network at one node:
+// the NAT at the client's ingress that maps (VIP, port, protocol) to backends
+// through shadow ports, its reverse path with admission, fragment
+// reassembly and refragmentation, ICMP error translation and hairpin.
+//
+// The vip engine sits between the host's TUN and wireguard-go and calls
+// FromHost for every packet read from the host and FromPeer for every packet
+// wireguard-go delivers, then acts on the Result. Control methods
+// (SetListener, RemoveListener, RemoveBackend, RemoveVIP, HealthChanged,
+// stats) may be called at any time from any goroutine.
+//
+// Concurrency: FromHost and FromPeer may run concurrently with each other
+// and with the control methods, but each of them is called by one goroutine
+// at a time (like PacketIO.Read and Write). The table is guarded by one
+// mutex held for a few tens of nanoseconds per packet; packets that are not
+// NAT traffic (not to a VIP from the host, not to LocalAddr from a peer) do
+// not take it.
+//
+// Memory: New allocates the whole table for Options.Capacity up front (about
+// 208 bytes per binding); the fragment cache holds at most
+// MaxFragDatagrams buffers of 64 KiB.
+//
+// Close releases all state and every reserved port.
+type NAT struct {
+	o     Options
+	local uint32
+	clock transport.Clock
+	res   PortReserver
+	base  time.Time
+	gran  int64 // wheel granularity, ns
+
+	vips  atomic.Pointer[vipSet]
+	gen   atomic.Uint32
+	drops [NumDropReasons]atomic.Uint64
+
+	mu        sync.Mutex
+	closed    bool
+	idx       index
+	slots     []binding
+	free      []uint32
+	used      int // active + quarantined
+	nquar     int
+	wheel     []uint32
+	wheelTick int64
+	lis       []*listenerState
+	lisFree   []uint32
+	lmap      map[lkey]uint32
+	vipInfo   map[uint32]*vipInfo
+	frags     fragCache
+	timer     transport.Timer
+	armed     bool
+	scratch   []byte
+	reports   [2]unreachReport
+
+	created, failovers, retargets, refused   uint64
+	reassembled, fragmented, icmpSent        uint64
+	idleTCP, idleUDP, closedTCP, finTCP, qtn int64
+	fragTimeout                              int64
+}
+
+// New returns a NAT for one overlay network. It validates the options
+// (errors match ErrInvalidOptions) and allocates the table.
+func New(o Options) (*NAT, error) {
+	if err := o.normalize(); err != nil {
+		return nil, err
+	}
+	n := &NAT{
+		o:       o,
+		local:   addr4(o.LocalAddr),
+		clock:   transport.Or(o.Clock),
+		res:     o.Reserver,
+		gran:    int64(o.SweepInterval),
+		lmap:    make(map[lkey]uint32),
+		vipInfo: make(map[uint32]*vipInfo),
+	}
+	if n.res == nil {
+		n.res = NewMemReserver(MemReserverOptions{})
+	}
+	n.base = n.clock.Now()
+	n.idx = newIndex(2*o.Capacity, rand.Uint64(), rand.Uint64())
+	n.slots = make([]binding, o.Capacity)
+	n.free = make([]uint32, o.Capacity)
+	for i := range n.free {
+		n.free[i] = uint32(o.Capacity - 1 - i)
+	}
+	n.wheel = make([]uint32, wheelSize)
+	for i := range n.wheel {
+		n.wheel[i] = noID
+	}
+	n.idleTCP, n.idleUDP = int64(o.TCPIdleTimeout), int64(o.UDPIdleTimeout)
+	n.closedTCP, n.finTCP, n.qtn = int64(o.TCPClosedTimeout), int64(o.TCPFinTimeout), int64(o.Quarantine)
+	n.fragTimeout = int64(o.FragTimeout)
+	n.frags.init(&n.o)
+	n.scratch = make([]byte, max(o.MTU, o.HostMTU, 2*IPv4MaxHeaderLen+2*ICMPv4HeaderLen+16))
+	return n, nil
+}
+
+func addr4(a netip.Addr) uint32 { b := a.As4(); return binary.BigEndian.Uint32(b[:]) }
+
+func addrFrom(v uint32) netip.Addr {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+func (n *NAT) ns(t time.Time) int64     { return int64(t.Sub(n.base)) }
+func (n *NAT) timeOf(v int64) time.Time { return n.base.Add(time.Duration(v)) }
+
+// LocalAddr returns Options.LocalAddr.
+func (n *NAT) LocalAddr() netip.Addr { return n.o.LocalAddr }
+
+// IsVIP reports whether a is a VIP of a configured listener or of a binding
+// that still drains. It is safe to call concurrently and does not lock.
+func (n *NAT) IsVIP(a netip.Addr) bool { return a.Is4() && n.vips.Load().has(addr4(a)) }
+
+// FromHost handles a packet read from the host's TUN (the local ingress):
+// pkt is the whole IP packet, now the current time of Options.Clock.
+//
+//   - To a VIP: a new flow gets a binding to a backend chosen by the
+//     Selector; the packet is rewritten in place to the backend's overlay
+//     address and port with a shadow source port (Forward, Result.Peer is
+//     the backend's peer) or, for a local backend, to LocalAddr with the VIP
+//     as source (Reflect: write it back into the host).
+//   - A local backend's reply to a hairpinned flow is reverse-translated
+//     (Reflect).
+//   - Fragments to a VIP are reassembled first (Consumed; the translated
+//     datagram, refragmented to the MTU, goes to Options.Emit).
+//   - ICMP errors from the host about a binding are translated.
+//   - Anything else (IPv6, traffic to non-VIP addresses) is Pass, untouched.
+//
+// Bad packets to a VIP are dropped with a reason. FromHost never panics,
+// whatever pkt holds, and does not allocate for established flows.
+func (n *NAT) FromHost(pkt []byte, now time.Time) Result {
+	if len(pkt) < IPv4MinHeaderLen {
+		if len(pkt) == 0 || pkt[0]>>4 != 4 {
+			return Result{}
+		}
+		return n.drop(ReasonTruncated)
+	}
+	if pkt[0]>>4 != 4 || !n.vips.Load().has(binary.BigEndian.Uint32(pkt[ipv4Dst:])) {
+		return Result{}
+	}
+	if err := IPv4(pkt).Validate(); err != nil {
+		return n.drop(reasonFor(err))
+	}
+	t := n.ns(now)
+	n.mu.Lock()
+	r := n.handleLocked(pkt, sideHost, LocalPeer, t)
+	n.mu.Unlock()
+	n.flushReport(sideHost)
+	return r
+}
+
+// FromPeer handles a packet that authenticated peer peer sent through the
+// overlay, before it is written to the host: admission, then reverse NAT.
+//
+//   - A packet with a VIP as source or destination is dropped
+//     (ReasonVIPSource, ReasonVIPDestination): no peer may claim a VIP.
+//   - Packets for LocalAddr pass Options.Admit; then a reply matching a
+//     binding must come from the binding's backend peer (else
+//     ReasonPeerMismatch) and is rewritten in place so that its source is
+//     the VIP and port the client used (Forward: write it to the host).
+//     Replies to a quarantined shadow port are dropped.
+//   - Fragments for LocalAddr are reassembled per sender (Consumed; the
+//     datagram goes to Options.Emit toward the host, refragmented to
+//     HostMTU).
+//   - ICMP errors quoting a binding get their quoted headers restored; a
+//     port unreachable is reported to Options.OnPortUnreachable.
+//   - Everything else that is admitted is Pass, untouched.
+//
+// FromPeer never panics, whatever pkt holds, and does not allocate for
+// established flows.
+func (n *NAT) FromPeer(pkt []byte, peer PeerID, now time.Time) Result {
+	if len(pkt) < IPv4MinHeaderLen {
+		if len(pkt) == 0 || pkt[0]>>4 != 4 {
+			return Result{}
+		}
+		return n.drop(ReasonTruncated)
+	}
+	if pkt[0]>>4 != 4 {
+		return Result{}
+	}
+	src := binary.BigEndian.Uint32(pkt[ipv4Src:])
+	dst := binary.BigEndian.Uint32(pkt[ipv4Dst:])
+	vs := n.vips.Load()
+	if vs.has(src) {
+		return n.drop(ReasonVIPSource)
+	}
+	if vs.has(dst) {
+		return n.drop(ReasonVIPDestination)
+	}
+	if dst != n.local {
+		return Result{}
+	}
+	if err := IPv4(pkt).Validate(); err != nil {
+		return n.drop(reasonFor(err))
+	}
+	if n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
+		return n.drop(ReasonAdmission)
+	}
+	t := n.ns(now)
+	n.mu.Lock()
+	r := n.handleLocked(pkt, sidePeer, peer, t)
+	n.mu.Unlock()
+	n.flushReport(sidePeer)
+	return r
+}
+
+func (n *NAT) flushReport(s side) {
+	rp := &n.reports[s]
+	if !rp.pending {
+		return
+	}
+	l, b := rp.l, rp.b
+	*rp = unreachReport{}
+	if n.o.OnPortUnreachable != nil {
+		n.o.OnPortUnreachable(l, b)
+	}
+	n.gen.Add(1)
+}
+
+func (n *NAT) drop(r DropReason) Result {
+	n.drops[r].Add(1)
+	return Result{Verdict: Drop, Reason: r}
+}
+
+func (n *NAT) dropL(ls *listenerState, r DropReason) Result {
+	if ls != nil {
+		ls.c.Drops[r]++
+	}
+	return n.drop(r)
+}
+
+func (n *NAT) dropB(b *binding, r DropReason) Result {
+	if s := bindingDropSlot[r]; s > 0 {
+		b.drops[s-1]++
+	}
+	return n.dropL(n.lis[b.lis], r)
+}
+
+var pass = Result{}
+
+// handleLocked dispatches a validated IPv4 packet.
+func (n *NAT) handleLocked(pkt []byte, s side, peer PeerID, now int64) Result {
+	if n.closed {
+		return n.drop(ReasonClosed)
+	}
+	if IPv4(pkt).IsFragment() {
+		return n.fragmentLocked(pkt, s, peer, now)
+	}
+	return n.translateLocked(pkt, s, peer, now)
+}
+
+// translateLocked handles a whole (unfragmented), validated IPv4 packet.
+func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result {
+	hl := int(pkt[0]&0xf) * 4
+	l4 := pkt[hl:]
+	switch Proto(pkt[ipv4Proto]) {
+	case ProtoTCP:
+		if err := TCP(l4).Validate(); err != nil {
+			return n.drop(reasonFor(err))
+		}
+	case ProtoUDP:
+		if err := UDP(l4).Validate(); err != nil {
+			return n.drop(reasonFor(err))
+		}
+	case ProtoICMP:
+		if len(l4) < ICMPv4HeaderLen {
+			return n.drop(ReasonTruncated)
+		}
+		if ICMPv4(l4).IsError() {
+			return n.icmpErrorLocked(pkt, hl, s, peer, now)
+		}
+		fallthrough
+	default:
+		if s == sideHost {
+			return n.drop(ReasonUnsupported)
+		}
+		return pass
+	}
+	k := packetTuple(pkt, l4)
+	id, dir, ok := n.idx.lookup(k)
+	if s == sideHost {
+		switch {
+		case !ok:
+			return n.newFlowLocked(pkt, hl, k, now)
+		case dir == dirFwd:
+			return n.outLocked(pkt, hl, k, id, now)
+		case n.slots[id].st&stHairpin != 0:
+			return n.inLocked(pkt, hl, id, s, peer, now)
+		}
+		return n.drop(ReasonNoFlow)
+	}
+	if !ok || dir == dirFwd || n.slots[id].st&stHairpin != 0 {
+		return pass
+	}
+	return n.inLocked(pkt, hl, id, s, peer, now)
+}
+
+// newFlowLocked creates a binding for a packet to a VIP that has none.
+func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
+	li, ok := n.lmap[lkey{k.dst(), k.dport(), k.proto()}]
+	if !ok {
+		return n.drop(ReasonNoListener)
+	}
+	ls := n.lis[li]
+	if ls.removed {
+		return n.dropL(ls, ReasonNoListener)
+	}
+	var isn uint32
+	var synData bool
+	if k.proto() == ProtoTCP {
+		t := TCP(pkt[hl:])
+		if t.Flags()&(TCPFlagSYN|TCPFlagACK|TCPFlagRST) != TCPFlagSYN {
+			return n.dropL(ls, ReasonNoFlow)
+		}
+		isn, synData = t.Seq(), len(t) > t.HeaderLen()
+	}
+	i := n.selectLocked(ls, SelectNew, Backend{}, now)
+	if i < 0 {
+		return n.dropL(ls, ReasonNoBackend)
+	}
+	id, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)
+	if r != ReasonNone {
+		return n.dropL(ls, r)
+	}
+	return n.applyOutLocked(pkt, hl, id, now)
+}
+
+func (n *NAT) selectLocked(ls *listenerState, why SelectReason, prev Backend, now int64) int {
+	if len(ls.backends) == 0 || ls.removed {
+		return -1
+	}
+	i := n.o.Selector.Select(SelectRequest{
+		Listener:   ls.l,
+		Candidates: ls.backends,
+		Reason:     why,
+		Prev:       prev,
+		Now:        n.timeOf(now),
+	})
+	if i < 0 || i >= len(ls.backends) {
+		return -1
+	}
+	return i
+}
+
+// hasRoomLocked reports whether one more binding fits, expiring what is due
+// first when the table is full.
+func (n *NAT) hasRoomLocked(now int64) bool {
+	if n.used < n.o.Capacity {
+		return true
+	}
+	n.expireLocked(now)
+	return n.used < n.o.Capacity
+}
+
+// bindLocked creates a binding for client tuple k (which must have no
+// forward entry) to backend be.
+func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn uint32, synData bool) (uint32, DropReason) {
+	if !n.hasRoomLocked(now) {
+		n.refused++
+		return noID, ReasonCapacity
+	}
+	proto := k.proto()
+	hairpin := be.Addr == n.o.LocalAddr
+	baddr := addr4(be.Addr)
+	laddr := n.local
+	if hairpin {
+		laddr = k.dst()
+	}
+	bap := be.AddrPort()
+	// A reply tuple must be unique in the index (it could collide with
+	// another binding's client tuple in contrived hairpin cases): hold
+	// colliding ports until a free one is found, then give them back.
+	var held [8]uint16
+	nheld := 0
+	var rk tuple
+	found := false
+	for nheld < len(held) {
+		p, err := n.res.Reserve(proto, bap)
+		if err != nil {
+			break
+		}
+		rk = mkTuple(baddr, laddr, be.Port, p, proto)
+		if _, _, dup := n.idx.lookup(rk); !dup {
+			found = true
+			break
+		}
+		held[nheld] = p
+		nheld++
+	}
+	for _, p := range held[:nheld] {
+		n.res.Release(proto, bap, p)
+	}
+	if !found {
+		return noID, ReasonNoPort
+	}
+	if _, _, dup := n.idx.lookup(k); dup { // cannot happen: callers retire k first
+		n.res.Release(proto, bap, rk.dport())
+		return noID, ReasonNoFlow
+	}
+	id := n.free[len(n.free)-1]
+	n.free = n.free[:len(n.free)-1]
+	n.idx.insert(k, id, dirFwd)
+	n.idx.insert(rk, id, dirRev)
+
+	b := &n.slots[id]
+	fwdIP := addDelta(delta32(k.src(), rk.dst()), delta32(k.dst(), rk.src()))
+	fwdL4 := addDelta(fwdIP, addDelta(delta16(k.sport(), rk.dport()), delta16(k.dport(), rk.sport())))
+	revIP := addDelta(delta32(rk.src(), k.dst()), delta32(rk.dst(), k.src()))
+	revL4 := addDelta(revIP, addDelta(delta16(rk.sport(), k.dport()), delta16(rk.dport(), k.sport())))
+	*b = binding{
+		orig: k, reply: rk,
+		fwdIP: uint16(fwdIP), fwdL4: uint16(fwdL4), revIP: uint16(revIP), revL4: uint16(revL4),
+		idle:  ls.idle,
+		peer:  be.Peer,
+		lis:   ls.idx,
+		isn:   isn,
+		gen:   n.gen.Load(),
+		st:    stActive,
+		wprev: noID, wnext: noID, wbucket: noID,
+	}
+	if hairpin {
+		b.st |= stHairpin
+	}
+	if synData {
+		b.st |= stSynData
+	}
+	b.deadline = now + b.idle
+	ls.refs++
+	ls.active++
+	ls.created++
+	n.used++
+	n.created++
+	n.vipRefLocked(k.dst(), 0, +1)
+	n.wheelLink(id)
+	n.armLocked()
+	return id, ReasonNone
+}
+
+// outLocked handles a client packet of an existing binding.
+func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Result {
+	b := &n.slots[id]
+	if now >= b.deadline {
+		n.expireOneLocked(id, now)
+		return n.newFlowLocked(pkt, hl, k, now)
+	}
+	l4 := pkt[hl:]
+	switch k.proto() {
+	case ProtoTCP:
+		fl := l4[tcpFlags]
+		if fl&(TCPFlagSYN|TCPFlagACK|TCPFlagRST) == TCPFlagSYN {
+			if binary.BigEndian.Uint32(l4[tcpSeq:]) != b.isn {
+				// A new SYN sequence on a reused tuple: a new binding.
+				n.retireLocked(id, now)
+				return n.newFlowLocked(pkt, hl, k, now)
+			}
+			if b.st&(stSynAck|stSynData) == 0 && len(l4) == TCP(l4).HeaderLen() {
+				if nid, moved := n.rebindLocked(id, SelectSYNRetry, now); moved {
+					if nid == noID {
+						return Result{Verdict: Drop, Reason: ReasonNoPort}
+					}
+					id = nid
+					n.lis[n.slots[id].lis].retargets++
+					n.retargets++
+				}
+			}
+		}
+		n.tcpFlags(&n.slots[id], fl, true)
+	case ProtoUDP:
+		if b.gen != n.gen.Load() {
+			b.gen = n.gen.Load()
+			ls := n.lis[b.lis]
+			if !n.o.Selector.Available(ls.l, n.backendOf(b), n.timeOf(now)) {
+				if nid, moved := n.rebindLocked(id, SelectFailover, now); moved {
+					if nid == noID {
+						return Result{Verdict: Drop, Reason: ReasonNoPort}
+					}
+					id = nid
+					n.lis[n.slots[id].lis].failovers++
+					n.failovers++
+				}
+			}
+		}
+	}
+	return n.applyOutLocked(pkt, hl, id, now)
+}
+
+// rebindLocked asks the selector for another backend for binding id and,
+// when it names a different one and there is room, retires id and binds the
+// flow anew. It reports the binding to use.
+func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool) {
+	b := &n.slots[id]
+	ls := n.lis[b.lis]
+	cur := n.backendOf(b)
+	i := n.selectLocked(ls, why, cur, now)
+	if i < 0 || ls.backends[i] == cur {
+		return id, false
+	}
+	if !n.hasRoomLocked(now) {
+		n.refused++
+		ls.c.Drops[ReasonCapacity]++
+		n.drops[ReasonCapacity].Add(1)
+		return id, false
+	}
+	k, isn, synData := b.orig, b.isn, b.st&stSynData != 0
+	n.retireLocked(id, now)
+	nid, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)
+	if r != ReasonNone {
+		// The reserver failed; the old binding is already retired. Count it;
+		// the packet goes out on nothing: the caller re-looks up.
+		ls.c.Drops[r]++
+		n.drops[r].Add(1)
+		return noID, true
+	}
+	return nid, true
+}
+
+func (n *NAT) backendOf(b *binding) Backend {
+	return Backend{Peer: b.peer, Addr: addrFrom(b.reply.src()), Port: b.reply.sport()}
+}
+
+func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
+	if fl&TCPFlagRST != 0 {
+		b.idle = min(b.idle, n.closedTCP)
+		return
+	}
+	if fl&TCPFlagFIN != 0 {
+		if out {
+			b.st |= stFinOut
+		} else {
+			b.st |= stFinIn
+		}
+		if b.st&(stFinOut|stFinIn) == stFinOut|stFinIn {
+			b.idle = min(b.idle, n.finTCP)
+		}
+	}
+	if !out && fl&(TCPFlagSYN|TCPFlagACK) == TCPFlagSYN|TCPFlagACK {
+		b.st |= stSynAck
+	}
+}
+
+// applyOutLocked rewrites a client packet for binding id and decides where
+// it goes.
+func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
+	b := &n.slots[id]
+	b.deadline = now + b.idle
+	hairpin := b.st&stHairpin != 0
+	dir, mtu := ToOverlay, n.o.MTU
+	if hairpin {
+		dir, mtu = ToHost, n.o.HostMTU
+	}
+	if len(pkt) > mtu {
+		if IPv4(pkt).DF() {
+			n.fragNeededLocked(pkt, hl, mtu, ToHost)
+			return n.dropB(b, ReasonFragNeeded)
+		}
+	}
+	ls := n.lis[b.lis]
+	rewrite(pkt, hl, bits.RotateLeft64(b.reply.k0, 32), bits.RotateLeft32(b.reply.ports(), 16), b.fwdIP, b.fwdL4)
+	sz := uint64(len(pkt))
+	b.pktsOut++
+	b.bytesOut += sz
+	ls.c.PacketsOut++
+	ls.c.BytesOut += sz
+	if len(pkt) > mtu {
+		if !n.emitFragmentsLocked(dir, pkt, mtu) {
+			return n.dropB(b, ReasonNoEmit)
+		}
+		return Result{Verdict: Consumed}
+	}
+	if hairpin {
+		return Result{Verdict: Reflect}
+	}
+	return Result{Verdict: Forward, Peer: b.peer}
+}
+
+// inLocked handles a backend's reply for binding id.
+func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now int64) Result {
+	b := &n.slots[id]
+	if n.expireOneLocked(id, now) {
+		if s == sideHost {
+			return n.drop(ReasonNoFlow)
+		}
+		return pass
+	}
+	if b.st&stQuarantined != 0 {
+		return n.dropB(b, ReasonQuarantined)
+	}
+	if peer != b.peer {
+		return n.dropB(b, ReasonPeerMismatch)
+	}
+	if b.orig.proto() == ProtoTCP {
+		n.tcpFlags(b, pkt[hl+tcpFlags], false)
+	}
+	b.deadline = now + b.idle
+	mtu := n.o.HostMTU
+	if len(pkt) > mtu && IPv4(pkt).DF() {
+		back := ToOverlay
+		if s == sideHost {
+			back = ToHost
+		}
+		n.fragNeededLocked(pkt, hl, mtu, back)
+		return n.dropB(b, ReasonFragNeeded)
+	}
+	ls := n.lis[b.lis]
+	rewrite(pkt, hl, bits.RotateLeft64(b.orig.k0, 32), bits.RotateLeft32(b.orig.ports(), 16), b.revIP, b.revL4)
+	sz := uint64(len(pkt))
+	b.pktsIn++
+	b.bytesIn += sz
+	ls.c.PacketsIn++
+	ls.c.BytesIn += sz
+	if len(pkt) > mtu {
+		if !n.emitFragmentsLocked(ToHost, pkt, mtu) {
+			return n.dropB(b, ReasonNoEmit)
+		}
+		return Result{Verdict: Consumed}
+	}
+	if s == sideHost {
+		return Result{Verdict: Reflect}
+	}
+	return Result{Verdict: Forward}
+}
+
+// rewrite writes new addresses (src<<32|dst) and ports (sport<<16|dport)
+// into a TCP or UDP packet and applies the precomputed checksum deltas.
+func rewrite(pkt []byte, hl int, addrs uint64, ports uint32, dIP, dL4 uint16) {
+	binary.BigEndian.PutUint64(pkt[ipv4Src:], addrs)
+	adjust(pkt[ipv4Checksum:], uint32(dIP))
+	l4 := pkt[hl:]
+	binary.BigEndian.PutUint32(l4, ports)
+	if pkt[ipv4Proto] == byte(ProtoTCP) {
+		adjust(l4[tcpChecksum:], uint32(dL4))
+	} else {
+		adjustUDP(l4[udpChecksum:], uint32(dL4))
+	}
+}
+
+// retireLocked moves an active binding to quarantine, from time at: its
+// client tuple no longer matches; its shadow port stays reserved and late
+// replies are dropped until at + Quarantine.
+func (n *NAT) retireLocked(id uint32, at int64) {
+	b := &n.slots[id]
+	if b.st&stActive == 0 {
+		return
+	}
+	n.idx.remove(b.orig)
+	b.st = b.st&^stActive | stQuarantined
+	b.deadline = at + n.qtn
+	ls := n.lis[b.lis]
+	ls.active--
+	ls.quarantined++
+	n.nquar++
+	n.wheelUnlink(id)
+	n.wheelLink(id)
+}
+
+// expireOneLocked applies idle expiry and quarantine end to binding id at
+// now, as the sweep would, and reports whether the binding is gone.
+func (n *NAT) expireOneLocked(id uint32, now int64) bool {
+	b := &n.slots[id]
+	if b.st&stActive != 0 && now >= b.deadline {
+		n.retireLocked(id, b.deadline)
+	}
+	if b.st&stQuarantined != 0 && now >= b.deadline {
+		n.freeLocked(id)
+		return true
+	}
+	return false
+}
+
+// freeLocked ends a quarantined binding and releases its port.
+func (n *NAT) freeLocked(id uint32) {
+	b := &n.slots[id]
+	n.idx.remove(b.reply)
+	n.wheelUnlink(id)
+	n.res.Release(b.orig.proto(), netip.AddrPortFrom(addrFrom(b.reply.src()), b.reply.sport()), b.reply.dport())
+	ls := n.lis[b.lis]
+	ls.quarantined--
+	ls.refs--
+	n.nquar--
+	n.used--
+	n.vipRefLocked(b.orig.dst(), 0, -1)
+	if ls.removed && ls.refs == 0 {
+		n.dropListenerLocked(ls)
+	}
+	*b = binding{}
+	n.free = append(n.free, id)
+}
+
+// Expiry wheel: one list per SweepInterval tick, wheelSize ticks around.
+// An entry sits in the bucket of its deadline (clamped to the wheel's
+// reach); packets extend deadlines without moving entries, and the sweep
+// moves entries whose deadline has moved on.
+const (
+	wheelBits = 13
+	wheelSize = 1 << wheelBits
+	wheelMask = wheelSize - 1
+)
+
+func (n *NAT) bucketFor(deadline int64) uint32 {
+	t := deadline / n.gran
+	if t < n.wheelTick {
+		t = n.wheelTick
+	}
+	if t-n.wheelTick >= wheelSize {
+		t = n.wheelTick + wheelSize - 1
+	}
+	return uint32(t & wheelMask)
+}
+
+func (n *NAT) wheelLink(id uint32) {
+	b := &n.slots[id]
+	bk := n.bucketFor(b.deadline)
+	b.wbucket = bk
+	b.wprev = noID
+	b.wnext = n.wheel[bk]
+	if b.wnext != noID {
+		n.slots[b.wnext].wprev = id
+	}
+	n.wheel[bk] = id
+}
+
+func (n *NAT) wheelUnlink(id uint32) {
+	b := &n.slots[id]
+	if b.wbucket == noID {
+		return
+	}
+	if b.wprev != noID {
+		n.slots[b.wprev].wnext = b.wnext
+	} else {
+		n.wheel[b.wbucket] = b.wnext
+	}
+	if b.wnext != noID {
+		n.slots[b.wnext].wprev = b.wprev
+	}
+	b.wprev, b.wnext, b.wbucket = noID, noID, noID
+}
+
+// expireLocked retires active bindings and frees quarantined ones whose
+// deadline is at or before now.
+func (n *NAT) expireLocked(now int64) {
+	nowTick := now / n.gran
+	if nowTick < n.wheelTick {
+		nowTick = n.wheelTick
+	}
+	start := n.wheelTick
+	if nowTick-start >= wheelSize {
+		start = nowTick - wheelSize + 1
+	}
+	for t := start; t <= nowTick; t++ {
+		bk := uint32(t & wheelMask)
+		id := n.wheel[bk]
+		for id != noID {
+			b := &n.slots[id]
+			next := b.wnext
+			if b.deadline <= now && b.st&stActive != 0 {
+				n.retireLocked(id, b.deadline)
+			}
+			if b.deadline <= now {
+				n.freeLocked(id)
+			} else if nb := n.bucketFor(b.deadline); nb != b.wbucket {
+				n.wheelUnlink(id)
+				n.wheelLink(id)
+			}
+			id = next
+		}
+	}
+	n.wheelTick = nowTick
+}
+
+func (n *NAT) armLocked() {
+	if n.armed || n.closed || (n.used == 0 && n.frags.count() == 0) {
+		return
+	}
+	n.armed = true
+	if n.timer == nil {
+		n.timer = n.clock.AfterFunc(n.o.SweepInterval, n.sweep)
+	} else {
+		n.timer.Reset(n.o.SweepInterval)
+	}
+}
+
+// sweep runs on the clock: it expires bindings and fragments independently
+// of traffic.
+func (n *NAT) sweep() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.armed = false
+	if n.closed {
+		return
+	}
+	now := n.ns(n.clock.Now())
+	n.expireLocked(now)
+	n.expireFragsLocked(now)
+	n.armLocked()
+}
+
+// Expire retires and frees every binding and drops every incomplete
+// datagram whose time has come at now. The clock-driven sweep calls it every
+// SweepInterval; callers only need it to force expiry at an exact time.
+func (n *NAT) Expire(now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	t := n.ns(now)
+	n.expireLocked(t)
+	n.expireFragsLocked(t)
+}
+
+// vipRefLocked counts listeners and bindings per VIP and republishes the
+// lock-free VIP set when one appears or disappears.
+func (n *NAT) vipRefLocked(vip uint32, dl, db int) {
+	vi := n.vipInfo[vip]
+	if vi == nil {
+		vi = &vipInfo{}
+		n.vipInfo[vip] = vi
+		defer n.publishVIPsLocked()
+	}
+	vi.listeners += dl
+	vi.bindings += db
+	if vi.listeners == 0 && vi.bindings == 0 {
+		delete(n.vipInfo, vip)
+		n.publishVIPsLocked()
+	}
+}
+
+func (n *NAT) publishVIPsLocked() {
+	addrs := make([]uint32, 0, len(n.vipInfo))
+	for a := range n.vipInfo {
+		addrs = append(addrs, a)
+	}
+	n.vips.Store(newVIPSet(addrs))
+}
+
+// vipSet is an immutable open-addressing set of IPv4 addresses.
+type vipSet struct {
+	ents []uint32
+	mask uint32
+}
+
+func newVIPSet(addrs []uint32) *vipSet {
+	if len(addrs) == 0 {
+		return nil
+	}
+	size := 8
+	for size < 4*len(addrs) {
+		size <<= 1
+	}
+	s := &vipSet{ents: make([]uint32, size), mask: uint32(size - 1)}
+	for _, a := range addrs {
+		i := vipHash(a) & s.mask
+		for s.ents[i] != 0 {
+			i = (i + 1) & s.mask
+		}
+		s.ents[i] = a
+	}
+	return s
+}
+
+func vipHash(a uint32) uint32 { return (a * 0x9e3779b1) ^ (a >> 16) }
+
+func (s *vipSet) has(a uint32) bool {
+	if s == nil || a == 0 {
+		return false
+	}
+	i := vipHash(a) & s.mask
+	for {
+		e := s.ents[i]
+		if e == a {
+			return true
+		}
+		if e == 0 {
+			return false
+		}
+		i = (i + 1) & s.mask
+	}
+}
+
+// SetListener creates or updates a listener: its VIP becomes a VIP (FromHost
+// translates traffic to it; peers may no longer use it), and new flows to it
+// are bound to one of cfg.Backends. Updating a removed listener that still
+// drains revives it. Errors match ErrInvalidListener, ErrInvalidBackend,
+// ErrLimit or ErrClosed.
+func (n *NAT) SetListener(l Listener, cfg ListenerConfig) error {
+	if !l.VIP.Is4() || l.VIP.IsUnspecified() || l.VIP == n.o.LocalAddr || (l.Proto != ProtoTCP && l.Proto != ProtoUDP) || l.Port == 0 {
+		return fmt.Errorf("%w: %v", ErrInvalidListener, l)
+	}
+	if cfg.IdleTimeout < 0 {
+		return fmt.Errorf("%w: %v: negative idle timeout", ErrInvalidListener, l)
+	}
+	if len(cfg.Backends) > n.o.MaxBackends {
+		return fmt.Errorf("%w: %v has %d backends, at most %d", ErrLimit, l, len(cfg.Backends), n.o.MaxBackends)
+	}
+	for _, b := range cfg.Backends {
+		if err := n.checkBackend(b); err != nil {
+			return err
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	k := lkey{addr4(l.VIP), l.Port, l.Proto}
+	li, ok := n.lmap[k]
+	var ls *listenerState
+	if ok {
+		ls = n.lis[li]
+		if ls.removed {
+			if vi := n.vipInfo[k.vip]; vi != nil && vi.listeners >= n.o.MaxListenersPerVIP {
+				return fmt.Errorf("%w: %v: more than %d listeners on the VIP", ErrLimit, l, n.o.MaxListenersPerVIP)
+			}
+			ls.removed = false
+			n.vipRefLocked(k.vip, +1, 0)
+		}
+	} else {
+		if vi := n.vipInfo[k.vip]; vi != nil && vi.listeners >= n.o.MaxListenersPerVIP {
+			return fmt.Errorf("%w: %v: more than %d listeners on the VIP", ErrLimit, l, n.o.MaxListenersPerVIP)
+		}
+		ls = &listenerState{l: l, key: k}
+		if len(n.lisFree) > 0 {
+			ls.idx = n.lisFree[len(n.lisFree)-1]
+			n.lisFree = n.lisFree[:len(n.lisFree)-1]
+			n.lis[ls.idx] = ls
+		} else {
+			ls.idx = uint32(len(n.lis))
+			n.lis = append(n.lis, ls)
+		}
+		n.lmap[k] = ls.idx
+		n.vipRefLocked(k.vip, +1, 0)
+	}
+	ls.backends = append(ls.backends[:0:0], cfg.Backends...)
+	ls.idle = int64(cfg.IdleTimeout)
+	if ls.idle == 0 {
+		ls.idle = n.idleUDP
+		if l.Proto == ProtoTCP {
+			ls.idle = n.idleTCP
+		}
+	}
+	return nil
+}
+
+func (n *NAT) checkBackend(b Backend) error {
+	if !b.Addr.Is4() || b.Addr.IsUnspecified() || b.Port == 0 {
+		return fmt.Errorf("%w: %v", ErrInvalidBackend, b.AddrPort())
+	}
+	if (b.Addr == n.o.LocalAddr) != (b.Peer == LocalPeer) {
+		return fmt.Errorf("%w: %v with peer %d: the local address belongs to LocalPeer only", ErrInvalidBackend, b.AddrPort(), b.Peer)
+	}
+	return nil
+}
+
+// RemoveListener stops new bindings to l; its bindings continue until they
+// expire. The VIP stays claimed while any of its listeners or bindings
+// remain. It reports whether l was configured.
+func (n *NAT) RemoveListener(l Listener) bool {
+	if !l.VIP.Is4() {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.removeListenerLocked(lkey{addr4(l.VIP), l.Port, l.Proto})
+}
+
+func (n *NAT) removeListenerLocked(k lkey) bool {
+	li, ok := n.lmap[k]
+	if !ok || n.lis[li].removed {
+		return false
+	}
+	ls := n.lis[li]
+	ls.removed = true
+	ls.backends = nil
+	n.vipRefLocked(k.vip, -1, 0)
+	if ls.refs == 0 {
+		n.dropListenerLocked(ls)
+	}
+	return true
+}
+
+func (n *NAT) dropListenerLocked(ls *listenerState) {
+	delete(n.lmap, ls.key)
+	n.lis[ls.idx] = nil
+	n.lisFree = append(n.lisFree, ls.idx)
+}
+
+// RemoveBackend stops new bindings of l to b; existing bindings continue
+// until they expire. It reports whether b was a backend of l.
+func (n *NAT) RemoveBackend(l Listener, b Backend) bool {
+	if !l.VIP.Is4() {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	li, ok := n.lmap[lkey{addr4(l.VIP), l.Port, l.Proto}]
+	if !ok {
+		return false
+	}
+	ls := n.lis[li]
+	for i, c := range ls.backends {
+		if c == b {
+			ls.backends = append(ls.backends[:i:i], ls.backends[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// RemoveVIP removes every listener of vip (see RemoveListener) and returns
+// how many there were.
+func (n *NAT) RemoveVIP(vip netip.Addr) int {
+	if !vip.Is4() {
+		return 0
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a := addr4(vip)
+	var keys []lkey
+	for k := range n.lmap {
+		if k.vip == a {
+			keys = append(keys, k)
+		}
+	}
+	c := 0
+	for _, k := range keys {
+		if n.removeListenerLocked(k) {
+			c++
+		}
+	}
+	return c
+}
+
+// HealthChanged tells the NAT that backend availability may have changed:
+// each UDP binding asks Selector.Available once more on its next datagram
+// and fails over when its backend is unavailable.
+func (n *NAT) HealthChanged() { n.gen.Add(1) }
+
+// Close releases all bindings, fragments and every reserved port, and stops
+// the sweep. Later packets are dropped with ReasonClosed and control methods
+// return ErrClosed. Close is idempotent.
+func (n *NAT) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
+	n.closed = true
+	if n.timer != nil {
+		n.timer.Stop()
+	}
+	for id := range n.slots {
+		b := &n.slots[id]
+		if b.st == 0 {
+			continue
+		}
+		n.res.Release(b.orig.proto(), netip.AddrPortFrom(addrFrom(b.reply.src()), b.reply.sport()), b.reply.dport())
+		*b = binding{}
+	}
+	n.idx.reset()
+	n.used, n.nquar = 0, 0
+	n.frags.reset()
+	n.lis, n.lmap, n.vipInfo = nil, map[lkey]uint32{}, map[uint32]*vipInfo{}
+	n.vips.Store(nil)
+	return nil
+}
+
+func (n *NAT) countersOf(b *binding) Counters {
+	c := Counters{PacketsOut: b.pktsOut, BytesOut: b.bytesOut, PacketsIn: b.pktsIn, BytesIn: b.bytesIn}
+	for r, s := range bindingDropSlot {
+		if s > 0 {
+			c.Drops[r] = uint64(b.drops[s-1])
+		}
+	}
+	return c
+}
+
+// Bindings returns a snapshot of every active and quarantined binding.
+func (n *NAT) Bindings() []BindingInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]BindingInfo, 0, n.used)
+	for id := range n.slots {
+		b := &n.slots[id]
+		if b.st == 0 {
+			continue
+		}
+		st := Active
+		if b.st&stQuarantined != 0 {
+			st = Quarantined
+		}
+		out = append(out, BindingInfo{
+			Listener: n.lis[b.lis].l,
+			Backend:  n.backendOf(b),
+			Client:   netip.AddrPortFrom(addrFrom(b.orig.src()), b.orig.sport()),
+			Shadow:   netip.AddrPortFrom(addrFrom(b.reply.dst()), b.reply.dport()),
+			State:    st,
+			Hairpin:  b.st&stHairpin != 0,
+			Expires:  n.timeOf(b.deadline),
+			Counters: n.countersOf(b),
+		})
+	}
+	return out
+}
+
+// ListenerStats returns a snapshot of listener l, including a removed
+// listener that still drains. It reports false for an unknown listener.
+func (n *NAT) ListenerStats(l Listener) (ListenerStats, bool) {
+	if !l.VIP.Is4() {
+		return ListenerStats{}, false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	li, ok := n.lmap[lkey{addr4(l.VIP), l.Port, l.Proto}]
+	if !ok {
+		return ListenerStats{}, false
+	}
+	ls := n.lis[li]
+	return ListenerStats{
+		Listener: ls.l, Removed: ls.removed, Backends: len(ls.backends),
+		Active: ls.active, Quarantined: ls.quarantined,
+		Created: ls.created, Retargets: ls.retargets, Failovers: ls.failovers,
+		Counters: ls.c,
+	}, true
+}
+
+// Stats returns a snapshot of the NAT's counters.
+func (n *NAT) Stats() Stats {
+	n.mu.Lock()
+	s := Stats{
+		Capacity: n.o.Capacity, Active: n.used - n.nquar, Quarantined: n.nquar,
+		Created: n.created, Failovers: n.failovers, Retargets: n.retargets, Refused: n.refused,
+		FragPending: n.frags.count(), FragBytes: n.frags.bytes,
+		Reassembled: n.reassembled, Fragmented: n.fragmented, ICMPSent: n.icmpSent,
+	}
+	n.mu.Unlock()
+	for r := range s.Drops {
+		s.Drops[r] = n.drops[r].Load()
+	}
+	return s
+}

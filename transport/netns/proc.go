@@ -292,25 +292,27 @@ func (p *Process) Stop(ctx context.Context) error {
 // stderr so far, and whether earlier output was dropped to keep that limit.
 func (p *Process) Output() (out []byte, truncated bool) { return p.out.snapshot() }
 
-// tailBuffer keeps the last outputCap bytes written to it.
+// tailBuffer keeps the last outputCap bytes written to it. It holds up to
+// twice that and compacts only when full, so a write costs amortized O(its
+// length), however many small writes a chatty child makes.
 type tailBuffer struct {
-	mu        sync.Mutex
-	buf       []byte
-	truncated bool
+	mu      sync.Mutex
+	buf     []byte
+	dropped bool // bytes before buf were discarded
 }
 
 func (b *tailBuffer) Write(q []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := len(q)
-	if len(q) >= outputCap {
-		b.truncated = b.truncated || len(b.buf) > 0 || len(q) > outputCap
-		b.buf = append(b.buf[:0], q[len(q)-outputCap:]...)
-		return n, nil
+	if len(q) > outputCap {
+		b.dropped = true
+		q = q[len(q)-outputCap:]
 	}
-	if over := len(b.buf) + len(q) - outputCap; over > 0 {
-		b.buf = append(b.buf[:0], b.buf[over:]...)
-		b.truncated = true
+	if len(b.buf)+len(q) > 2*outputCap {
+		keep := outputCap - len(q)
+		b.dropped = true
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-keep:]...)
 	}
 	b.buf = append(b.buf, q...)
 	return n, nil
@@ -319,7 +321,10 @@ func (b *tailBuffer) Write(q []byte) (int, error) {
 func (b *tailBuffer) snapshot() ([]byte, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Clone(b.buf), b.truncated
+	if len(b.buf) > outputCap {
+		return slices.Clone(b.buf[len(b.buf)-outputCap:]), true
+	}
+	return slices.Clone(b.buf), b.dropped
 }
 
 // childEnv names the child function in a re-executed binary.

@@ -254,7 +254,7 @@ func testLeaseRevoke(t *testing.T, h Harness) {
 		t.Fatalf("grant: %v id %d ttl %v", err, id, ttl)
 	}
 	left, err := h.KV.TimeToLive(ctx(t), id)
-	if err != nil || left <= 0 || left > ttl {
+	if err != nil || left < 0 || left > ttl { // etcd floors to whole seconds
 		t.Fatalf("ttl after grant: %v %v", left, err)
 	}
 	k := h.Prefix + "leased"

@@ -1,0 +1,146 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/internal/pgtest"
+	"github.com/vipkit/vipkit/hosting/pgstore"
+	"github.com/vipkit/vipkit/hosting/storetest"
+	"github.com/vipkit/vipkit/internal/testenv"
+)
+
+var (
+	server   *pgtest.Server
+	startErr error
+)
+
+func TestMain(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	server, startErr = pgtest.Start(ctx)
+	cancel()
+	code := m.Run()
+	if server != nil {
+		if err := server.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest stop:", err)
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// pool returns a pool on a fresh database, migrated up to version to
+// ("" for all).
+func pool(t *testing.T, to string) *pgxpool.Pool {
+	t.Helper()
+	if server == nil {
+		testenv.Skip(t, "PostgreSQL: %v", startErr)
+	}
+	ctx := context.Background()
+	cs, err := server.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	if err := pgstore.Migrate(ctx, p, to); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestContract(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) hosting.Store { return pgstore.New(pool(t, ""), pgstore.Options{}) }, storetest.Options{Iterations: 60})
+}
+
+func TestLockRefusesOtherIsolationLevels(t *testing.T) {
+	p := pool(t, "")
+	for _, lvl := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		st := pgstore.New(p, pgstore.Options{IsoLevel: lvl})
+		err := st.InTx(context.Background(), func(ctx context.Context, tx hosting.Tx) error {
+			_, err := tx.Lock(ctx, hosting.NewID())
+			return err
+		})
+		if !errors.Is(err, hosting.ErrIsolation) {
+			t.Fatalf("%s: err = %v, want ErrIsolation", lvl, err)
+		}
+	}
+}
+
+func TestMigrationV1014MovesAgentIDToActiveHosts(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t, "1.0.13")
+	ids := []string{hosting.NewID(), hosting.NewID(), hosting.NewID()}
+	if _, err := p.Exec(ctx, "INSERT INTO agent (id, account_id) VALUES ('ag1','acct'), ('ag2','acct')"); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		agent := []string{"ag1", "ag2", "ag1"}[i]
+		kind := []string{"tcp", "ipsec", "http"}[i]
+		if _, err := p.Exec(ctx, `INSERT INTO share (id, account_id, name, kind, target_address, target_port, agent_id, created_at, updated_at)
+			VALUES ($1, 'acct', 'seeded', $2, '10.0.0.1', 80, $3, now(), now())`, id, kind, agent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pgstore.Migrate(ctx, p, ""); err != nil {
+		t.Fatal(err)
+	}
+	st := pgstore.New(p, pgstore.Options{})
+	for i, id := range ids {
+		s, err := st.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := hosting.NewHosts([]string{[]string{"ag1", "ag2", "ag1"}[i]}, nil)
+		if !s.Hosts.Equal(want) {
+			t.Fatalf("share %d hosts %+v, want %+v", i, s.Hosts, want)
+		}
+	}
+	var n int
+	if err := p.QueryRow(ctx, "SELECT count(*) FROM host WHERE role = 'ACTIVE'").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("ACTIVE rows = %d, %v", n, err)
+	}
+	if err := p.QueryRow(ctx, "SELECT count(*) FROM information_schema.columns WHERE table_name = 'share' AND column_name = 'agent_id'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("agent_id columns left: %d, %v", n, err)
+	}
+	// Running it again applies nothing.
+	if err := pgstore.Migrate(ctx, p, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMigrationChecksumMismatchRefused(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t, "")
+	if _, err := p.Exec(ctx, "UPDATE schema_migrations SET checksum = 'x' WHERE version = '1.0.14'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Migrate(ctx, p, ""); !errors.Is(err, pgstore.ErrMigration) {
+		t.Fatalf("err = %v, want ErrMigration", err)
+	}
+	if err := pgstore.Migrate(ctx, p, "9.9.9"); !errors.Is(err, pgstore.ErrMigration) {
+		t.Fatalf("unknown target: %v", err)
+	}
+}

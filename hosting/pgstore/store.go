@@ -1,0 +1,449 @@
+// Package pgstore is the PostgreSQL implementation of hosting.Store, on
+// pgx v5.
+//
+// The schema comes from versioned migrations embedded in the package
+// (migrations/V<version>__<name>.sql), applied by Migrate. V1.0.14 creates
+// the host table and moves every share's legacy agent_id into it as an
+// ACTIVE host row. All share kinds live in one share table (kind column);
+// host.share_id has no foreign key, as the shares are soft-deleted.
+//
+// Every transaction runs at READ COMMITTED, and Lock refuses any other
+// level with hosting.ErrIsolation: at a snapshot level the host rows read
+// after a SELECT … FOR UPDATE would come from the snapshot taken before the
+// other writer committed. Lock takes the row locks one share at a time in
+// id order, so two transactions never deadlock on each other.
+//
+// Usage:
+//
+//	pool, _ := pgxpool.New(ctx, connString)
+//	if err := pgstore.Migrate(ctx, pool, ""); err != nil { … }
+//	st := pgstore.New(pool, pgstore.Options{})
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vipkit/vipkit/hosting"
+)
+
+// Options configure a Store.
+type Options struct {
+	// IsoLevel is the level transactions begin at; "" means READ
+	// COMMITTED, the only level Lock accepts. It exists to show the refusal.
+	IsoLevel pgx.TxIsoLevel
+}
+
+// Store is a hosting.Store on a pgx pool. It is safe for concurrent use;
+// the pool's owner closes the pool.
+type Store struct {
+	pool *pgxpool.Pool
+	iso  pgx.TxIsoLevel
+}
+
+var _ hosting.Store = (*Store)(nil)
+
+// New returns a store on pool, which must be migrated (Migrate).
+func New(pool *pgxpool.Pool, o Options) *Store {
+	if o.IsoLevel == "" {
+		o.IsoLevel = pgx.ReadCommitted
+	}
+	return &Store{pool: pool, iso: o.IsoLevel}
+}
+
+// querier is what pool and tx share.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func storeErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, hosting.ErrNotFound) || errors.Is(err, hosting.ErrExists) || errors.Is(err, hosting.ErrIsolation) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", hosting.ErrStore, err)
+}
+
+// validUUID reports whether id is a canonical lowercase UUID, the only form
+// the share table holds; anything else cannot name a share.
+func validUUID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := id[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+const shareCols = "id::text, account_id, name, kind, target_address, target_port, created_at, updated_at, deleted_at"
+
+func scanShare(r pgx.Row) (hosting.Share, error) {
+	var s hosting.Share
+	var kind string
+	var port int32
+	var del *time.Time
+	if err := r.Scan(&s.ID, &s.AccountID, &s.Name, &kind, &s.TargetAddress, &port, &s.CreatedAt, &s.UpdatedAt, &del); err != nil {
+		return s, err
+	}
+	s.Kind = hosting.Kind(kind)
+	if port < 1 || port > 65535 {
+		return s, fmt.Errorf("%w: share %s has target port %d", hosting.ErrStore, s.ID, port)
+	}
+	s.TargetPort = uint16(port)
+	if del != nil {
+		s.DeletedAt = *del
+	}
+	return s, nil
+}
+
+// withHosts fills in the live host rows of shares.
+func withHosts(ctx context.Context, q querier, ss []hosting.Share, lock bool) error {
+	if len(ss) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ss))
+	for i, s := range ss {
+		ids[i] = s.ID
+	}
+	sql := "SELECT share_id::text, agent_id, role FROM host WHERE share_id = ANY($1::uuid[]) AND deleted_at IS NULL ORDER BY share_id, agent_id"
+	if lock {
+		sql += " FOR UPDATE"
+	}
+	rows, err := q.Query(ctx, sql, ids)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	act, pas := map[string][]string{}, map[string][]string{}
+	for rows.Next() {
+		var sid, agent, role string
+		if err := rows.Scan(&sid, &agent, &role); err != nil {
+			return err
+		}
+		switch hosting.Role(role) {
+		case hosting.Active:
+			act[sid] = append(act[sid], agent)
+		case hosting.Passive:
+			pas[sid] = append(pas[sid], agent)
+		default:
+			return fmt.Errorf("%w: host row of share %s has role %q", hosting.ErrStore, sid, role)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i := range ss {
+		ss[i].Hosts = hosting.NewHosts(act[ss[i].ID], pas[ss[i].ID])
+	}
+	return nil
+}
+
+func queryShares(ctx context.Context, q querier, sql string, args ...any) ([]hosting.Share, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	ss, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (hosting.Share, error) { return scanShare(r) })
+	if err != nil {
+		return nil, err
+	}
+	return ss, withHosts(ctx, q, ss, false)
+}
+
+func agents(ctx context.Context, q querier, ids []string) (map[string]hosting.Agent, error) {
+	out := map[string]hosting.Agent{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, "SELECT id, account_id, deleted_at IS NOT NULL FROM agent WHERE id = ANY($1)", ids)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a hosting.Agent
+		if err := rows.Scan(&a.ID, &a.AccountID, &a.Deleted); err != nil {
+			return nil, storeErr(err)
+		}
+		out[a.ID] = a
+	}
+	return out, storeErr(rows.Err())
+}
+
+// Agents implements hosting.AgentLookup.
+func (s *Store) Agents(ctx context.Context, ids []string) (map[string]hosting.Agent, error) {
+	return agents(ctx, s.pool, ids)
+}
+
+// PutAgent implements hosting.Store.
+func (s *Store) PutAgent(ctx context.Context, a hosting.Agent) error {
+	if a.ID == "" {
+		return fmt.Errorf("%w: agent without id", hosting.ErrStore)
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO agent (id, account_id, deleted_at) VALUES ($1, $2, CASE WHEN $3 THEN now() END)
+		ON CONFLICT (id) DO UPDATE SET account_id = EXCLUDED.account_id,
+		deleted_at = CASE WHEN $3 THEN COALESCE(agent.deleted_at, now()) END`, a.ID, a.AccountID, a.Deleted)
+	return storeErr(err)
+}
+
+// Get implements hosting.Store.
+func (s *Store) Get(ctx context.Context, id string) (hosting.Share, error) {
+	if !validUUID(id) {
+		return hosting.Share{}, fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
+	}
+	ss, err := queryShares(ctx, s.pool, "SELECT "+shareCols+" FROM share WHERE id = $1", id)
+	if err != nil {
+		return hosting.Share{}, storeErr(err)
+	}
+	if len(ss) == 0 {
+		return hosting.Share{}, fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
+	}
+	return ss[0], nil
+}
+
+// Find implements hosting.Store: live shares, filtered through live host
+// rows.
+func (s *Store) Find(ctx context.Context, f hosting.Filter) ([]hosting.Share, error) {
+	sql := "SELECT " + shareCols + " FROM share s WHERE s.deleted_at IS NULL"
+	var args []any
+	add := func(cond string, v string) {
+		args = append(args, v)
+		sql += fmt.Sprintf(" AND "+cond, len(args))
+	}
+	if f.AccountID != "" {
+		add("s.account_id = $%d", f.AccountID)
+	}
+	if f.AgentID != "" {
+		add("EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.agent_id = $%d)", f.AgentID)
+	}
+	if f.ActiveAgentID != "" {
+		add("EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.role = 'ACTIVE' AND h.agent_id = $%d)", f.ActiveAgentID)
+	}
+	if f.PassiveAgentID != "" {
+		add("EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.role = 'PASSIVE' AND h.agent_id = $%d)", f.PassiveAgentID)
+	}
+	sql += " ORDER BY s.id"
+	ss, err := queryShares(ctx, s.pool, sql, args...)
+	return ss, storeErr(err)
+}
+
+const hostedBy = `SELECT s.id::text FROM share s WHERE s.deleted_at IS NULL AND s.id IN
+	(SELECT h.share_id FROM host h WHERE h.agent_id = $1 AND h.deleted_at IS NULL) ORDER BY s.id`
+
+func sharesHostedBy(ctx context.Context, q querier, agent string) ([]string, error) {
+	rows, err := q.Query(ctx, hostedBy, agent)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if ids == nil {
+		ids = []string{}
+	}
+	return ids, storeErr(err)
+}
+
+// SharesHostedBy implements hosting.Store.
+func (s *Store) SharesHostedBy(ctx context.Context, agent string) ([]string, error) {
+	return sharesHostedBy(ctx, s.pool, agent)
+}
+
+// FindLiveHostedOnlyBy implements hosting.Store.
+func (s *Store) FindLiveHostedOnlyBy(ctx context.Context, agent string) ([]hosting.Share, error) {
+	ss, err := queryShares(ctx, s.pool, "SELECT "+shareCols+` FROM share s WHERE s.deleted_at IS NULL
+		AND EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.agent_id = $1)
+		AND NOT EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.agent_id <> $1)
+		ORDER BY s.id`, agent)
+	return ss, storeErr(err)
+}
+
+// InTx implements hosting.Store. fn's error is returned as it is; a failed
+// begin or commit is hosting.ErrStore.
+func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx hosting.Tx) error) error {
+	t, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: s.iso})
+	if err != nil {
+		return storeErr(err)
+	}
+	defer t.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	if err := fn(ctx, &tx{t: t, locked: map[string]bool{}}); err != nil {
+		return err
+	}
+	return storeErr(t.Commit(ctx))
+}
+
+type tx struct {
+	t      pgx.Tx
+	locked map[string]bool
+	iso    bool
+}
+
+func (t *tx) Agents(ctx context.Context, ids []string) (map[string]hosting.Agent, error) {
+	return agents(ctx, t.t, ids)
+}
+
+func (t *tx) checkIsolation(ctx context.Context) error {
+	if t.iso {
+		return nil
+	}
+	var level string
+	if err := t.t.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&level); err != nil {
+		return storeErr(err)
+	}
+	if level != "read committed" {
+		return fmt.Errorf("%w: transaction runs at %s", hosting.ErrIsolation, level)
+	}
+	t.iso = true
+	return nil
+}
+
+// Lock implements hosting.Tx: one share at a time in id order, its row and
+// then its live host rows FOR UPDATE, read after the lock was granted.
+func (t *tx) Lock(ctx context.Context, ids ...string) ([]hosting.Share, error) {
+	if err := t.checkIsolation(ctx); err != nil {
+		return nil, err
+	}
+	sorted := slices.Compact(slices.Sorted(slices.Values(ids)))
+	out := make([]hosting.Share, 0, len(sorted))
+	for _, id := range sorted {
+		if !validUUID(id) {
+			return nil, fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
+		}
+		row := t.t.QueryRow(ctx, "SELECT "+shareCols+" FROM share WHERE id = $1 FOR UPDATE", id)
+		s, err := scanShare(row)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
+		}
+		if err != nil {
+			return nil, storeErr(err)
+		}
+		one := []hosting.Share{s}
+		if err := withHosts(ctx, t.t, one, true); err != nil {
+			return nil, storeErr(err)
+		}
+		t.locked[id] = true
+		out = append(out, one[0])
+	}
+	return out, nil
+}
+
+func (t *tx) SharesHostedBy(ctx context.Context, agent string) ([]string, error) {
+	return sharesHostedBy(ctx, t.t, agent)
+}
+
+func (t *tx) SharesOfAccount(ctx context.Context, account string) ([]string, error) {
+	rows, err := t.t.Query(ctx, "SELECT id::text FROM share WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id", account)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if ids == nil {
+		ids = []string{}
+	}
+	return ids, storeErr(err)
+}
+
+func (t *tx) insertHosts(ctx context.Context, id string, role hosting.Role, agents []string, now time.Time) error {
+	for _, a := range agents {
+		if _, err := t.t.Exec(ctx, "INSERT INTO host (share_id, agent_id, role, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)", id, a, string(role), now); err != nil {
+			return storeErr(err)
+		}
+	}
+	return nil
+}
+
+func (t *tx) Create(ctx context.Context, s hosting.Share) error {
+	if !validUUID(s.ID) {
+		return fmt.Errorf("%w: share id %q is not a lowercase UUID", hosting.ErrStore, s.ID)
+	}
+	_, err := t.t.Exec(ctx, `INSERT INTO share (id, account_id, name, kind, target_address, target_port, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, s.ID, s.AccountID, s.Name, string(s.Kind), s.TargetAddress, int32(s.TargetPort), s.CreatedAt, s.UpdatedAt)
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "23505" {
+		return fmt.Errorf("%w: %s", hosting.ErrExists, s.ID)
+	}
+	if err != nil {
+		return storeErr(err)
+	}
+	t.locked[s.ID] = true
+	if err := t.insertHosts(ctx, s.ID, hosting.Active, s.Hosts.Active, s.CreatedAt); err != nil {
+		return err
+	}
+	return t.insertHosts(ctx, s.ID, hosting.Passive, s.Hosts.Passive, s.CreatedAt)
+}
+
+func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
+	if !t.locked[s.ID] {
+		return fmt.Errorf("%w: save of share %s that this transaction did not lock", hosting.ErrStore, s.ID)
+	}
+	if _, err := t.t.Exec(ctx, `UPDATE share SET name = $2, target_address = $3, target_port = $4, updated_at = $5 WHERE id = $1`,
+		s.ID, s.Name, s.TargetAddress, int32(s.TargetPort), now); err != nil {
+		return storeErr(err)
+	}
+	cur := []hosting.Share{{ID: s.ID}}
+	if err := withHosts(ctx, t.t, cur, true); err != nil {
+		return storeErr(err)
+	}
+	old := cur[0].Hosts
+	for _, a := range old.All() {
+		was, _ := old.RoleOf(a)
+		now2, still := s.Hosts.RoleOf(a)
+		switch {
+		case !still:
+			_, err := t.t.Exec(ctx, "UPDATE host SET deleted_at = $3, updated_at = $3 WHERE share_id = $1 AND agent_id = $2 AND deleted_at IS NULL", s.ID, a, now)
+			if err != nil {
+				return storeErr(err)
+			}
+		case was != now2:
+			_, err := t.t.Exec(ctx, "UPDATE host SET role = $3, updated_at = $4 WHERE share_id = $1 AND agent_id = $2 AND deleted_at IS NULL", s.ID, a, string(now2), now)
+			if err != nil {
+				return storeErr(err)
+			}
+		}
+	}
+	for _, role := range []hosting.Role{hosting.Active, hosting.Passive} {
+		ids := s.Hosts.Active
+		if role == hosting.Passive {
+			ids = s.Hosts.Passive
+		}
+		var add []string
+		for _, a := range ids {
+			if _, ok := old.RoleOf(a); !ok {
+				add = append(add, a)
+			}
+		}
+		if err := t.insertHosts(ctx, s.ID, role, add, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *tx) Delete(ctx context.Context, id string, now time.Time) error {
+	if !t.locked[id] {
+		return fmt.Errorf("%w: delete of share %s that this transaction did not lock", hosting.ErrStore, id)
+	}
+	_, err := t.t.Exec(ctx, "UPDATE share SET deleted_at = COALESCE(deleted_at, $2), updated_at = $2 WHERE id = $1", id, now)
+	return storeErr(err)
+}

@@ -52,7 +52,10 @@ func badFields() []struct {
 		{"empty-key", with(func(r *rawField) { r.key = []byte{0} }), ErrEmptyKey},
 		{"key-too-long", with(func(r *rawField) { r.key = append([]byte{0x81, 0x02}, fill('k', 257)...) }), ErrKeyTooLong},
 		{"value-too-large", with(func(r *rawField) { r.value = append([]byte{1, 0x81, 0x40}, fill('v', 8193)...) }), ErrValueTooLarge},
-		{"key-len-past-end", with(func(r *rawField) { r.key = []byte{0x7f, 'k'}; r.value, r.lamport, r.author, r.counter, r.sig = nil, nil, nil, nil, nil }), ErrTruncated},
+		{"key-len-past-end", with(func(r *rawField) {
+			r.key = []byte{0x7f, 'k'}
+			r.value, r.lamport, r.author, r.counter, r.sig = nil, nil, nil, nil, nil
+		}), ErrTruncated},
 		{"sig-63", with(func(r *rawField) { r.sig = append([]byte{63}, fill(1, 63)...) }), ErrSignatureLength},
 		{"sig-empty", with(func(r *rawField) { r.sig = []byte{0} }), ErrSignatureLength},
 		{"sig-huge-len", with(func(r *rawField) { r.sig = []byte{0xff, 0xff, 0xff, 0xff, 0x0f} }), ErrSignatureLength},

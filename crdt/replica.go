@@ -354,7 +354,7 @@ func (r *Replica) Fields(id ServiceID) []Field {
 	r.mu.RLock()
 	s := r.services[id]
 	r.mu.RUnlock()
-	if s == nil {
+	if s == nil || s.tomb != nil {
 		return nil
 	}
 	return s.sortedFields(true)

@@ -641,7 +641,7 @@ func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
 // it goes.
 func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 	b := &n.slots[id]
-	b.deadline = now + b.idle
+	n.touchLocked(id, now)
 	hairpin := b.st&stHairpin != 0
 	dir, mtu := ToOverlay, n.o.MTU
 	if hairpin {
@@ -690,7 +690,7 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 	if b.orig.proto() == ProtoTCP {
 		n.tcpFlags(b, pkt[hl+tcpFlags], false)
 	}
-	b.deadline = now + b.idle
+	n.touchLocked(id, now)
 	mtu := n.o.HostMTU
 	if len(pkt) > mtu && IPv4(pkt).DF() {
 		back := ToOverlay
@@ -717,6 +717,21 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 		return Result{Verdict: Reflect}
 	}
 	return Result{Verdict: Forward}
+}
+
+// touchLocked extends binding id's idle deadline to now + its retention.
+// Extensions leave the wheel entry where it is (the sweep moves it later);
+// a shortened retention (RST, FIN) moves it now.
+func (n *NAT) touchLocked(id uint32, now int64) {
+	b := &n.slots[id]
+	d := now + b.idle
+	if d < b.deadline {
+		b.deadline = d
+		n.wheelUnlink(id)
+		n.wheelLink(id)
+		return
+	}
+	b.deadline = d
 }
 
 // rewrite writes new addresses (src<<32|dst) and ports (sport<<16|dport)

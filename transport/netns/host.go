@@ -306,40 +306,63 @@ func (h *Host) Netlink() *netlink.Handle { return h.nl }
 //
 // Afterwards the thread is switched back; if that fails it is discarded
 // (never returned to the scheduler) and Do reports ErrThreadLost joined with
-// f's error. Do returns ErrClosed after Close. It is safe for concurrent use;
+// f's error. A panic in f is re-raised in Do's caller, and runtime.Goexit in
+// f (t.Fatal, say) ends the caller's goroutine too, once the thread is
+// restored. Do returns ErrClosed after Close. It is safe for concurrent use;
 // f must not call Close on the same Host.
 func (h *Host) Do(f func() error) error {
-	ch := make(chan error, 1)
+	type result struct {
+		err      error
+		panicked bool
+		value    any
+		goexit   bool
+	}
+	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
 		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- fmt.Errorf("netns: open own namespace: %w", err)
+			ch <- result{err: fmt.Errorf("netns: open own namespace: %w", err)}
 			return
 		}
 		defer unix.Close(orig)
 		if err := h.enter(); err != nil {
 			runtime.UnlockOSThread()
-			ch <- err
+			ch <- result{err: err}
 			return
 		}
-		var ferr error
-		func() {
-			defer func() {
-				if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-					// Stay locked: the runtime terminates the thread when this
-					// goroutine exits.
-					ferr = errors.Join(ferr, fmt.Errorf("%w: %w", ErrThreadLost, err))
-					return
+		var r result
+		returned := false
+		defer func() {
+			if !returned {
+				// f panicked or called runtime.Goexit.
+				if v := recover(); v != nil {
+					r.panicked, r.value = true, v
+				} else {
+					r.goexit = true
 				}
+			}
+			if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+				// Stay locked: the runtime terminates the thread when this
+				// goroutine exits.
+				r.err = errors.Join(r.err, fmt.Errorf("%w: %w", ErrThreadLost, err))
+			} else {
 				runtime.UnlockOSThread()
-			}()
-			ferr = f()
+			}
+			ch <- r
 		}()
-		ch <- ferr
+		r.err = f()
+		returned = true
 	}()
-	return <-ch
+	r := <-ch
+	switch {
+	case r.panicked:
+		panic(r.value)
+	case r.goexit:
+		runtime.Goexit()
+	}
+	return r.err
 }
 
 // enter switches the calling (locked) thread into the namespace.

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -496,8 +497,8 @@ type Switch struct {
 	subnet int
 
 	mu      sync.Mutex
-	next    int     // next host number
-	members []Iface // host ends of the ports, for neighbour seeding
+	next    int      // next host number
+	members []member // attached hosts
 }
 
 // NewSwitch creates a bridge "br0" in a new namespace (name "" means
@@ -551,6 +552,11 @@ func (s *Switch) Prefix4() netip.Prefix {
 func (s *Switch) Prefix6() netip.Prefix {
 	_, p := subnet(LANPrefix4, LANPrefix6, s.subnet, 0)
 	return p
+}
+
+// member is one attachment: the host's end and the bridge port.
+type member struct {
+	iface, port Iface
 }
 
 // PortOptions configures Switch.Attach. The zero value gives MTU 1500 and
@@ -632,13 +638,13 @@ func (s *Switch) Attach(ctx context.Context, h *Host, o PortOptions) (Iface, err
 	}
 	s.mu.Lock()
 	members := slices.Clone(s.members)
-	s.members = append(s.members, hi)
+	s.members = append(s.members, member{iface: hi, port: sw})
 	s.mu.Unlock()
 	for _, m := range members {
-		if m.Host.isClosed() {
+		if m.iface.Host.isClosed() {
 			continue
 		}
-		if err := seedNeighbors(hi, m); err != nil && !errors.Is(err, unix.ENODEV) {
+		if err := seedNeighbors(hi, m.iface); err != nil && !errors.Is(err, unix.ENODEV) {
 			_ = l.Close()
 			return Iface{}, err
 		}
@@ -648,3 +654,58 @@ func (s *Switch) Attach(ctx context.Context, h *Host, o PortOptions) (Iface, err
 
 // Close deletes the switch's namespace, its bridge and all its ports.
 func (s *Switch) Close() error { return s.host.Close() }
+
+// Linux bridge port states (include/uapi/linux/if_bridge.h).
+// DISABLED, not BLOCKING: without STP the kernel recomputes every port
+// that is not disabled back to forwarding.
+const (
+	brStateDisabled   = 0
+	brStateForwarding = 3
+)
+
+// ErrNotAttached is returned by Switch.Cut and Switch.Heal for a host that
+// was never attached to the switch.
+var ErrNotAttached = errors.New("netns: host not attached to the switch")
+
+// Cut partitions h from the switch: its bridge ports stop forwarding, so no
+// frame of any protocol passes to or from h, while h's interface stays up
+// with its addresses, routes and carrier (as when a cable is cut beyond the
+// host's switch port). Heal undoes it. Cutting twice is harmless.
+func (s *Switch) Cut(h *Host) error { return s.setPortState(h, brStateDisabled) }
+
+// Heal reconnects a host cut by Cut.
+func (s *Switch) Heal(h *Host) error { return s.setPortState(h, brStateForwarding) }
+
+func (s *Switch) setPortState(h *Host, state byte) error {
+	s.mu.Lock()
+	var ports []Iface
+	for _, m := range s.members {
+		if m.iface.Host == h {
+			ports = append(ports, m.port)
+		}
+	}
+	s.mu.Unlock()
+	if len(ports) == 0 {
+		return fmt.Errorf("%w: %s on %s", ErrNotAttached, h.name, s.host.name)
+	}
+	for _, p := range ports {
+		// RTM_SETLINK for the bridge family: IFLA_PROTINFO{IFLA_BRPORT_STATE}.
+		// The request opens its own netlink socket, so it runs inside the
+		// switch's namespace.
+		err := s.host.Do(func() error {
+			req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+			msg := nl.NewIfInfomsg(unix.AF_BRIDGE)
+			msg.Index = int32(p.Index)
+			req.AddData(msg)
+			attr := nl.NewRtAttr(unix.IFLA_PROTINFO|unix.NLA_F_NESTED, nil)
+			attr.AddRtAttr(nl.IFLA_BRPORT_STATE, []byte{state})
+			req.AddData(attr)
+			_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("netns: port %s of %s state %d in %s: %w", p.Name, h.name, state, s.host.name, err)
+		}
+	}
+	return nil
+}

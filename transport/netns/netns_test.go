@@ -190,6 +190,38 @@ func TestDoIsolatesThreads(t *testing.T) {
 	}
 }
 
+// TestDoPanicAndGoexit checks that a panic in f reaches Do's caller and that
+// runtime.Goexit in f (what t.Fatal does) ends the caller's goroutine, both
+// after the thread is restored.
+func TestDoPanicAndGoexit(t *testing.T) {
+	h := NewHostT(t, "do-panic")
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want boom", v)
+			}
+		}()
+		_ = h.Do(func() error { panic("boom") })
+		t.Error("Do returned after f panicked")
+	}()
+	done := make(chan bool, 1)
+	go func() {
+		returned := false
+		defer func() { done <- returned }()
+		_ = h.Do(func() error { runtime.Goexit(); return nil })
+		returned = true
+	}()
+	if <-done {
+		t.Error("Do returned after f called runtime.Goexit")
+	}
+	if err := threadsHome(); err != nil {
+		t.Error(err)
+	}
+	if err := h.Do(func() error { return nil }); err != nil {
+		t.Errorf("Do after a panic: %v", err)
+	}
+}
+
 // echoTCP listens on addr inside h and echoes one connection.
 func echoTCP(t *testing.T, h *Host, addr netip.Addr) netip.AddrPort {
 	t.Helper()
@@ -310,6 +342,50 @@ func TestLAN(t *testing.T) {
 			}
 		}
 	}
+
+	// Cut host 3 off: 1 and 2 still talk, 3 reaches nobody; after Heal it
+	// does again.
+	if err := sw.Cut(hosts[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialEcho(hosts[0], echoTCP(t, hosts[1], ifs[1].Addr4()), []byte("1→2 during cut")); err != nil {
+		t.Error(err)
+	}
+	if err := dialEchoWithin(hosts[2], echoTCP(t, hosts[0], ifs[0].Addr4()), 300*time.Millisecond); err == nil {
+		t.Error("cut host reached host 1")
+	}
+	if err := dialEchoWithin(hosts[1], echoTCP(t, hosts[2], ifs[2].Addr6()), 300*time.Millisecond); err == nil {
+		t.Error("host 2 reached the cut host")
+	}
+	if err := sw.Heal(hosts[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialEcho(hosts[2], echoTCP(t, hosts[0], ifs[0].Addr4()), []byte("3→1 healed")); err != nil {
+		t.Error(err)
+	}
+	if err := sw.Cut(NewHostT(t, "lan-stranger")); !errors.Is(err, ErrNotAttached) {
+		t.Errorf("Cut(unattached) = %v, want ErrNotAttached", err)
+	}
+}
+
+// dialEchoWithin is dialEcho with a deadline of d for the whole exchange.
+func dialEchoWithin(h *Host, to netip.AddrPort, d time.Duration) error {
+	var c net.Conn
+	err := h.Do(func() error {
+		var err error
+		c, err = (&net.Dialer{Timeout: d}).Dial("tcp", to.String())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(d))
+	if _, err := c.Write([]byte("x")); err != nil {
+		return err
+	}
+	_, err = io.ReadFull(c, make([]byte, 1))
+	return err
 }
 
 // readyOutput waits until p has printed "ready" and returns its output.

@@ -118,18 +118,18 @@ type check struct {
 	subs      []*Subscription
 	interval  time.Duration // the shortest of the subscriptions'
 	timeout   time.Duration // the longest of the subscriptions'
-	due       time.Time
-	seq       uint64 // FIFO among equal due times
-	hidx      int    // index in the due heap; -1 when not queued
+	due       int64         // due time in ns since the scheduler's base
+	seq       uint64        // FIFO among equal due times
+	hidx      int           // index in the due heap; -1 when not queued
 	running   bool
 	removed   bool
-	lastStart time.Time
+	lastStart int64 // ns since base; valid when started
+	started   bool
 }
 
 type slot struct {
-	c     *check
-	gen   uint32
-	start time.Time
+	c   *check
+	gen uint32
 }
 
 // Scheduler is the TCP connect checker's state machine: the shared checks,
@@ -158,7 +158,19 @@ type Scheduler struct {
 	seq      uint64
 	subs     int
 	stats    SchedulerStats
+	base     time.Time // the first now seen: times are kept as ns since it
+	hasBase  bool
 }
+
+// ns converts t to the scheduler's integer time.
+func (s *Scheduler) ns(t time.Time) int64 {
+	if !s.hasBase {
+		s.base, s.hasBase = t, true
+	}
+	return int64(t.Sub(s.base))
+}
+
+func (s *Scheduler) time(ns int64) time.Time { return s.base.Add(time.Duration(ns)) }
 
 // NewScheduler returns an empty scheduler.
 func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
@@ -216,7 +228,7 @@ func (s *Scheduler) Acquire(key CheckKey, cfg CheckConfig, now time.Time) (*Subs
 			s.stats.Refused++
 			return nil, fmt.Errorf("%w: limit %d active TCP checks, %v not checked", ErrCheckLimit, s.maxCheck, key.Addr)
 		}
-		c = &check{key: key, hidx: -1, due: now}
+		c = &check{key: key, hidx: -1, due: s.ns(now)}
 		s.checks[key] = c
 		s.stats.Checks = len(s.checks)
 		c.interval, c.timeout = cfg.Interval, cfg.Timeout
@@ -238,8 +250,8 @@ func (s *Scheduler) retime(c *check) {
 		c.interval = min(c.interval, sub.cfg.Interval)
 		c.timeout = max(c.timeout, sub.cfg.Timeout)
 	}
-	if c.hidx >= 0 && !c.lastStart.IsZero() {
-		if d := c.lastStart.Add(c.interval); d.Before(c.due) {
+	if c.hidx >= 0 && c.started {
+		if d := c.lastStart + int64(c.interval); d < c.due {
 			c.due = d
 			s.due.fix(c.hidx)
 		}
@@ -304,22 +316,22 @@ func (s *Scheduler) push(c *check) {
 func (s *Scheduler) Tick(now time.Time, out []Start) []Start {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.fill(now, out)
+	return s.fill(now, s.ns(now), out)
 }
 
-func (s *Scheduler) fill(now time.Time, out []Start) []Start {
-	for len(s.free) > 0 && len(s.due) > 0 && !s.due[0].due.After(now) {
+func (s *Scheduler) fill(now time.Time, nowNS int64, out []Start) []Start {
+	for len(s.free) > 0 && len(s.due) > 0 && s.due[0].due <= nowNS {
 		c := s.due.pop()
 		i := s.free[len(s.free)-1]
 		s.free = s.free[:len(s.free)-1]
 		sl := &s.slots[i]
-		sl.c, sl.start = c, now
+		sl.c = c
 		sl.gen++
-		c.running, c.lastStart = true, now
+		c.running, c.started, c.lastStart = true, true, nowNS
 		s.stats.Started++
 		s.stats.InFlight = len(s.slots) - len(s.free)
 		s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
-		out = append(out, Start{Key: c.key, Timeout: c.timeout, Due: c.due, slot: i, gen: sl.gen})
+		out = append(out, Start{Key: c.key, Timeout: c.timeout, Due: s.time(c.due), slot: i, gen: sl.gen})
 	}
 	return out
 }
@@ -349,13 +361,11 @@ func (s *Scheduler) Complete(st Start, res Result, now time.Time, out []Start) (
 		for _, sub := range c.subs {
 			sub.record(res, now)
 		}
-		c.due = c.lastStart.Add(c.interval)
-		if c.due.Before(now) {
-			c.due = now
-		}
+		nowNS := s.ns(now)
+		c.due = max(c.lastStart+int64(c.interval), nowNS)
 		s.push(c)
 	}
-	return s.fill(now, out), nil
+	return s.fill(now, s.ns(now), out), nil
 }
 
 func (sub *Subscription) record(res Result, now time.Time) {
@@ -390,7 +400,7 @@ func (s *Scheduler) Next() (time.Time, bool) {
 	if len(s.due) == 0 {
 		return time.Time{}, false
 	}
-	return s.due[0].due, true
+	return s.time(s.due[0].due), true
 }
 
 // Stats returns the scheduler's counters.
@@ -405,10 +415,8 @@ func (s *Scheduler) Stats() SchedulerStats {
 type dueHeap []*check
 
 func (h dueHeap) less(i, j int) bool {
-	if !h[i].due.Equal(h[j].due) {
-		return h[i].due.Before(h[j].due)
-	}
-	return h[i].seq < h[j].seq
+	a, b := h[i], h[j]
+	return a.due < b.due || a.due == b.due && a.seq < b.seq
 }
 
 func (h dueHeap) swap(i, j int) {

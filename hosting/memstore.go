@@ -93,17 +93,16 @@ func match(s Share, f Filter) bool {
 	if !s.Live() || f.AccountID != "" && s.AccountID != f.AccountID {
 		return false
 	}
-	r, ok := s.Hosts.RoleOf(f.AgentID)
-	if f.AgentID != "" && !ok {
+	if _, ok := s.Hosts.RoleOf(f.AgentID); f.AgentID != "" && !ok {
 		return false
 	}
 	if f.ActiveAgentID != "" {
-		if r, ok = s.Hosts.RoleOf(f.ActiveAgentID); !ok || r != Active {
+		if r, ok := s.Hosts.RoleOf(f.ActiveAgentID); !ok || r != Active {
 			return false
 		}
 	}
 	if f.PassiveAgentID != "" {
-		if r, ok = s.Hosts.RoleOf(f.PassiveAgentID); !ok || r != Passive {
+		if r, ok := s.Hosts.RoleOf(f.PassiveAgentID); !ok || r != Passive {
 			return false
 		}
 	}

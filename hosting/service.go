@@ -407,5 +407,3 @@ func (sv *Service) List(ctx context.Context, f Filter) ([]View, error) {
 
 // Store returns the service's store.
 func (sv *Service) Store() Store { return sv.st }
-
-

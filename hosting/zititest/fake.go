@@ -165,7 +165,8 @@ func (f *Fake) AddTerminator(serviceID, hostID, precedence string) string {
 }
 
 // FailNext makes the next calls of operationID answer the statuses, in
-// order, with an error envelope (for fault injection).
+// order, with an error envelope (for fault injection); a 0 lets that call
+// through.
 func (f *Fake) FailNext(operationID string, statuses ...int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -314,9 +315,11 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	if st := f.fail[op]; len(st) > 0 {
 		f.fail[op] = st[1:]
-		f.mu.Unlock()
-		f.writeError(w, st[0], codeUnhandled, "injected failure", op, params)
-		return
+		if st[0] != 0 {
+			f.mu.Unlock()
+			f.writeError(w, st[0], codeUnhandled, "injected failure", op, params)
+			return
+		}
 	}
 	f.mu.Unlock()
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}

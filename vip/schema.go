@@ -1,0 +1,447 @@
+package vip
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vipkit/vipkit/crdt"
+)
+
+// The field schema maps a Service onto crdt registers. crdt knows nothing of
+// it; vip owns it. Keys, all ASCII:
+//
+//	name                               the service's name (value: the name's bytes)
+//	addr                               the stored address reservation (value: 4 bytes, IPv4)
+//	L/<proto>/<port>                   the listener register (value: listenerValue)
+//	L/<proto>/<port>/<gen>/cfg         the listener's check settings and idle timeout (value: cfgValue)
+//	L/<proto>/<port>/<gen>/b/<node>/<port>  a backend: node id in hex, app port
+//	                                   (a value, empty, when present; cleared when removed)
+//
+// <gen> is the listener's generation in decimal. Adding a listener writes
+// its register with a new generation, above every generation and Lamport
+// clock the writer has seen; removing it writes the register with the same
+// generation and the removed flag. Backend and cfg fields carry the
+// generation in their key, so those of a removed listener never reappear
+// when its port is added again: the new generation has new keys.
+//
+// Concurrent edits of different backends are different registers, so they
+// merge; concurrent edits of one register resolve by crdt's order.
+//
+// Obsolete fields: for each port, let G be the highest generation that
+// appears in any held field of that port (the register's value or a key).
+// Every cfg or backend field of a lower generation is obsolete and dropped.
+// G only grows as fields are added, so the rule is monotonic, as crdt
+// requires: every replica drops the same fields whatever the arrival order.
+const (
+	keyName   = "name"
+	keyAddr   = "addr"
+	keyPrefix = "L/"
+)
+
+// Value encodings (version byte first, so a later schema can extend them):
+//
+//	listenerValue: 0x01, generation uvarint, flags byte (bit 0: removed)
+//	cfgValue:      0x01, port-check byte (0 default, 1 on, 2 off),
+//	               interval ms uvarint, timeout ms uvarint, failures uvarint,
+//	               successes uvarint, idle timeout ms uvarint (0 = default)
+const schemaVersion = 1
+
+// ErrSchema: a held field's key or value does not follow the schema (a
+// newer or broken writer). The service is reported with the error and left
+// out of routing; the field is kept.
+var ErrSchema = errors.New("vip: field does not follow the schema")
+
+func listenerKey(k PortKey) string { return keyPrefix + k.Proto.String() + "/" + strconv.Itoa(int(k.Port)) }
+
+func cfgKey(k PortKey, gen uint64) string {
+	return listenerKey(k) + "/" + strconv.FormatUint(gen, 10) + "/cfg"
+}
+
+func backendKey(k PortKey, gen uint64, b Backend) string {
+	return listenerKey(k) + "/" + strconv.FormatUint(gen, 10) + "/b/" + b.Node.String() + "/" + strconv.Itoa(int(b.Port))
+}
+
+func encodeListener(gen uint64, removed bool) []byte {
+	b := []byte{schemaVersion}
+	b = binary.AppendUvarint(b, gen)
+	flags := byte(0)
+	if removed {
+		flags = 1
+	}
+	return append(b, flags)
+}
+
+func decodeListener(v []byte) (gen uint64, removed bool, err error) {
+	if len(v) < 3 || v[0] != schemaVersion {
+		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
+	}
+	gen, n := binary.Uvarint(v[1:])
+	if n <= 0 || 1+n+1 != len(v) || v[1+n] > 1 {
+		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
+	}
+	return gen, v[1+n] == 1, nil
+}
+
+func encodeCfg(c Check, idle Duration) []byte {
+	b := []byte{schemaVersion, 0}
+	if c.PortCheck != nil {
+		if *c.PortCheck {
+			b[1] = 1
+		} else {
+			b[1] = 2
+		}
+	}
+	for _, v := range []uint64{
+		uint64(time.Duration(c.Interval) / time.Millisecond),
+		uint64(time.Duration(c.Timeout) / time.Millisecond),
+		uint64(c.Failures), uint64(c.Successes),
+		uint64(time.Duration(idle) / time.Millisecond),
+	} {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
+}
+
+func decodeCfg(v []byte) (Check, Duration, error) {
+	bad := fmt.Errorf("%w: cfg value %x", ErrSchema, v)
+	if len(v) < 2 || v[0] != schemaVersion || v[1] > 2 {
+		return Check{}, 0, bad
+	}
+	var c Check
+	switch v[1] {
+	case 1:
+		c.PortCheck = boolPtr(true)
+	case 2:
+		c.PortCheck = boolPtr(false)
+	}
+	rest := v[2:]
+	var nums [5]uint64
+	for i := range nums {
+		x, n := binary.Uvarint(rest)
+		if n <= 0 || x > 1<<40 {
+			return Check{}, 0, bad
+		}
+		nums[i] = x
+		rest = rest[n:]
+	}
+	if len(rest) != 0 || nums[2] > MaxCheckCount || nums[3] > MaxCheckCount {
+		return Check{}, 0, bad
+	}
+	c.Interval = Duration(time.Duration(nums[0]) * time.Millisecond)
+	c.Timeout = Duration(time.Duration(nums[1]) * time.Millisecond)
+	c.Failures, c.Successes = int(nums[2]), int(nums[3])
+	return c, Duration(time.Duration(nums[4]) * time.Millisecond), nil
+}
+
+func boolPtr(v bool) *bool { return &v }
+
+// parsedKey is a listener-scoped key taken apart.
+type parsedKey struct {
+	port    PortKey
+	gen     uint64 // for cfg and backend keys
+	kind    byte   // 'l' listener register, 'c' cfg, 'b' backend
+	backend Backend
+}
+
+func parseKey(key string) (parsedKey, error) {
+	rest, ok := strings.CutPrefix(key, keyPrefix)
+	if !ok {
+		return parsedKey{}, fmt.Errorf("%w: key %q", ErrSchema, key)
+	}
+	parts := strings.Split(rest, "/")
+	bad := fmt.Errorf("%w: key %q", ErrSchema, key)
+	if len(parts) < 2 {
+		return parsedKey{}, bad
+	}
+	pk, err := ParsePortKey(parts[0] + "/" + parts[1])
+	if err != nil || pk.String() != parts[0]+"/"+parts[1] {
+		return parsedKey{}, bad
+	}
+	if len(parts) == 2 {
+		return parsedKey{port: pk, kind: 'l'}, nil
+	}
+	gen, err := strconv.ParseUint(parts[2], 10, 64)
+	if err != nil || strconv.FormatUint(gen, 10) != parts[2] {
+		return parsedKey{}, bad
+	}
+	switch {
+	case len(parts) == 4 && parts[3] == "cfg":
+		return parsedKey{port: pk, gen: gen, kind: 'c'}, nil
+	case len(parts) == 6 && parts[3] == "b":
+		node, err := ParseNodeID(parts[4])
+		if err != nil || node.String() != parts[4] {
+			return parsedKey{}, bad
+		}
+		port, err := parsePort(parts[5])
+		if err != nil || strconv.Itoa(int(port)) != parts[5] {
+			return parsedKey{}, bad
+		}
+		return parsedKey{port: pk, gen: gen, kind: 'b', backend: Backend{node, port}}, nil
+	}
+	return parsedKey{}, bad
+}
+
+// maxGenerations returns, per port, the highest generation in any field.
+func maxGenerations(fields []crdt.Field) map[PortKey]uint64 {
+	g := map[PortKey]uint64{}
+	for i := range fields {
+		f := &fields[i]
+		if !strings.HasPrefix(f.Key, keyPrefix) {
+			continue
+		}
+		pk, err := parseKey(f.Key)
+		if err != nil {
+			continue
+		}
+		gen := pk.gen
+		if pk.kind == 'l' {
+			if !f.HasValue {
+				continue
+			}
+			lg, _, err := decodeListener(f.Value)
+			if err != nil {
+				continue
+			}
+			gen = lg
+		}
+		if gen > g[pk.port] {
+			g[pk.port] = gen
+		}
+	}
+	return g
+}
+
+// Obsolete is the schema's rule for crdt.Config.Obsolete: the cfg and
+// backend fields of generations below the highest seen for their port.
+func Obsolete(_ crdt.ServiceID, fields []crdt.Field) []string {
+	maxGen := maxGenerations(fields)
+	var drop []string
+	for i := range fields {
+		f := &fields[i]
+		if !strings.HasPrefix(f.Key, keyPrefix) {
+			continue
+		}
+		pk, err := parseKey(f.Key)
+		if err != nil || pk.kind == 'l' {
+			continue
+		}
+		if pk.gen < maxGen[pk.port] {
+			drop = append(drop, f.Key)
+		}
+	}
+	return drop
+}
+
+// decoded is a service read back from its merged fields.
+type decoded struct {
+	svc  Service
+	addr netip.Addr // stored reservation, invalid if none
+	// maxGen is the highest generation seen per port, so that a new
+	// listener's generation is above it.
+	maxGen map[PortKey]uint64
+}
+
+// decodeService turns a service's merged fields into a Service. Fields that
+// break the schema make it fail with ErrSchema (the caller reports the
+// service and keeps it out of routing).
+func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, error) {
+	d := decoded{svc: Service{ID: id, Network: network}, maxGen: maxGenerations(fields)}
+	type lst struct {
+		gen     uint64
+		removed bool
+		cfg     *Check
+		idle    Duration
+		backs   []Backend
+	}
+	ls := map[PortKey]*lst{}
+	var errs []error
+	// First pass: listener registers.
+	for i := range fields {
+		f := &fields[i]
+		switch f.Key {
+		case keyName:
+			if f.HasValue {
+				d.svc.Name = string(f.Value)
+			}
+			continue
+		case keyAddr:
+			if f.HasValue {
+				if len(f.Value) != 4 {
+					errs = append(errs, fmt.Errorf("%w: addr value %x", ErrSchema, f.Value))
+				} else {
+					d.addr = netip.AddrFrom4([4]byte(f.Value))
+				}
+			}
+			continue
+		}
+		if !strings.HasPrefix(f.Key, keyPrefix) {
+			errs = append(errs, fmt.Errorf("%w: unknown key %q", ErrSchema, f.Key))
+			continue
+		}
+		pk, err := parseKey(f.Key)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if pk.kind != 'l' || !f.HasValue {
+			continue
+		}
+		gen, removed, err := decodeListener(f.Value)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ls[pk.port] = &lst{gen: gen, removed: removed}
+	}
+	// Second pass: cfg and backends of each listener's current generation.
+	for i := range fields {
+		f := &fields[i]
+		if !strings.HasPrefix(f.Key, keyPrefix) {
+			continue
+		}
+		pk, err := parseKey(f.Key)
+		if err != nil || pk.kind == 'l' {
+			continue
+		}
+		l := ls[pk.port]
+		if l == nil || l.removed || l.gen != pk.gen {
+			continue
+		}
+		switch pk.kind {
+		case 'c':
+			if !f.HasValue {
+				continue
+			}
+			c, idle, err := decodeCfg(f.Value)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			l.cfg, l.idle = &c, idle
+		case 'b':
+			if f.HasValue {
+				l.backs = append(l.backs, pk.backend)
+			}
+		}
+	}
+	keys := make([]PortKey, 0, len(ls))
+	for k, l := range ls {
+		if !l.removed {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, comparePortKey)
+	for _, k := range keys {
+		l := ls[k]
+		out := Listener{Proto: k.Proto, Port: k.Port, Generation: l.gen, Backends: l.backs, IdleTimeout: l.idle}
+		if l.cfg != nil {
+			out.Check = *l.cfg
+		}
+		slices.SortFunc(out.Backends, compareBackend)
+		d.svc.Listeners = append(d.svc.Listeners, out)
+	}
+	return d, errors.Join(errs...)
+}
+
+func comparePortKey(a, b PortKey) int {
+	if a.Proto != b.Proto {
+		return int(a.Proto) - int(b.Proto)
+	}
+	return int(a.Port) - int(b.Port)
+}
+
+func compareBackend(a, b Backend) int {
+	if c := slices.Compare(a.Node[:], b.Node[:]); c != 0 {
+		return c
+	}
+	return int(a.Port) - int(b.Port)
+}
+
+// diffEdits returns the crdt edits that turn the held service (cur, with
+// its generations) into the draft. nextGen is the generation a new listener
+// gets. A listener of the draft whose generation differs from the held one
+// (or is 0) is a new incarnation: the old one is removed and the new one
+// added with nextGen.
+func diffEdits(cur decoded, held bool, draft Service, nextGen uint64) []crdt.Edit {
+	var edits []crdt.Edit
+	if !held || cur.svc.Name != draft.Name {
+		edits = append(edits, crdt.Edit{Key: keyName, Value: []byte(draft.Name)})
+	}
+	curL := map[PortKey]Listener{}
+	for _, l := range cur.svc.Listeners {
+		curL[l.Key()] = l
+	}
+	draftL := map[PortKey]Listener{}
+	for _, l := range draft.Listeners {
+		draftL[l.Key()] = l
+	}
+	var keys []PortKey
+	for k := range curL {
+		keys = append(keys, k)
+	}
+	for k := range draftL {
+		if _, ok := curL[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, comparePortKey)
+	for _, k := range keys {
+		c, inCur := curL[k]
+		d, inDraft := draftL[k]
+		switch {
+		case inCur && !inDraft:
+			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(c.Generation, true)})
+		case inDraft && (!inCur || d.Generation != c.Generation):
+			gen := nextGen
+			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(gen, false)})
+			if d.Check != (Check{}) || d.IdleTimeout != 0 {
+				edits = append(edits, crdt.Edit{Key: cfgKey(k, gen), Value: encodeCfg(d.Check, d.IdleTimeout)})
+			}
+			for _, b := range dedupBackends(d.Backends) {
+				edits = append(edits, crdt.Edit{Key: backendKey(k, gen, b), Value: []byte{}})
+			}
+		default: // same incarnation: settings and backends by difference
+			if !sameCheck(c.Check, d.Check) || c.IdleTimeout != d.IdleTimeout {
+				edits = append(edits, crdt.Edit{Key: cfgKey(k, c.Generation), Value: encodeCfg(d.Check, d.IdleTimeout)})
+			}
+			have := map[Backend]bool{}
+			for _, b := range c.Backends {
+				have[b] = true
+			}
+			want := map[Backend]bool{}
+			for _, b := range d.Backends {
+				want[b] = true
+			}
+			for _, b := range dedupBackends(d.Backends) {
+				if !have[b] {
+					edits = append(edits, crdt.Edit{Key: backendKey(k, c.Generation, b), Value: []byte{}})
+				}
+			}
+			for _, b := range c.Backends {
+				if !want[b] {
+					edits = append(edits, crdt.Edit{Key: backendKey(k, c.Generation, b), Clear: true})
+				}
+			}
+		}
+	}
+	return edits
+}
+
+func dedupBackends(bs []Backend) []Backend {
+	out := slices.Clone(bs)
+	slices.SortFunc(out, compareBackend)
+	return slices.Compact(out)
+}
+
+func sameCheck(a, b Check) bool {
+	if (a.PortCheck == nil) != (b.PortCheck == nil) || (a.PortCheck != nil && *a.PortCheck != *b.PortCheck) {
+		return false
+	}
+	return a.Interval == b.Interval && a.Timeout == b.Timeout && a.Failures == b.Failures && a.Successes == b.Successes
+}

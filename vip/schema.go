@@ -57,7 +57,9 @@ const schemaVersion = 1
 // out of routing; the field is kept.
 var ErrSchema = errors.New("vip: field does not follow the schema")
 
-func listenerKey(k PortKey) string { return keyPrefix + k.Proto.String() + "/" + strconv.Itoa(int(k.Port)) }
+func listenerKey(k PortKey) string {
+	return keyPrefix + k.Proto.String() + "/" + strconv.Itoa(int(k.Port))
+}
 
 func cfgKey(k PortKey, gen uint64) string {
 	return listenerKey(k) + "/" + strconv.FormatUint(gen, 10) + "/cfg"

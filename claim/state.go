@@ -44,6 +44,7 @@ type State struct {
 	Released      bool        // released Held (its own claim) to the other member
 	Lease         LeaseID     // this node's lease (the holder key's, when holding)
 	ReleasedLease LeaseID     // the lease revoked by the release, until found gone
+	Abandoned     LeaseID     // the lease a fenced holder stops renewing and revokes
 }
 
 // Role returns self's role: RoleHolder when it holds the newest claim and is
@@ -85,9 +86,15 @@ func (s State) Claimed(c *Claim, lease LeaseID) State {
 }
 
 // Fence returns the state after the node dropped the VIP because its
-// renewal aged past the release time or its lease was found gone.
+// renewal aged past the release time or its lease was found gone. The lease
+// its holder key hangs on is abandoned: the node stops renewing it and
+// revokes it when it can, so the other member can fail over instead of
+// waiting behind a holder key a fenced node keeps alive.
 func (s State) Fence() State {
 	s.Fenced = true
+	if s.Lease != 0 {
+		s.Abandoned, s.Lease = s.Lease, 0
+	}
 	return s
 }
 
@@ -112,6 +119,9 @@ func (s State) LeaseGone(id LeaseID) State {
 	}
 	if id == s.Lease {
 		s.Lease = 0
+	}
+	if id == s.Abandoned {
+		s.Abandoned = 0
 	}
 	return s
 }
@@ -150,11 +160,12 @@ type stateJSON struct {
 	Released      bool   `json:"released"`
 	Lease         int64  `json:"lease,omitempty"`
 	ReleasedLease int64  `json:"released_lease,omitempty"`
+	Abandoned     int64  `json:"abandoned_lease,omitempty"`
 }
 
 // MarshalState encodes s as the state file's JSON.
 func MarshalState(s State) ([]byte, error) {
-	j := stateJSON{Version: 1, Fenced: s.Fenced, Released: s.Released, Lease: int64(s.Lease), ReleasedLease: int64(s.ReleasedLease)}
+	j := stateJSON{Version: 1, Fenced: s.Fenced, Released: s.Released, Lease: int64(s.Lease), ReleasedLease: int64(s.ReleasedLease), Abandoned: int64(s.Abandoned)}
 	if s.Held != nil {
 		j.Held = base64.StdEncoding.EncodeToString(s.Held.Encode())
 	}
@@ -178,7 +189,7 @@ func UnmarshalState(b []byte) (State, error) {
 	if j.Version != 1 {
 		return State{}, fmt.Errorf("%w: version %d", ErrCorruptState, j.Version)
 	}
-	s := State{Fenced: j.Fenced, Released: j.Released, Lease: LeaseID(j.Lease), ReleasedLease: LeaseID(j.ReleasedLease)}
+	s := State{Fenced: j.Fenced, Released: j.Released, Lease: LeaseID(j.Lease), ReleasedLease: LeaseID(j.ReleasedLease), Abandoned: LeaseID(j.Abandoned)}
 	if j.Held != "" {
 		raw, err := base64.StdEncoding.DecodeString(j.Held)
 		if err != nil {

@@ -1,0 +1,725 @@
+package claim
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vipkit/vipkit/transport"
+)
+
+// Default timings of the controller (the spec's numbers).
+const (
+	DefaultRenewInterval   = 2 * time.Second  // the holder renews its lease this often
+	DefaultLeaseTTL        = 20 * time.Second // the lease's TTL in etcd
+	DefaultDropAfter       = 10 * time.Second // drop the VIP this long after the last answered renewal was sent
+	DefaultElectionTimeout = 5 * time.Second  // etcd's election timeout, for promote's lease wait
+)
+
+// Channel is the client side of the members' channel (POST /v1/vip), as
+// the controller uses it. Client implements it over HTTP. A peer's refusal
+// is a *RefusalError that matches the refusal's sentinel with errors.Is; any
+// other error means the peer did not answer.
+type Channel interface {
+	// Announce sends c to peer; nil means the peer took it.
+	Announce(ctx context.Context, peer netip.Addr, c *Claim) error
+	// Release asks peer, the holder, to release the VIP; it answers after
+	// it has dropped the address, with the claim it held.
+	Release(ctx context.Context, peer netip.Addr, r *Release) (*Claim, error)
+	// Epoch asks peer for the newest claim it holds for vip (nil: none).
+	Epoch(ctx context.Context, peer netip.Addr, vip netip.Addr) (*Claim, error)
+}
+
+// Config configures a Controller.
+type Config struct {
+	// Policy holds the mesh, the trust store and the overlay prefix.
+	Policy *Policy
+	// Self is this node's overlay address.
+	Self netip.Addr
+	// Key is this node's Ed25519 key. Nil makes an observer: a node outside
+	// the pair that takes claims and routes the VIP but never claims.
+	Key ed25519.PrivateKey
+	// VIP is the service VIP this controller tends.
+	VIP netip.Addr
+	// Pair is the pair record (required for members; an observer keeps the
+	// first valid record it sees when nil).
+	Pair *PairRecord
+	// KV is etcd (or a stand-in). Nil: no etcd; the VIP moves only by
+	// Promote and the members' channel.
+	KV KV
+	// Carrier adds, drops and routes the address. Required.
+	Carrier Carrier
+	// Store keeps State across restarts. Required.
+	Store StateStore
+	// Clock times renewals; nil means BootClock (CLOCK_BOOTTIME), which is
+	// what production must use.
+	Clock transport.Clock
+	// Channel and Peers: the members' channel and every peer to announce
+	// moves to and to ask in a promote (the other member included).
+	Channel Channel
+	Peers   []netip.Addr
+	// Timings; zero means the Default* constant. They must satisfy
+	// 0 < RenewInterval < DropAfter < LeaseTTL.
+	RenewInterval, LeaseTTL, DropAfter, ElectionTimeout time.Duration
+	// CallTimeout bounds each KV and channel call; 0 means RenewInterval.
+	CallTimeout time.Duration
+	// NoWatch turns off the watch that wakes the controller on key changes
+	// (it then follows the keys by reading them every RenewInterval).
+	// Deterministic simulations set it.
+	NoWatch bool
+	// OnError, when set, receives errors the controller handles itself
+	// (failed renewals, invalid values in the KV, failed announcements). It
+	// must not block or call the Controller.
+	OnError func(error)
+}
+
+// Controller is keel's "vip tend" for one VIP: it renews its lease,
+// follows the counter and holder keys, carries the VIP only while its last
+// answered renewal is younger than DropAfter, fails over once the holder's
+// lease is gone, and serves the members' channel (it is a Handler).
+//
+// All methods are safe for concurrent use. Start begins tending; Close
+// stops it and drops the address, as keel's ExecStopPost does.
+type Controller struct {
+	cfg   Config
+	clock transport.Clock
+	keys  Keys
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	st        State
+	carried   bool
+	routedTo  netip.Addr
+	lastRenew time.Time // when the last renewal etcd answered was sent; zero: none since start
+	dirty     bool      // keys must be read: start, watch event, not holding
+	stepping  bool
+	started   bool
+	closed    bool
+	step      transport.Timer
+	drop      transport.Timer
+	stats     Stats
+}
+
+// Stats counts what a Controller did.
+type Stats struct {
+	Renewals     uint64 // renewals etcd answered
+	RenewErrors  uint64 // renewals that failed (each counts as no renewal)
+	Claims       uint64 // claims this controller wrote
+	Drops        uint64 // times it dropped the address
+	Fences       uint64 // times it fenced itself
+	BadValues    uint64 // invalid values read from the KV
+	Announced    uint64 // announcements peers took
+	AnnounceErrs uint64
+}
+
+// Status is what "keel vip status" shows.
+type Status struct {
+	Role     Role
+	Epoch    uint64
+	Holder   netip.Addr // of the newest claim taken
+	Fenced   bool
+	Released bool
+	Lease    LeaseID
+	// RenewalAge is the age of the last answered renewal; -1 when none
+	// since start.
+	RenewalAge time.Duration
+	Carried    bool
+	RoutedTo   netip.Addr
+}
+
+// NewController checks cfg and loads the state. It carries nothing until
+// Start has renewed its lease (or, without a KV, until the state says it
+// holds and it is not fenced).
+func NewController(cfg Config) (*Controller, error) {
+	if cfg.RenewInterval == 0 {
+		cfg.RenewInterval = DefaultRenewInterval
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.DropAfter == 0 {
+		cfg.DropAfter = DefaultDropAfter
+	}
+	if cfg.ElectionTimeout == 0 {
+		cfg.ElectionTimeout = DefaultElectionTimeout
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = cfg.RenewInterval
+	}
+	switch {
+	case cfg.Policy == nil || cfg.Policy.Trust == nil:
+		return nil, fmt.Errorf("%w: no policy or trust store", ErrConfig)
+	case !validAddr(cfg.Self) || !validAddr(cfg.VIP):
+		return nil, fmt.Errorf("%w: self %v vip %v", ErrConfig, cfg.Self, cfg.VIP)
+	case cfg.Carrier == nil || cfg.Store == nil:
+		return nil, fmt.Errorf("%w: no carrier or state store", ErrConfig)
+	case !(0 < cfg.RenewInterval && cfg.RenewInterval < cfg.DropAfter && cfg.DropAfter < cfg.LeaseTTL):
+		return nil, fmt.Errorf("%w: need 0 < renew %v < drop %v < ttl %v", ErrConfig, cfg.RenewInterval, cfg.DropAfter, cfg.LeaseTTL)
+	case cfg.Key != nil && cfg.Pair == nil:
+		return nil, fmt.Errorf("%w: a member needs its pair record", ErrConfig)
+	}
+	if cfg.Key != nil {
+		if err := cfg.Policy.CheckPair(nil, cfg.Pair); err != nil {
+			return nil, fmt.Errorf("%w: pair record: %w", ErrConfig, err)
+		}
+		if cfg.Pair.VIP != cfg.VIP || !cfg.Pair.HasMember(cfg.Self, KeyOf(cfg.Key)) {
+			return nil, fmt.Errorf("%w: pair record is not for this node and vip", ErrConfig)
+		}
+	}
+	st, err := cfg.Store.Load()
+	if err != nil {
+		return nil, err
+	}
+	if st.Pair != nil && cfg.Pair != nil && !st.Pair.SameMembers(cfg.Pair) {
+		return nil, fmt.Errorf("%w: configured pair record differs from the kept one", ErrPairChanged)
+	}
+	if st.Pair == nil {
+		st.Pair = cfg.Pair
+	}
+	if st.Held != nil && st.Held.VIP != cfg.VIP {
+		return nil, fmt.Errorf("%w: state holds a claim for %v", ErrCorruptState, st.Held.VIP)
+	}
+	c := &Controller{cfg: cfg, clock: cfg.Clock, keys: KeysFor(cfg.Policy.Mesh, cfg.VIP), st: st, dirty: true}
+	if c.clock == nil {
+		c.clock = BootClock{}
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// VIP returns the VIP the controller tends.
+func (c *Controller) VIP() netip.Addr { return c.cfg.VIP }
+
+// Start begins tending: with a KV, a step now and every RenewInterval, and
+// (unless NoWatch) a watch on the keys that wakes it early; without a KV it
+// carries the VIP if the stored state says this node holds it. Steps run
+// from the Clock's timers: on a manual clock, inside Advance.
+func (c *Controller) Start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started || c.closed {
+		return
+	}
+	c.started = true
+	if c.cfg.KV == nil {
+		if c.st.Role(c.cfg.Self) == RoleHolder {
+			c.carryLocked()
+		} else if c.st.Held != nil && c.st.Held.Holder != c.cfg.Self {
+			c.routeLocked(c.st.Held.Holder)
+		}
+		return
+	}
+	c.step = c.clock.AfterFunc(0, c.runStep)
+	if !c.cfg.NoWatch {
+		c.wg.Add(1)
+		go c.watch()
+	}
+}
+
+func (c *Controller) watch() {
+	defer c.wg.Done()
+	for c.ctx.Err() == nil {
+		ch := c.cfg.KV.Watch(c.ctx, c.keys.Prefix, 0)
+		for r := range ch {
+			if r.Err != nil {
+				c.report(fmt.Errorf("claim: watch: %w", r.Err))
+				break
+			}
+			c.mu.Lock()
+			c.dirty = true
+			if !c.stepping && !c.closed && c.step != nil {
+				c.step.Reset(0)
+			}
+			c.mu.Unlock()
+		}
+		if !transport.Sleep(c.clock, c.cfg.RenewInterval, c.ctx.Done()) {
+			return
+		}
+	}
+}
+
+// Close stops tending, waits for a running step, and drops the address if
+// carried (the state is kept: the next start renews before carrying).
+func (c *Controller) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	if c.step != nil {
+		c.step.Stop()
+	}
+	if c.drop != nil {
+		c.drop.Stop()
+	}
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.carried {
+		c.dropLocked()
+	}
+	return nil
+}
+
+// Status reports the controller's view.
+func (c *Controller) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := Status{Role: c.st.Role(c.cfg.Self), Fenced: c.st.Fenced, Released: c.st.Released,
+		Lease: c.st.Lease, Carried: c.carried, RoutedTo: c.routedTo, RenewalAge: -1}
+	if c.st.Held != nil {
+		s.Epoch, s.Holder = c.st.Held.Epoch, c.st.Held.Holder
+	}
+	if !c.lastRenew.IsZero() {
+		s.RenewalAge = c.clock.Now().Sub(c.lastRenew)
+	}
+	return s
+}
+
+// State returns a copy of the controller's state.
+func (c *Controller) State() State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+// Stats returns the controller's counters.
+func (c *Controller) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+func (c *Controller) report(err error) {
+	if c.cfg.OnError != nil && err != nil {
+		c.cfg.OnError(err)
+	}
+}
+
+func (c *Controller) saveLocked() {
+	if err := c.cfg.Store.Save(c.st); err != nil {
+		c.report(err)
+	}
+}
+
+// renewedLocked reports whether the last answered renewal is younger than
+// DropAfter: the condition for carrying.
+func (c *Controller) renewedLocked() bool {
+	if c.cfg.KV == nil {
+		return true
+	}
+	return !c.lastRenew.IsZero() && c.clock.Now().Sub(c.lastRenew) < c.cfg.DropAfter
+}
+
+// carryLocked adds the address, after checking the renewal's age again.
+func (c *Controller) carryLocked() {
+	if c.carried || !c.renewedLocked() || c.st.Role(c.cfg.Self) != RoleHolder {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.cfg.Carrier.Carry(ctx, c.cfg.VIP); err != nil {
+		c.report(fmt.Errorf("claim: carry %v: %w", c.cfg.VIP, err))
+		return
+	}
+	c.carried = true
+	c.routeLocked(netip.Addr{})
+}
+
+func (c *Controller) dropLocked() {
+	if !c.carried {
+		return
+	}
+	// Drop even if the context is done: this is the fence.
+	if err := c.cfg.Carrier.Drop(context.WithoutCancel(c.ctx), c.cfg.VIP); err != nil {
+		c.report(fmt.Errorf("claim: drop %v: %w", c.cfg.VIP, err))
+	}
+	c.carried = false
+	c.stats.Drops++
+}
+
+func (c *Controller) routeLocked(to netip.Addr) {
+	if to == c.routedTo {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.cfg.Carrier.Route(ctx, c.cfg.VIP, to); err != nil {
+		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
+		return
+	}
+	c.routedTo = to
+}
+
+// fenceLocked drops the address and fences the node.
+func (c *Controller) fenceLocked() {
+	c.dropLocked()
+	if !c.st.Fenced {
+		c.stats.Fences++
+	}
+	c.st = c.st.Fence()
+	c.saveLocked()
+}
+
+// checkAgeLocked drops the VIP once the last answered renewal is DropAfter
+// old. It runs from the drop timer and at the start of every step, so a
+// holder that wakes from suspend drops before anything else.
+func (c *Controller) checkAgeLocked() {
+	if c.cfg.KV == nil || c.closed {
+		return
+	}
+	if c.carried && !c.renewedLocked() {
+		c.fenceLocked()
+	}
+}
+
+func (c *Controller) armDropLocked() {
+	if c.closed || c.lastRenew.IsZero() {
+		return
+	}
+	d := c.lastRenew.Add(c.cfg.DropAfter).Sub(c.clock.Now())
+	if c.drop == nil {
+		c.drop = c.clock.AfterFunc(d, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.checkAgeLocked()
+		})
+		return
+	}
+	c.drop.Reset(d)
+}
+
+func (c *Controller) runStep() {
+	c.mu.Lock()
+	if c.closed || c.stepping {
+		c.mu.Unlock()
+		return
+	}
+	c.stepping = true
+	c.wg.Add(1)
+	start := c.clock.Now()
+	c.mu.Unlock()
+	defer c.wg.Done()
+
+	c.tend()
+
+	c.mu.Lock()
+	c.stepping = false
+	if !c.closed {
+		next := c.cfg.RenewInterval - c.clock.Now().Sub(start)
+		c.step.Reset(max(next, 0))
+	}
+	c.mu.Unlock()
+}
+
+// tend is one round: renew, then follow the keys and claim if the holder
+// is gone. A steady holder makes exactly one KV call (the renewal).
+func (c *Controller) tend() {
+	ctx := c.ctx
+	c.mu.Lock()
+	c.checkAgeLocked()
+	c.mu.Unlock()
+
+	c.renew(ctx)
+
+	c.mu.Lock()
+	need := c.dirty || !c.carried
+	c.mu.Unlock()
+	if need {
+		c.follow(ctx)
+	}
+}
+
+func (c *Controller) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.cfg.CallTimeout)
+}
+
+// renew sends one renewal (or grant) and, when the node has something to
+// clean up, one revoke or TTL check.
+func (c *Controller) renew(ctx context.Context) {
+	kv := c.cfg.KV
+	c.mu.Lock()
+	lease, abandoned, released := c.st.Lease, c.st.Abandoned, c.st.ReleasedLease
+	c.mu.Unlock()
+
+	if abandoned != 0 {
+		cctx, cancel := c.call(ctx)
+		err := kv.Revoke(cctx, abandoned)
+		cancel()
+		if err == nil || errors.Is(err, ErrLeaseNotFound) {
+			c.mu.Lock()
+			c.st = c.st.LeaseGone(abandoned)
+			c.saveLocked()
+			c.mu.Unlock()
+		}
+	}
+	if released != 0 {
+		cctx, cancel := c.call(ctx)
+		_, err := kv.TimeToLive(cctx, released)
+		cancel()
+		if errors.Is(err, ErrLeaseNotFound) {
+			c.mu.Lock()
+			c.st = c.st.LeaseGone(released)
+			c.saveLocked()
+			c.mu.Unlock()
+		}
+	}
+
+	sent := c.clock.Now()
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	if lease == 0 {
+		id, _, err := kv.Grant(cctx, c.cfg.LeaseTTL)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err != nil {
+			c.stats.RenewErrors++
+			c.report(fmt.Errorf("claim: grant: %w", err))
+			return
+		}
+		if c.st.Lease != 0 || c.closed { // raced with a promote that granted one
+			return
+		}
+		c.st.Lease = id
+		c.lastRenew = sent
+		c.stats.Renewals++
+		c.saveLocked()
+		c.armDropLocked()
+		return
+	}
+	_, err := kv.KeepAliveOnce(cctx, lease)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case err == nil:
+		if lease == c.st.Lease {
+			c.lastRenew = sent
+			c.stats.Renewals++
+			c.armDropLocked()
+			if c.st.Role(c.cfg.Self) == RoleHolder && !c.carried {
+				c.dirty = true // confirm the holder key before carrying
+			}
+		}
+	case errors.Is(err, ErrLeaseNotFound):
+		c.stats.RenewErrors++
+		holder := c.st.Role(c.cfg.Self) == RoleHolder && lease == c.st.Lease
+		c.st = c.st.LeaseGone(lease)
+		if lease == c.st.Lease || holder {
+			c.lastRenew = time.Time{}
+		}
+		if holder {
+			c.fenceLocked()
+		}
+		c.saveLocked()
+	default:
+		c.stats.RenewErrors++
+		c.report(fmt.Errorf("claim: renew: %w", err))
+	}
+}
+
+// keyState is what one read of the keys says.
+type keyState struct {
+	rev         int64
+	epochKV     *KeyValue
+	holderKV    *KeyValue
+	counter     *Claim // valid claim in the counter key
+	holder      *Claim // valid claim in the holder key that equals the counter
+	holderAlive bool
+}
+
+func (c *Controller) readKeys(g GetResponse) keyState {
+	ks := keyState{rev: g.Revision}
+	for i := range g.KVs {
+		switch g.KVs[i].Key {
+		case c.keys.Epoch:
+			ks.epochKV = &g.KVs[i]
+		case c.keys.Holder:
+			ks.holderKV = &g.KVs[i]
+		}
+	}
+	c.mu.Lock()
+	kept := c.st.Pair
+	c.mu.Unlock()
+	parse := func(kv *KeyValue) *Claim {
+		if kv == nil {
+			return nil
+		}
+		cl, err := ParseClaim(kv.Value)
+		if err == nil && cl.VIP != c.cfg.VIP {
+			err = fmt.Errorf("%w: key for %v holds %v", ErrPairMismatch, c.cfg.VIP, cl.VIP)
+		}
+		if err == nil {
+			err = c.cfg.Policy.Verify(kept, cl, netip.Addr{})
+		}
+		if err != nil {
+			c.mu.Lock()
+			c.stats.BadValues++
+			c.mu.Unlock()
+			c.report(fmt.Errorf("claim: value of %s: %w", kv.Key, err))
+			return nil
+		}
+		return cl
+	}
+	ks.counter = parse(ks.epochKV)
+	if h := parse(ks.holderKV); h != nil && ks.counter != nil && h.Equal(ks.counter) {
+		ks.holder, ks.holderAlive = h, true
+	}
+	return ks
+}
+
+// follow reads the keys (one round trip), applies them, and claims (one
+// more) when the holder's lease is gone and this node may fail over.
+func (c *Controller) follow(ctx context.Context) {
+	cctx, cancel := c.call(ctx)
+	g, err := c.cfg.KV.Get(cctx, c.keys.Prefix, true)
+	cancel()
+	if err != nil {
+		c.report(fmt.Errorf("claim: read keys: %w", err))
+		return
+	}
+	ks := c.readKeys(g)
+	if !c.apply(ks) {
+		return
+	}
+	if _, err := c.claimTxn(ctx, ks); err != nil && !errors.Is(err, ErrCompareFailed) {
+		c.report(err)
+	}
+}
+
+// apply takes the counter's claim if newer, routes, confirms or fences a
+// holder, and reports whether the node should claim now.
+func (c *Controller) apply(ks keyState) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.dirty = false
+	self := c.cfg.Self
+	if ks.counter != nil && ks.counter.Newer(c.st.Held) {
+		if err := Fresh(c.st.Held, ks.counter); err != nil {
+			c.report(fmt.Errorf("claim: counter: %w", err))
+		} else {
+			was := c.st.Role(self)
+			c.st = c.st.Take(self, ks.counter)
+			if was == RoleHolder && c.st.Role(self) != RoleHolder {
+				c.fenceLocked()
+			}
+			c.saveLocked()
+		}
+	}
+	if ks.holderAlive && ks.holder.Holder != self {
+		c.routeLocked(ks.holder.Holder)
+	}
+	if c.st.Role(self) == RoleHolder {
+		mine := ks.holderAlive && ks.holder.Holder == self && ks.holderKV.Lease == c.st.Lease && c.st.Held.Equal(ks.holder)
+		if mine {
+			c.carryLocked()
+		} else if c.renewedLocked() || c.carried {
+			// The holder key is not ours on our live lease: we lost the VIP.
+			c.fenceLocked()
+		}
+		return false
+	}
+	if c.cfg.Key == nil || c.st.Lease == 0 || !c.renewedLocked() {
+		return false
+	}
+	return c.st.MayFailover(self, ks.counter, ks.holderAlive)
+}
+
+// claimTxn writes this node's claim for the epoch after the counter's, in
+// one transaction that requires the counter at the revision read and the
+// holder key absent (or, when it holds an invalid value, unchanged). A
+// failed compare is ErrCompareFailed and writes nothing.
+func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) {
+	c.mu.Lock()
+	lease, pair := c.st.Lease, c.st.Pair
+	c.mu.Unlock()
+	var epoch uint64 = 1
+	if ks.counter != nil {
+		epoch = ks.counter.Epoch + 1
+	} else if ks.epochKV != nil {
+		return nil, fmt.Errorf("%w: counter key holds no valid claim", ErrNoCounter)
+	}
+	cl, err := NewClaim(c.cfg.Key, c.cfg.Self, epoch, pair)
+	if err != nil {
+		return nil, err
+	}
+	t := Txn{
+		If:   []Compare{{Key: c.keys.Epoch, Target: ModRevision}},
+		Then: []Op{Put(c.keys.Epoch, cl.Encode(), 0), Put(c.keys.Holder, cl.Encode(), lease)},
+		Else: []Op{GetOp(c.keys.Prefix, true)},
+	}
+	if ks.epochKV != nil {
+		t.If[0].Revision = ks.epochKV.ModRevision
+	}
+	if ks.holderKV == nil {
+		t.If = append(t.If, Compare{Key: c.keys.Holder, Target: CreateRevision})
+	} else {
+		t.If = append(t.If, Compare{Key: c.keys.Holder, Target: ModRevision, Revision: ks.holderKV.ModRevision})
+	}
+	cctx, cancel := c.call(ctx)
+	r, err := c.cfg.KV.Txn(cctx, t)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("claim: claim txn: %w", err)
+	}
+	if !r.Succeeded {
+		if len(r.Gets) == 1 {
+			c.apply(c.readKeys(r.Gets[0]))
+		}
+		return nil, ErrCompareFailed
+	}
+	c.mu.Lock()
+	c.st = c.st.Claimed(cl, lease)
+	c.stats.Claims++
+	c.saveLocked()
+	c.carryLocked()
+	c.mu.Unlock()
+	c.announce(ctx, cl)
+	return cl, nil
+}
+
+// announce tells every peer of a move on the members' channel.
+func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered int) {
+	if c.cfg.Channel == nil {
+		return 0, 0
+	}
+	for _, p := range c.cfg.Peers {
+		if p == c.cfg.Self {
+			continue
+		}
+		cctx, cancel := c.call(ctx)
+		err := c.cfg.Channel.Announce(cctx, p, cl)
+		cancel()
+		var ref *RefusalError
+		switch {
+		case err == nil:
+			taken++
+			answered++
+		case errors.As(err, &ref):
+			answered++
+		}
+		c.mu.Lock()
+		if err == nil {
+			c.stats.Announced++
+		} else {
+			c.stats.AnnounceErrs++
+		}
+		c.mu.Unlock()
+		if err != nil {
+			c.report(fmt.Errorf("claim: announce to %v: %w", p, err))
+		}
+	}
+	return taken, answered
+}

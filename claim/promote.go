@@ -1,0 +1,350 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vipkit/vipkit/transport"
+)
+
+// Handler is the members' channel's view of one VIP on a node: the server
+// (Server) decodes requests and calls it. Controller implements it. Errors
+// that are refusals (the sentinels of Policy.Accept and AcceptRelease)
+// become 409 with a reason; any other error means the node could not act.
+type Handler interface {
+	VIP() netip.Addr
+	// HandleClaim takes an announced claim from the peer at from.
+	HandleClaim(ctx context.Context, from netip.Addr, c *Claim) error
+	// HandleRelease releases the VIP on the other member's request: the
+	// address is dropped first, then (with a KV) the node's own lease is
+	// revoked, and only then does it answer, with the claim it held.
+	HandleRelease(ctx context.Context, from netip.Addr, r *Release) (*Claim, error)
+	// HandleEpoch returns the newest claim taken (nil: none).
+	HandleEpoch(ctx context.Context) (*Claim, error)
+}
+
+var _ Handler = (*Controller)(nil)
+
+// HandleClaim implements Handler: the claim is taken if Policy.Accept
+// allows it; a holder that takes another's newer claim drops the VIP and is
+// fenced; the VIP is routed to the new holder.
+func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if cl.VIP != c.cfg.VIP {
+		return fmt.Errorf("%w: claim for %v", ErrPairMismatch, cl.VIP)
+	}
+	if err := c.cfg.Policy.Accept(c.st.Held, c.st.Pair, cl, from); err != nil {
+		return err
+	}
+	self := c.cfg.Self
+	if cl.Holder == self {
+		// Our own claim, returned to us: nothing we did not know.
+		return fmt.Errorf("%w: own claim", ErrWrongSender)
+	}
+	was := c.st.Role(self)
+	c.st = c.st.Take(self, cl)
+	if was == RoleHolder {
+		c.fenceLocked()
+	}
+	c.saveLocked()
+	c.routeLocked(cl.Holder)
+	return nil
+}
+
+// HandleRelease implements Handler.
+func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Release) (*Claim, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	held := c.st.Held
+	if c.st.Released && held != nil && held.Holder == c.cfg.Self {
+		// A retried release: answer again, it has already happened.
+		if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
+		c.mu.Unlock()
+		return held, nil
+	}
+	if c.st.Role(c.cfg.Self) != RoleHolder {
+		c.mu.Unlock()
+		return nil, ErrNotHolder
+	}
+	if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.dropLocked()
+	c.st = c.st.Release()
+	c.lastRenew = time.Time{}
+	c.saveLocked()
+	lease := c.st.ReleasedLease
+	c.mu.Unlock()
+	if c.cfg.KV != nil && lease != 0 {
+		cctx, cancel := c.call(ctx)
+		err := c.cfg.KV.Revoke(cctx, lease)
+		cancel()
+		if err != nil && !errors.Is(err, ErrLeaseNotFound) {
+			return nil, fmt.Errorf("claim: release: revoke own lease: %w", err)
+		}
+		c.mu.Lock()
+		c.st = c.st.LeaseGone(lease)
+		c.saveLocked()
+		c.mu.Unlock()
+	}
+	return held, nil
+}
+
+// HandleEpoch implements Handler.
+func (c *Controller) HandleEpoch(ctx context.Context) (*Claim, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	return c.st.Held, nil
+}
+
+// PromoteOptions tunes Promote.
+type PromoteOptions struct {
+	// OldPrimaryGone declares the old primary gone: a promote whose holder
+	// does not answer the release goes on (without etcd: at once; with
+	// etcd: after its lease expires, never revoking it).
+	OldPrimaryGone bool
+}
+
+// PromoteResult says how a promote ended.
+type PromoteResult struct {
+	Claim *Claim // this node's claim now held
+	// ByController is set when this node's own controller claimed first
+	// after the release; this node holds the VIP all the same.
+	ByController bool
+	// AlreadyHeld is set when this node held the VIP before the promote.
+	AlreadyHeld bool
+	// Taken and Answered count the peers that took the claim and that
+	// answered at all (without etcd, the majority rule).
+	Taken, Answered int
+}
+
+// Promote makes this node the holder, on an operator's order; it is the
+// only way to clear a fence. With a KV: read the keys; ask the holder to
+// release (it drops the address and revokes its own lease); if it does not
+// answer, refuse unless OldPrimaryGone, and then wait for its lease to
+// expire, up to LeaseTTL plus ElectionTimeout; claim with the transaction;
+// announce. Without a KV: ask every peer for its epoch, ask the holder to
+// release for the next epoch, announce the claim, and carry only when a
+// majority of the peers that answered took it (ErrNoMajority otherwise,
+// carrying nothing).
+func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
+	if c.cfg.Key == nil {
+		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrConfig)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return PromoteResult{}, ErrClosed
+	}
+	c.st = c.st.Promote()
+	c.saveLocked()
+	c.mu.Unlock()
+	if c.cfg.KV == nil {
+		return c.promoteNoKV(ctx, o)
+	}
+	return c.promoteKV(ctx, o)
+}
+
+func (c *Controller) other() (Member, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st.Pair.Other(c.cfg.Self)
+}
+
+// askRelease asks the holder to release for next. It returns nil when the
+// holder released, a *RefusalError when it refused, ErrHolderUnreachable
+// (wrapping the cause) when it did not answer.
+func (c *Controller) askRelease(ctx context.Context, holder netip.Addr, next uint64) error {
+	if c.cfg.Channel == nil {
+		return fmt.Errorf("%w: no members' channel", ErrHolderUnreachable)
+	}
+	r, err := NewRelease(c.cfg.Key, c.cfg.Policy.Mesh, c.cfg.VIP, c.cfg.Self, next)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	_, err = c.cfg.Channel.Release(cctx, holder, r)
+	var ref *RefusalError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ref):
+		return err
+	default:
+		return fmt.Errorf("%w: %v: %w", ErrHolderUnreachable, holder, err)
+	}
+}
+
+func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
+	c.mu.Lock()
+	lease, ok := c.st.Lease, c.renewedLocked()
+	c.mu.Unlock()
+	if lease != 0 && ok {
+		return lease, nil
+	}
+	sent := c.clock.Now()
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	if lease != 0 {
+		if _, err := c.cfg.KV.KeepAliveOnce(cctx, lease); err == nil {
+			c.mu.Lock()
+			c.lastRenew = sent
+			c.armDropLocked()
+			c.mu.Unlock()
+			return lease, nil
+		}
+	}
+	id, _, err := c.cfg.KV.Grant(cctx, c.cfg.LeaseTTL)
+	if err != nil {
+		return 0, fmt.Errorf("claim: grant: %w", err)
+	}
+	c.mu.Lock()
+	c.st.Lease = id
+	c.lastRenew = sent
+	c.saveLocked()
+	c.armDropLocked()
+	c.mu.Unlock()
+	return id, nil
+}
+
+func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
+	read := func() (keyState, error) {
+		cctx, cancel := c.call(ctx)
+		defer cancel()
+		g, err := c.cfg.KV.Get(cctx, c.keys.Prefix, true)
+		if err != nil {
+			return keyState{}, fmt.Errorf("claim: read keys: %w", err)
+		}
+		return c.readKeys(g), nil
+	}
+	ks, err := read()
+	if err != nil {
+		return PromoteResult{}, err
+	}
+	c.apply(ks)
+	if ks.holderAlive && ks.holder.Holder == c.cfg.Self {
+		return PromoteResult{Claim: ks.holder, AlreadyHeld: true}, nil
+	}
+	if ks.holderAlive {
+		err := c.askRelease(ctx, ks.holder.Holder, ks.holder.Epoch+1)
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone:
+			// Wait for the old primary's lease to expire; never revoke it.
+			deadline := c.clock.Now().Add(c.cfg.LeaseTTL + c.cfg.ElectionTimeout)
+			for ks.holderAlive {
+				if !c.clock.Now().Before(deadline) {
+					return PromoteResult{}, ErrLeaseWait
+				}
+				if !transport.Sleep(c.clock, min(c.cfg.RenewInterval, deadline.Sub(c.clock.Now())), ctx.Done()) {
+					return PromoteResult{}, ctx.Err()
+				}
+				if ks, err = read(); err != nil {
+					return PromoteResult{}, err
+				}
+			}
+		default:
+			return PromoteResult{}, err
+		}
+		if ks, err = read(); err != nil {
+			return PromoteResult{}, err
+		}
+		c.apply(ks)
+	}
+	if ks.holderAlive && ks.holder.Holder == c.cfg.Self {
+		return PromoteResult{Claim: ks.holder, ByController: true}, nil
+	}
+	if _, err := c.ensureLease(ctx); err != nil {
+		return PromoteResult{}, err
+	}
+	// Take the counter's claim if we had not (the txn continues from it).
+	cl, err := c.claimTxn(ctx, ks)
+	if errors.Is(err, ErrCompareFailed) {
+		if ks2, rerr := read(); rerr == nil {
+			c.apply(ks2)
+			if ks2.holderAlive && ks2.holder.Holder == c.cfg.Self {
+				return PromoteResult{Claim: ks2.holder, ByController: true}, nil
+			}
+		}
+	}
+	if err != nil {
+		return PromoteResult{}, err
+	}
+	return PromoteResult{Claim: cl}, nil
+}
+
+func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
+	c.mu.Lock()
+	newest := c.st.Held
+	if c.st.Role(c.cfg.Self) == RoleHolder && c.carried {
+		c.mu.Unlock()
+		return PromoteResult{Claim: newest, AlreadyHeld: true}, nil
+	}
+	pair := c.st.Pair
+	c.mu.Unlock()
+	if c.cfg.Channel != nil {
+		for _, p := range c.cfg.Peers {
+			if p == c.cfg.Self {
+				continue
+			}
+			cctx, cancel := c.call(ctx)
+			cl, err := c.cfg.Channel.Epoch(cctx, p, c.cfg.VIP)
+			cancel()
+			if err != nil || cl == nil {
+				continue
+			}
+			c.mu.Lock()
+			verr := c.cfg.Policy.Verify(pair, cl, netip.Addr{})
+			c.mu.Unlock()
+			if verr == nil && cl.Newer(newest) {
+				newest = cl
+			}
+		}
+	}
+	var next uint64 = 1
+	if newest != nil {
+		next = newest.Epoch + 1
+		if newest.Holder != c.cfg.Self {
+			if err := c.askRelease(ctx, newest.Holder, next); err != nil {
+				if !(errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone) {
+					return PromoteResult{}, err
+				}
+			}
+		}
+	}
+	cl, err := NewClaim(c.cfg.Key, c.cfg.Self, next, pair)
+	if err != nil {
+		return PromoteResult{}, err
+	}
+	taken, answered := c.announce(ctx, cl)
+	res := PromoteResult{Taken: taken, Answered: answered}
+	if answered == 0 || taken*2 <= answered {
+		return res, fmt.Errorf("%w: %d of %d answering peers took epoch %d", ErrNoMajority, taken, answered, next)
+	}
+	c.mu.Lock()
+	c.st = c.st.Claimed(cl, 0)
+	c.stats.Claims++
+	c.saveLocked()
+	c.carryLocked()
+	c.mu.Unlock()
+	res.Claim = cl
+	return res, nil
+}

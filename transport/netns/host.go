@@ -166,9 +166,10 @@ func NewHost(ctx context.Context, name string) (*Host, error) {
 		if err := h.nl.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("netns: loopback up in %s: %w", name, err)
 		}
-		// No duplicate address detection on interfaces made later: their
-		// link-local addresses would stay tentative for a second or two, and
-		// neighbour discovery waits for them. Without IPv6 there is nothing
+		// No duplicate address detection on interfaces made later: an IPv6
+		// address added without IFA_F_NODAD (a link-local address, or a VIP
+		// that a test moves with netlink) would otherwise stay tentative,
+		// and unusable, for a second or more. Without IPv6 there is nothing
 		// to set.
 		for _, conf := range []string{"default", "all"} {
 			p := "/proc/sys/net/ipv6/conf/" + conf + "/accept_dad"
@@ -398,11 +399,16 @@ func (h *Host) onClose(f func() error) error {
 // Close.
 func (h *Host) OnClose(f func() error) error { return h.onClose(f) }
 
-// Close kills the host's child processes, closes its WireGuard devices and
-// TUNs, deletes the links it made (a veth's peer in another host goes with
-// it), runs OnClose functions, and unmounts and removes the namespace. It
-// returns the errors it met, joined; it is idempotent, and later calls
-// return nil.
+// Close tears down what was made in the host, newest first: child
+// processes are killed with their groups, WireGuard devices and TUNs closed,
+// links deleted (a veth's peer in another host goes with it), OnClose
+// functions run. Then it closes the host's netlink handle and unmounts and
+// removes the namespace. It returns the errors it met, joined; it is
+// idempotent, and later calls return nil.
+//
+// The kernel frees the namespace when nothing refers to it any more: a
+// socket opened with Do and never closed keeps it alive, nameless, until
+// it is closed (register its Close with OnClose).
 func (h *Host) Close() error {
 	h.mu.Lock()
 	if h.closed {

@@ -127,6 +127,13 @@ func (i Iface) Addr4() netip.Addr {
 	return netip.Addr{}
 }
 
+// AddrPort4 returns the interface's first IPv4 address with port, such as a
+// WireGuard endpoint.
+func (i Iface) AddrPort4(port uint16) netip.AddrPort { return netip.AddrPortFrom(i.Addr4(), port) }
+
+// AddrPort6 returns the interface's first IPv6 address with port.
+func (i Iface) AddrPort6(port uint16) netip.AddrPort { return netip.AddrPortFrom(i.Addr6(), port) }
+
 // Addr6 returns the interface's first IPv6 address, or the zero Addr.
 func (i Iface) Addr6() netip.Addr {
 	for _, p := range i.Addrs {

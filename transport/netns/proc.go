@@ -47,9 +47,11 @@ type ProcOptions struct {
 
 // Process is a child process running inside a Host's namespace, in a process
 // group of its own. It is killed with its whole group when the Host closes,
-// when the context given to Start is done, or by Kill; it also dies by
-// SIGKILL if the parent process dies (Pdeathsig). When it exits by itself,
-// whatever else is left in its group is killed too.
+// when the context given to Start is done, or by Kill; when it exits by
+// itself, whatever else is left in its group is killed too. If the parent
+// process dies without cleaning up (SIGKILL, a test timeout), the child
+// dies by SIGKILL (Pdeathsig), but processes it started itself survive
+// unless they set Pdeathsig too (those started with this package do).
 //
 // Its methods are safe for concurrent use.
 type Process struct {

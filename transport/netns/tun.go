@@ -4,7 +4,6 @@ package netns
 
 import (
 	"fmt"
-	"net/netip"
 
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/tun"
@@ -101,6 +100,3 @@ func (b *nsBind) Open(port uint16) (fns []conn.ReceiveFunc, actual uint16, err e
 	})
 	return fns, actual, err
 }
-
-// AddrPort4 is a convenience: the IPv4 address of iface with port.
-func (i Iface) AddrPort4(port uint16) netip.AddrPort { return netip.AddrPortFrom(i.Addr4(), port) }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -218,14 +219,18 @@ func TestAddressPlan(t *testing.T) {
 	}
 }
 
+var registerUnitChildren sync.Once
+
 func TestRunChild(t *testing.T) {
-	RegisterChild("unit-ok", func(_ context.Context, args []string) error {
-		if strings.Join(args, ",") != "x,y" {
-			return fmt.Errorf("args %q", args)
-		}
-		return nil
+	registerUnitChildren.Do(func() {
+		RegisterChild("unit-ok", func(_ context.Context, args []string) error {
+			if strings.Join(args, ",") != "x,y" {
+				return fmt.Errorf("args %q", args)
+			}
+			return nil
+		})
+		RegisterChild("unit-err", func(context.Context, []string) error { return errors.New("boom") })
 	})
-	RegisterChild("unit-err", func(context.Context, []string) error { return errors.New("boom") })
 	var stderr bytes.Buffer
 	if code := runChild("unit-ok", []string{"-test.run=^$", "--", "x", "y"}, &stderr); code != 0 {
 		t.Errorf("ok child: exit %d, %s", code, stderr.String())

@@ -95,9 +95,6 @@ func delta32(old, new uint32) uint32 {
 // addDelta composes two deltas.
 func addDelta(a, b uint32) uint32 { return fold32(a + b) }
 
-// invDelta returns the delta that undoes d.
-func invDelta(d uint32) uint32 { return uint32(^uint16(d)) }
-
 // adjust applies delta d to the checksum stored at b[0:2].
 func adjust(b []byte, d uint32) {
 	c := uint32(^binary.BigEndian.Uint16(b)) + d

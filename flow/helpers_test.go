@@ -222,7 +222,7 @@ func newFixture(t testing.TB, mods ...func(*Options)) *fixture {
 	return f
 }
 
-func (f *fixture) host(p []byte) Result  { return f.nat.FromHost(p, f.clock.Now()) }
+func (f *fixture) host(p []byte) Result            { return f.nat.FromHost(p, f.clock.Now()) }
 func (f *fixture) peer(id PeerID, p []byte) Result { return f.nat.FromPeer(p, id, f.clock.Now()) }
 
 func (f *fixture) takeOut() []emitted {

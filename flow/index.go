@@ -25,10 +25,7 @@ func (t tuple) dst() uint32          { return uint32(t.k0) }
 func (t tuple) sport() uint16        { return uint16(t.k1 >> 48) }
 func (t tuple) dport() uint16        { return uint16(t.k1 >> 32) }
 func (t tuple) proto() Proto         { return Proto(t.k1 >> 24) }
-func (t tuple) swapped() tuple       { return mkTuple(t.dst(), t.src(), t.dport(), t.sport(), t.proto()) }
 func (t tuple) ports() uint32        { return uint32(t.k1 >> 32) }
-func (t tuple) addrs() uint64        { return t.k0 }
-func (t tuple) isZero() bool         { return t.k1 == 0 && t.k0 == 0 }
 func (t tuple) withID(v uint64) ient { return ient{t.k0, t.k1 | v} }
 
 const (

@@ -3,7 +3,6 @@ package flow
 import (
 	"fmt"
 	"math/rand/v2"
-	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -99,15 +98,6 @@ func (m *model) expire(now time.Time) {
 func (m *model) active(proto Proto, cport uint16) *mBinding {
 	for _, b := range m.bs {
 		if !b.quarantined && b.proto == proto && b.cport == cport {
-			return b
-		}
-	}
-	return nil
-}
-
-func (m *model) byReply(proto Proto, be netip.AddrPort, shadow uint16) *mBinding {
-	for _, b := range m.bs {
-		if b.proto == proto && b.shadow == shadow && b.backend.AddrPort() == be {
 			return b
 		}
 	}

@@ -1,0 +1,371 @@
+package flow
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vipkit/vipkit/internal/testenv"
+)
+
+// requireOnlyDiffer checks that got differs from orig only at the allowed
+// byte offsets.
+func requireOnlyDiffer(t testing.TB, orig, got []byte, allowed map[int]bool, msg string) {
+	t.Helper()
+	require.Equal(t, len(orig), len(got), msg)
+	for i := range orig {
+		if orig[i] != got[i] && !allowed[i] {
+			t.Fatalf("%s: byte %d changed (%#x → %#x) outside the NAT's fields", msg, i, orig[i], got[i])
+		}
+	}
+}
+
+// natFields are the offsets a TCP/UDP translation may change.
+func natFields(pkt []byte) map[int]bool {
+	hl := IPv4(pkt).HeaderLen()
+	m := map[int]bool{10: true, 11: true}
+	for i := 12; i < 20; i++ {
+		m[i] = true
+	}
+	for i := range 4 {
+		m[hl+i] = true
+	}
+	if Proto(pkt[9]) == ProtoTCP {
+		m[hl+16], m[hl+17] = true, true
+	} else {
+		m[hl+6], m[hl+7] = true, true
+	}
+	return m
+}
+
+// icmpFields are the offsets an ICMP error translation may change.
+func icmpFields(pkt []byte) map[int]bool {
+	hl := IPv4(pkt).HeaderLen()
+	m := map[int]bool{10: true, 11: true, hl + 2: true, hl + 3: true}
+	for i := 12; i < 20; i++ {
+		m[i] = true
+	}
+	q := hl + 8
+	ihl := int(pkt[q]&0xf) * 4
+	for i := q + 10; i < q+20; i++ {
+		m[i] = true
+	}
+	for i := range 4 {
+		m[q+ihl+i] = true
+	}
+	if Proto(pkt[q+9]) == ProtoTCP {
+		m[q+ihl+16], m[q+ihl+17] = true, true
+	} else {
+		m[q+ihl+6], m[q+ihl+7] = true, true
+	}
+	return m
+}
+
+// randPacket builds a random packet of exactly size bytes, or reports false
+// when size is too small for proto (with hl header bytes).
+func randPacket(rng *rand.Rand, size int, proto Proto, src, dst netip.Addr, sport, dport uint16) ([]byte, bool) {
+	var opts []byte
+	if rng.IntN(4) == 0 {
+		// Router alert (copied) and NOPs.
+		opts = []byte{0x94, 4, 0, 0, 1, 1, 1, 1}[:4*(1+rng.IntN(2))]
+	}
+	hl := IPv4MinHeaderLen + len(opts)
+	min := hl + UDPHeaderLen
+	if proto == ProtoTCP {
+		min = hl + TCPMinHeaderLen
+	}
+	if size < min {
+		return nil, false
+	}
+	payload := make([]byte, size-min)
+	for i := range payload {
+		payload[i] = byte(rng.Uint32())
+	}
+	p := P{Src: src, Dst: dst, Proto: proto, Sport: sport, Dport: dport, Payload: payload, Options: opts,
+		ID: uint16(rng.Uint32()), DF: rng.IntN(2) == 0, TTL: uint8(1 + rng.IntN(255)),
+		Flags: TCPFlagACK | TCPFlagPSH, Seq: rng.Uint32(), Ack: rng.Uint32(), NoUDPCsum: rng.IntN(8) == 0}
+	pkt := p.Build()
+	pkt[1] = byte(rng.Uint32()) // TOS
+	IPv4(pkt).UpdateChecksum()
+	return pkt, true
+}
+
+func TestPropertyNATEverySize(t *testing.T) {
+	seed := testenv.Seed(t, 3)
+	rng := rand.New(rand.NewPCG(seed, 3))
+	const mtu = 1420
+	f := newFixture(t, func(o *Options) { o.Capacity = 1 << 14; o.MTU = mtu })
+	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
+	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be2}}))
+	hairTCP := Listener{VIP: vip2Addr, Proto: ProtoTCP, Port: 80}
+	hairUDP := Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}
+	require.NoError(t, f.nat.SetListener(hairTCP, ListenerConfig{Backends: []Backend{beLocal}}))
+	require.NoError(t, f.nat.SetListener(hairUDP, ListenerConfig{Backends: []Backend{beLocal}}))
+
+	sport := uint16(1024)
+	for size := 20; size <= mtu; size++ {
+		kind := rng.IntN(3)
+		proto := ProtoTCP
+		if kind == 1 {
+			proto = ProtoUDP
+		}
+		hair := rng.IntN(4) == 0
+		vip, vport := vipAddr, map[Proto]uint16{ProtoTCP: 443, ProtoUDP: 53}[proto]
+		if hair {
+			vip, vport = vip2Addr, 80
+		}
+		sport++
+		client := localAddr
+		if rng.IntN(3) == 0 {
+			client = netip.AddrFrom4([4]byte{100, 64, byte(rng.IntN(256)), byte(1 + rng.IntN(250))})
+		}
+		if kind == 2 {
+			icmpCase(t, f, rng, size, proto, client, sport, vip, vport, hair)
+			continue
+		}
+		pkt, ok := randPacket(rng, size, proto, client, vip, sport, vport)
+		if !ok {
+			// Too small for its protocol: dropped as truncated, untouched.
+			pkt = P{Src: client, Dst: vip, Proto: 0xfe, Payload: make([]byte, size-20)}.Build()
+			pkt[9] = byte(proto)
+			IPv4(pkt).UpdateChecksum()
+			orig := append([]byte(nil), pkt...)
+			r := f.host(pkt)
+			require.Equal(t, Drop, r.Verdict, "size %d", size)
+			require.Contains(t, []DropReason{ReasonTruncated, ReasonBadLength}, r.Reason)
+			require.Equal(t, orig, pkt)
+			continue
+		}
+		if proto == ProtoTCP {
+			// Open with a SYN first (same tuple) so the segment has a binding.
+			s := P{Src: client, Dst: vip, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: TCPFlagSYN, Seq: 1}.Build()
+			require.NotEqual(t, Drop, f.host(s).Verdict)
+		}
+		orig := append([]byte(nil), pkt...)
+		r := f.host(pkt)
+		if hair {
+			require.Equal(t, Reflect, r.Verdict, "size %d: %v", size, r.Reason)
+			require.Equal(t, vip, IPv4(pkt).Src())
+			require.Equal(t, localAddr, IPv4(pkt).Dst())
+		} else {
+			require.Equal(t, Forward, r.Verdict, "size %d: %v", size, r.Reason)
+			require.Equal(t, localAddr, IPv4(pkt).Src())
+		}
+		requireOnlyDiffer(t, orig, pkt, natFields(pkt), "ingress")
+		requireSums(t, pkt)
+
+		// The backend's reply, of the same size, through the reverse path.
+		rep, _ := randPacket(rng, size, proto, IPv4(pkt).Dst(), IPv4(pkt).Src(), binary.BigEndian.Uint16(pkt[IPv4(pkt).HeaderLen()+2:]), binary.BigEndian.Uint16(pkt[IPv4(pkt).HeaderLen():]))
+		origRep := append([]byte(nil), rep...)
+		if hair {
+			require.Equal(t, Reflect, f.host(rep).Verdict)
+		} else {
+			peer := be1.Peer
+			if proto == ProtoUDP {
+				peer = be2.Peer
+			}
+			require.Equal(t, Forward, f.peer(peer, rep).Verdict)
+		}
+		requireOnlyDiffer(t, origRep, rep, natFields(rep), "reverse")
+		requireSums(t, rep)
+		require.Equal(t, vip, IPv4(rep).Src())
+		require.Equal(t, client, IPv4(rep).Dst())
+		sp, dp := ports(rep)
+		require.Equal(t, vport, sp)
+		require.Equal(t, sport, dp)
+	}
+}
+
+// icmpCase sends a flow, then an ICMP error of exactly size bytes quoting
+// the translated packet, and checks the translation.
+func icmpCase(t *testing.T, f *fixture, rng *rand.Rand, size int, proto Proto, client netip.Addr, sport uint16, vip netip.Addr, vport uint16, hair bool) {
+	flags := uint8(0)
+	if proto == ProtoTCP {
+		flags = TCPFlagSYN
+	}
+	req := P{Src: client, Dst: vip, Proto: proto, Sport: sport, Dport: vport, Flags: flags, Seq: 9, Payload: make([]byte, 1380)}.Build()
+	origReq := append([]byte(nil), req...)
+	r := f.host(req)
+	require.Contains(t, []Verdict{Forward, Reflect}, r.Verdict)
+	qlen := size - IPv4MinHeaderLen - ICMPv4HeaderLen
+	if qlen < 0 {
+		// Not even an ICMP header.
+		pkt := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP}.Build()[:size]
+		binary.BigEndian.PutUint16(pkt[2:], uint16(size))
+		IPv4(pkt).UpdateChecksum()
+		require.Equal(t, Result{Verdict: Drop, Reason: ReasonTruncated}, f.peer(2, pkt))
+		return
+	}
+	typ, code := uint8(ICMPDestUnreachable), uint8(rng.IntN(16))
+	if rng.IntN(3) == 0 {
+		typ, code = ICMPTimeExceeded, 0
+	}
+	quote := append([]byte(nil), req[:min(qlen, len(req))]...)
+	src := IPv4(req).Dst()
+	icmp := P{Src: src, Dst: IPv4(req).Src(), Proto: ProtoICMP, ICMPType: typ, ICMPCode: code, Payload: quote}.Build()
+	orig := append([]byte(nil), icmp...)
+	var got Result
+	if hair {
+		got = f.host(icmp)
+	} else {
+		got = f.peer(r.Peer, icmp)
+	}
+	if qlen < IPv4MinHeaderLen+icmpMinQuotedL4 {
+		require.Equal(t, Result{Verdict: Drop, Reason: ReasonICMPQuote}, got, "size %d", size)
+		return
+	}
+	want := Forward
+	if hair {
+		want = Reflect
+	}
+	require.Equal(t, want, got.Verdict, "size %d: %v", size, got.Reason)
+	requireOnlyDiffer(t, orig, icmp, icmpFields(icmp), "icmp")
+	// The outer checksums equal a full recompute; the quote is what the
+	// client sent, truncated.
+	cp := append([]byte(nil), icmp...)
+	IPv4(cp).UpdateChecksum()
+	fixL4(cp, false)
+	require.Equal(t, cp, icmp, "size %d: checksums", size)
+	require.Equal(t, origReq[:len(quote)], []byte(ICMPv4(icmp[20:]).Quoted()), "size %d", size)
+	require.Equal(t, vip, IPv4(icmp).Src())
+	require.Equal(t, client, IPv4(icmp).Dst())
+}
+
+// reassemble naively puts fragments back together (test oracle).
+func reassemble(t testing.TB, frags [][]byte) []byte {
+	t.Helper()
+	var first []byte
+	data := map[int][]byte{}
+	total := -1
+	for _, f := range frags {
+		ip := IPv4(f)
+		require.NoError(t, ip.Validate())
+		off := ip.FragOffset()
+		data[off] = ip.Payload()
+		if off == 0 {
+			first = f
+		}
+		if !ip.MF() {
+			total = off + len(ip.Payload())
+		}
+	}
+	require.NotNil(t, first)
+	require.GreaterOrEqual(t, total, 0)
+	payload := make([]byte, 0, total)
+	for len(payload) < total {
+		d, ok := data[len(payload)]
+		require.True(t, ok, "gap at %d", len(payload))
+		payload = append(payload, d...)
+	}
+	hl := IPv4(first).HeaderLen()
+	dg := append(append([]byte(nil), first[:hl]...), payload...)
+	binary.BigEndian.PutUint16(dg[2:], uint16(len(dg)))
+	binary.BigEndian.PutUint16(dg[6:], binary.BigEndian.Uint16(dg[6:])&ipv4FlagDF)
+	IPv4(dg).UpdateChecksum()
+	return dg
+}
+
+// fragment splits pkt into fragments with at most chunk payload bytes each
+// (chunk a multiple of 8).
+func fragment(pkt []byte, chunk int) [][]byte {
+	hl := IPv4(pkt).HeaderLen()
+	payload := pkt[hl:]
+	var out [][]byte
+	for off := 0; off < len(payload); off += chunk {
+		end := min(off+chunk, len(payload))
+		f := append(append([]byte(nil), pkt[:hl]...), payload[off:end]...)
+		binary.BigEndian.PutUint16(f[2:], uint16(len(f)))
+		fo := uint16(off / 8)
+		if end < len(payload) {
+			fo |= ipv4FlagMF
+		}
+		binary.BigEndian.PutUint16(f[6:], fo)
+		IPv4(f).UpdateChecksum()
+		out = append(out, f)
+	}
+	return out
+}
+
+func TestPropertyLargeDatagrams(t *testing.T) {
+	seed := testenv.Seed(t, 4)
+	rng := rand.New(rand.NewPCG(seed, 4))
+	const mtu = 1420
+	f := newFixture(t, func(o *Options) { o.MTU = mtu; o.Capacity = 1 << 12 })
+	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}}))
+	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
+	sizes := []int{mtu + 1, 1500, 2000, 4096, 8972, 9000, 20000, 40000, 65535}
+	for i := 0; i < 20; i++ {
+		sizes = append(sizes, mtu+1+rng.IntN(IPv4MaxPacketLen-mtu-1))
+	}
+	for i, size := range sizes {
+		proto := ProtoUDP
+		if i%3 == 2 {
+			proto = ProtoTCP
+		}
+		sport := uint16(20000 + i)
+		vport := map[Proto]uint16{ProtoTCP: 443, ProtoUDP: 53}[proto]
+		if proto == ProtoTCP {
+			s := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: TCPFlagSYN, Seq: 1}.Build()
+			require.Equal(t, Forward, f.host(s).Verdict)
+		}
+		pkt, ok := randPacket(rng, size, proto, localAddr, vipAddr, sport, vport)
+		require.True(t, ok)
+		binary.BigEndian.PutUint16(pkt[6:], 0) // clear DF: the host fragmented it
+		IPv4(pkt).UpdateChecksum()
+		hl := IPv4(pkt).HeaderLen()
+		frags := fragment(pkt, (mtu-hl)&^7)
+		rng.Shuffle(len(frags), func(a, b int) { frags[a], frags[b] = frags[b], frags[a] })
+		for j, fr := range frags {
+			r := f.host(fr)
+			require.Equal(t, Consumed, r.Verdict, "size %d frag %d: %v", size, j, r.Reason)
+		}
+		out := f.takeOut()
+		var got [][]byte
+		for _, e := range out {
+			require.Equal(t, ToOverlay, e.dir)
+			require.LessOrEqual(t, len(e.pkt), mtu)
+			got = append(got, e.pkt)
+		}
+		dg := reassemble(t, got)
+		require.Equal(t, pkt[hl:][tcpOrUDPHeader(proto):], dg[hl:][tcpOrUDPHeader(proto):], "size %d: payload byte-identical", size)
+		requireOnlyDiffer(t, pkt, dg, natFields(dg), "large ingress")
+		requireSums(t, dg)
+		require.Equal(t, be1.Addr, IPv4(dg).Dst())
+
+		// The backend's large reply, fragmented by the backend.
+		rep, _ := randPacket(rng, size, proto, be1.Addr, localAddr, be1.Port, binary.BigEndian.Uint16(dg[hl:]))
+		binary.BigEndian.PutUint16(rep[6:], 0)
+		IPv4(rep).UpdateChecksum()
+		rhl := IPv4(rep).HeaderLen()
+		for _, fr := range fragment(rep, (mtu-rhl)&^7) {
+			require.Equal(t, Consumed, f.peer(be1.Peer, fr).Verdict)
+		}
+		out = f.takeOut()
+		got = got[:0]
+		for _, e := range out {
+			require.Equal(t, ToHost, e.dir)
+			require.LessOrEqual(t, len(e.pkt), mtu)
+			got = append(got, e.pkt)
+		}
+		rdg := reassemble(t, got)
+		requireOnlyDiffer(t, rep, rdg, natFields(rdg), "large reverse")
+		requireSums(t, rdg)
+		require.Equal(t, vipAddr, IPv4(rdg).Src())
+		sp, dp := ports(rdg)
+		require.Equal(t, vport, sp)
+		require.Equal(t, sport, dp)
+	}
+	st := f.nat.Stats()
+	require.Equal(t, uint64(2*len(sizes)), st.Reassembled)
+	require.Equal(t, 0, st.FragPending)
+	require.Equal(t, 0, st.FragBytes)
+}
+
+func tcpOrUDPHeader(p Proto) int {
+	if p == ProtoTCP {
+		return TCPMinHeaderLen
+	}
+	return UDPHeaderLen
+}

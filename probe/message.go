@@ -53,6 +53,7 @@ import (
 // Messages of any other length are malformed (ErrMalformed): a Responder
 // never sends more bytes than it received, so it cannot amplify.
 const (
+	// MessageLen is the size of a version 1 probe message, in bytes.
 	MessageLen = 24
 
 	// Version is the probe message version this package speaks.

@@ -344,7 +344,9 @@ func (p *Prober) nextExpiry(pe *peer) (time.Time, bool) {
 // id through the tunnel at now. A reply that matches an outstanding probe
 // (same session, sequence and nonce, before the probe expired) becomes an RTT
 // sample: the first sample sets the RTT, later ones move it by 1/8 (EWMA
-// 7/8 old + 1/8 new), and the peer's run of misses ends. Anything else is
+// 7/8 old + 1/8 new), and the peer's run of misses ends. A sample that
+// follows an expired one (older than StaleAfter) counts as a first sample:
+// an expired measurement does not weigh on the new one. Anything else is
 // counted as rejected, changes nothing and returns an error: ErrMalformed,
 // ErrVersion, ErrMessageType, ErrSession, ErrUnknownPeer or
 // ErrUnmatchedReply (late, duplicate, replayed, never sent, wrong nonce).
@@ -395,9 +397,10 @@ func (p *Prober) sample(pe *peer, rtt time.Duration, now time.Time) {
 	if rtt < 1 {
 		rtt = 1 // never zero: zero is the local backends' RTT
 	}
+	fresh := pe.hasRTT && now.Sub(pe.lastSample) < p.cfg.StaleAfter
 	pe.lastRTT = rtt
 	pe.lastSample = now
-	if !pe.hasRTT {
+	if !fresh { // the first sample, or the first after the old one expired, sets the RTT
 		pe.rtt, pe.hasRTT = rtt, true
 		return
 	}

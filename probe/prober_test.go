@@ -361,7 +361,7 @@ func TestProberModel(t *testing.T) {
 				}
 				h := hist[order[j]]
 				order = append(order[:j], order[j+1:]...)
-				if !have {
+				if !have || h.arrive.Sub(lastAt) >= cfg.StaleAfter {
 					rtt, have = h.arrive.Sub(h.at), true
 				} else {
 					rtt = (7*rtt + h.arrive.Sub(h.at)) / 8

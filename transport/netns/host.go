@@ -490,11 +490,14 @@ func ownerPID(name string) (int, bool) {
 		return 0, false
 	}
 	n, _, _ := strings.Cut(rest, "-")
-	if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+	// Only the canonical decimals that UniqueName writes: no sign, no
+	// leading zeros.
+	seq, err := strconv.ParseUint(n, 10, 64)
+	if err != nil || strconv.FormatUint(seq, 10) != n {
 		return 0, false
 	}
 	pid, err := strconv.Atoi(p)
-	if err != nil || pid <= 0 {
+	if err != nil || pid <= 0 || strconv.Itoa(pid) != p {
 		return 0, false
 	}
 	return pid, true

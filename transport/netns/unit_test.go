@@ -83,6 +83,10 @@ var ownerTable = []struct {
 	{"vk-0-1", 0, false},
 	{"vk--5-1", 0, false},
 	{"vk-x-1", 0, false},
+	{"vk-01-0", 0, false},
+	{"vk-+5-1", 0, false},
+	{"vk-5-01", 0, false},
+	{"vk-5-+1", 0, false},
 	{"other-42-1", 0, false},
 	{"vk-99999999999999999999-1", 0, false},
 }
@@ -110,7 +114,12 @@ func FuzzOwnerPID(f *testing.F) {
 			}
 			return
 		}
-		if pid <= 0 || !strings.HasPrefix(name, NamePrefix+strconv.Itoa(pid)+"-") {
+		// Accepted names are exactly what UniqueName makes for that pid:
+		// vk-<pid>-<n>[-label], in canonical decimals.
+		rest := strings.TrimPrefix(name, NamePrefix+strconv.Itoa(pid)+"-")
+		n, _, _ := strings.Cut(rest, "-")
+		seq, err := strconv.ParseUint(n, 10, 64)
+		if pid <= 0 || rest == name || err != nil || strconv.FormatUint(seq, 10) != n {
 			t.Fatalf("ownerPID(%q) = %d", name, pid)
 		}
 	})

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -234,5 +235,97 @@ func TestSimStaleAt10s(t *testing.T) {
 				t.Fatalf("at expiry: %+v, want reason %v", h, tc.staleWhy)
 			}
 		})
+	}
+}
+
+// TestSimSelectionFollowsPaths: three backends on peers 10, 20 and 30 ms
+// away (one way). The selector picks the nearest; when its path is cut the
+// choice moves to the next one at exactly the exclusion time, and moves
+// back when the first reply after the heal arrives.
+func TestSimSelectionFollowsPaths(t *testing.T) {
+	seed := testenv.Seed(t, 9)
+	clock := transporttest.NewManualClock()
+	net := transporttest.NewNetwork(clock, seed)
+	defer net.Close()
+	p := newProber(t, ProberConfig{Seed: SeedFrom(seed)})
+	client := netip.MustParseAddr("100.64.0.1")
+
+	type peerNode struct {
+		id   NodeID
+		addr netip.Addr
+		node *transporttest.Node
+	}
+	var peers []*peerNode
+	byAddr := map[netip.Addr]*peerNode{}
+	c := net.MustAddNode("client", transporttest.NodeOptions{Handler: func(pk transporttest.Packet) {
+		src, _, payload, err := ParseIPv4UDP(pk.Data)
+		if err != nil {
+			t.Errorf("client: %v", err)
+			return
+		}
+		if err := p.HandleReply(byAddr[src.Addr()].id, payload, clock.Now()); err != nil {
+			t.Errorf("client: %v", err)
+		}
+	}})
+	var bs []Backend
+	for i, lat := range []time.Duration{10, 20, 30} {
+		pn := &peerNode{id: nodeID(byte(10 + i)), addr: netip.AddrFrom4([4]byte{100, 64, 0, byte(2 + i)})}
+		var r Responder
+		pn.node = net.MustAddNode(fmt.Sprint("peer", i), transporttest.NodeOptions{Handler: func(pk transporttest.Packet) {
+			out, err := r.RespondIPv4(pk.Data, nil)
+			if err != nil {
+				t.Errorf("peer: %v", err)
+				return
+			}
+			_ = pn.node.Send(c.Addr(), out)
+		}})
+		_ = net.SetLinkBoth(c, pn.node, transporttest.LinkConfig{Latency: lat * time.Millisecond})
+		peers = append(peers, pn)
+		byAddr[pn.addr] = pn
+		_ = p.AddPeer(pn.id, clock.Now())
+		bs = append(bs, Backend{Node: pn.id, Proto: ProtoTCP, Addr: netip.AddrPortFrom(pn.addr, 443)})
+	}
+	drv := p.Drive(clock, func(pr Probe) {
+		for _, pn := range peers {
+			if pn.id == pr.Peer {
+				pkt, _ := pr.AppendIPv4(nil, client, pn.addr, DefaultPort)
+				_ = c.Send(pn.node.Addr(), pkt)
+			}
+		}
+	})
+	defer drv.Close()
+	sel := &Selector{Prober: p}
+	var st []Status
+	pick := func(d time.Duration) int {
+		clock.AdvanceTo(at(d))
+		var i int
+		st, i = sel.Select(bs, clock.Now(), st)
+		return i
+	}
+	if i := pick(5 * time.Millisecond); i != 0 || st[0].Reason != ReasonRTTUnknown {
+		t.Fatalf("before any sample: picked %d (%+v); ties among unknown RTTs go by node id", i, st)
+	}
+	if i := pick(30 * time.Millisecond); i != 0 || st[0].RTT != 20*time.Millisecond || st[2].Reason != ReasonRTTUnknown {
+		t.Fatalf("first sample in: picked %d %+v", i, st)
+	}
+	if i := pick(5 * time.Second); i != 0 {
+		t.Fatalf("picked %d", i)
+	}
+	clock.AdvanceTo(at(5500 * time.Millisecond))
+	net.CutBoth(c, peers[0].node)
+	// Probes at 6 s and 7 s are lost: excluded at 7 s + 3 s.
+	if i := pick(10*time.Second - 1); i != 0 {
+		t.Fatalf("moved early: %d", i)
+	}
+	if i := pick(10 * time.Second); i != 1 || st[0].Reason != ReasonProbeTimeout || st[1].RTT != 40*time.Millisecond {
+		t.Fatalf("at exclusion: picked %d %+v", i, st)
+	}
+	clock.AdvanceTo(at(12500 * time.Millisecond))
+	net.Heal()
+	if i := pick(13*time.Second + 20*time.Millisecond - 1); i != 1 {
+		t.Fatalf("returned before a reply: %d", i)
+	}
+	if i := pick(13*time.Second + 20*time.Millisecond); i != 0 || st[0].RTT != 20*time.Millisecond {
+		t.Fatalf("after the heal: picked %d %+v", i, st)
 	}
 }

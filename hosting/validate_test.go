@@ -71,7 +71,7 @@ func TestValidatorRulesInOrder(t *testing.T) {
 func TestValidatorSameMessageForEveryAgentFailure(t *testing.T) {
 	ctx := context.Background()
 	st := hosting.NewMemStore()
-	
+
 	msg := func(agent string, deleted bool) string {
 		_ = st.PutAgent(ctx, hosting.Agent{ID: agent, AccountID: other, Deleted: deleted})
 		err := hosting.Validator{}.Validate(ctx, hosting.Share{AccountID: account, Name: "n", Kind: hosting.KindTCP, TargetAddress: "h", TargetPort: 1, Hosts: hosting.NewHosts([]string{agent}, nil)}, st)

@@ -19,6 +19,9 @@ const BasePath = "/edge/management/v1"
 // DefaultMaxResponseBytes bounds the size of one answer the client reads.
 const DefaultMaxResponseBytes = 16 << 20
 
+// maxListItems bounds what one list call collects.
+const maxListItems = 100_000
+
 // pageLimit is the page size of list calls; the controller caps it at 500.
 const pageLimit = 500
 
@@ -176,7 +179,13 @@ func list[T any](ctx context.Context, c *Client, op, path, filter string) ([]T, 
 		if err != nil {
 			return nil, err
 		}
+		if m != nil && m.Pagination != nil && m.Pagination.Offset != int64(offset) {
+			return nil, fmt.Errorf("%w: %s: asked for offset %d, got page at %d", ErrProtocol, op, offset, m.Pagination.Offset)
+		}
 		all = append(all, page...)
+		if len(all) > maxListItems {
+			return nil, fmt.Errorf("%w: %s: more than %d objects", ErrProtocol, op, maxListItems)
+		}
 		offset += len(page)
 		if m == nil || m.Pagination == nil || len(page) == 0 || int64(offset) >= m.Pagination.TotalCount {
 			return all, nil

@@ -225,12 +225,7 @@ func TestDoPanicAndGoexit(t *testing.T) {
 // echoTCP listens on addr inside h and echoes one connection.
 func echoTCP(t *testing.T, h *Host, addr netip.Addr) netip.AddrPort {
 	t.Helper()
-	var ln net.Listener
-	err := h.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
-		return err
-	})
+	ln, err := h.Listen(context.Background(), "tcp", netip.AddrPortFrom(addr, 0).String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,13 +248,9 @@ func echoTCP(t *testing.T, h *Host, addr netip.Addr) netip.AddrPort {
 
 // dialEcho dials to from inside h, sends msg and checks the echo.
 func dialEcho(h *Host, to netip.AddrPort, msg []byte) error {
-	var c net.Conn
-	err := h.Do(func() error {
-		d := net.Dialer{Timeout: 5 * time.Second}
-		var err error
-		c, err = d.Dial("tcp", to.String())
-		return err
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := h.Dial(ctx, "tcp", to.String())
 	if err != nil {
 		return fmt.Errorf("dial %v from %s: %w", to, h, err)
 	}
@@ -366,16 +357,69 @@ func TestLAN(t *testing.T) {
 	if err := sw.Cut(NewHostT(t, "lan-stranger")); !errors.Is(err, ErrNotAttached) {
 		t.Errorf("Cut(unattached) = %v, want ErrNotAttached", err)
 	}
+
+	// UDP, host 1 to host 3 over IPv6, with ListenPacket in both.
+	ctx := context.Background()
+	srv, err := hosts[2].ListenPacket(ctx, "udp", netip.AddrPortFrom(ifs[2].Addr6(), 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cli, err := hosts[0].ListenPacket(ctx, "udp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.WriteTo([]byte("datagram"), srv.LocalAddr()); err != nil {
+		t.Fatal(err)
+	}
+	_ = srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 64)
+	n, from, err := srv.ReadFrom(buf)
+	if err != nil || string(buf[:n]) != "datagram" {
+		t.Fatalf("UDP over the LAN: %q, %v", buf[:n], err)
+	}
+	if got := netip.MustParseAddrPort(from.String()).Addr(); got != ifs[0].Addr6() {
+		t.Errorf("datagram came from %v, want %v", got, ifs[0].Addr6())
+	}
 }
 
-// dialEchoWithin is dialEcho with a deadline of d for the whole exchange.
+func TestSocketsNeedLiterals(t *testing.T) {
+	h := NewHostT(t, "literal")
+	ctx := context.Background()
+	if _, err := h.Dial(ctx, "tcp", "localhost:80"); !errors.Is(err, ErrNotLiteral) {
+		t.Errorf("Dial(localhost) = %v, want ErrNotLiteral", err)
+	}
+	if _, err := h.Listen(ctx, "tcp", "example.test:0"); !errors.Is(err, ErrNotLiteral) {
+		t.Errorf("Listen(name) = %v, want ErrNotLiteral", err)
+	}
+	if _, err := h.ListenPacket(ctx, "udp", "no-port"); err == nil {
+		t.Error("ListenPacket without a port accepted")
+	}
+	// Loopback inside the host works.
+	ln, err := h.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := h.Dial(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if raw, err := h.ListenPacket(ctx, "ip4:icmp", "127.0.0.1"); err != nil {
+		t.Errorf("raw ICMP socket: %v", err)
+	} else {
+		raw.Close()
+	}
+}
+
+// dialEchoWithin is dialEcho of one byte with a deadline of d for the
+// whole exchange.
 func dialEchoWithin(h *Host, to netip.AddrPort, d time.Duration) error {
-	var c net.Conn
-	err := h.Do(func() error {
-		var err error
-		c, err = (&net.Dialer{Timeout: d}).Dial("tcp", to.String())
-		return err
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	c, err := h.Dial(ctx, "tcp", to.String())
 	if err != nil {
 		return err
 	}

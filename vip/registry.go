@@ -629,3 +629,25 @@ func (r *Registry) notify(ids []ServiceID, local bool) {
 
 // Replica returns the crdt replica the Registry stores in.
 func (r *Registry) Replica() *crdt.Replica { return r.o.Replica }
+
+// Nodes returns the network's members as RegistryOptions.Nodes reports them.
+func (r *Registry) Nodes() []NodeInfo { return r.o.Nodes() }
+
+// Lookup resolves a name of the network's domain (the label only, such as
+// "api" of api.home) for DNS: node names first (they take precedence), then
+// routable services whose name is not in conflict.
+func (r *Registry) Lookup(name string) (netip.Addr, bool) {
+	for _, n := range r.o.Nodes() {
+		if n.Name == name && n.Addr.IsValid() {
+			return n.Addr, true
+		}
+	}
+	r.viewMu.RLock()
+	defer r.viewMu.RUnlock()
+	for _, v := range r.views {
+		if v.Name == name && v.NameConflict == "" && v.Routable {
+			return v.Addr, true
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -360,3 +360,23 @@ func TestMergedOverLimitLeftOutOfRouting(t *testing.T) {
 		}
 	}
 }
+
+func TestLookupForDNS(t *testing.T) {
+	tn := newTestNet(t, 2, 8)
+	ctx := context.Background()
+	r := tn.regs[0]
+	v, _ := r.Create(ctx, "api")
+	if a, ok := r.Lookup("api"); !ok || a != v.Addr {
+		t.Fatalf("api → %v %v, want %v", a, ok, v.Addr)
+	}
+	if a, ok := r.Lookup("server2"); !ok || a != tn.nodes[1].Addr {
+		t.Fatalf("node name → %v %v", a, ok)
+	}
+	if _, ok := r.Lookup("nope"); ok {
+		t.Fatal("unknown name resolved")
+	}
+	dns, err := NewDNSServer(DNSOptions{Domain: r.Network(), Lookup: r.Lookup})
+	if err != nil || dns == nil {
+		t.Fatal(err)
+	}
+}

@@ -13,7 +13,8 @@
 // socket, a TUN or a netlink socket for a host runs through Host.Do, which
 // locks a thread, switches it into the namespace, and switches it back (or
 // discards the thread if it cannot). Sockets keep their namespace for life,
-// so only their creation needs Do. wireguard-go opens its Bind from its own
+// so only their creation needs Do; Host.Dial, Host.Listen and
+// Host.ListenPacket do it for the common cases. wireguard-go opens its Bind from its own
 // goroutines, so a Bind for a device in a namespace is wrapped by Host.Bind.
 // A server with many goroutines that create sockets (an etcd member) belongs
 // in a child process: StartChild.

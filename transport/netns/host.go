@@ -233,7 +233,10 @@ func createNamespace(path string) (int, error) {
 	return r.fd, r.err
 }
 
-var runDirMu sync.Mutex
+var (
+	runDirMu    sync.Mutex
+	runDirReady bool // prepareRunDir succeeded once in this process
+)
 
 // prepareRunDir makes RunDir exist and be a shared mount point, as iproute2
 // does, so that namespace mounts propagate into mount namespaces made later
@@ -242,6 +245,9 @@ var runDirMu sync.Mutex
 func prepareRunDir() error {
 	runDirMu.Lock()
 	defer runDirMu.Unlock()
+	if runDirReady {
+		return nil
+	}
 	if err := os.MkdirAll(RunDir, 0o755); err != nil {
 		return fmt.Errorf("netns: %w", err)
 	}
@@ -257,6 +263,7 @@ func prepareRunDir() error {
 	for {
 		err := unix.Mount("", RunDir, "none", unix.MS_SHARED|unix.MS_REC, "")
 		if err == nil {
+			runDirReady = true
 			return nil
 		}
 		if !errors.Is(err, unix.EINVAL) || bound {

@@ -5,6 +5,8 @@ package netns
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"testing"
@@ -15,6 +17,7 @@ import (
 func TestMain(m *testing.M) {
 	RegisterChild("nsinfo", childNSInfo)
 	RegisterChild("mkns", childMakeNamespace)
+	RegisterChild("echo-server", childEchoServer)
 	DispatchChild()
 	code := m.Run()
 	if code == 0 {
@@ -111,4 +114,33 @@ func childMakeNamespace(ctx context.Context, args []string) error {
 	fmt.Printf("name=%s\n", h.Name())
 	<-ctx.Done()
 	return h.Close()
+}
+
+// childEchoServer listens on args[0] (its whole process is in the host's
+// namespace, so every goroutine's sockets are too), echoes every connection
+// on its own goroutine, prints "listening=ADDR" and "ready", and serves
+// until it is told to stop.
+func childEchoServer(ctx context.Context, args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("want one address, got %q", args)
+	}
+	ln, err := net.Listen("tcp", args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Printf("listening=%s\nready\n", ln.Addr())
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return nil
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	}
 }

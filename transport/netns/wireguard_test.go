@@ -3,6 +3,7 @@
 package netns
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -214,5 +215,31 @@ func TestStartWireGuardErrors(t *testing.T) {
 	ifs, err := h.Interfaces()
 	if err != nil || len(ifs) != 1 {
 		t.Errorf("interfaces after failed starts: %v, %v", ifs, err)
+	}
+}
+
+// TestWireGuardChildServer runs a multi-goroutine server as a child process
+// in one namespace (the pattern for an etcd member) and reaches it from the
+// other namespace through WireGuard, with several connections at once.
+func TestWireGuardChildServer(t *testing.T) {
+	a, b, _ := wgPair(t)
+	p := StartChildT(t, b.Host, "echo-server", netip.AddrPortFrom(OverlayAddr4(2).Addr(), 7000).String())
+	out := readyOutput(t, p)
+	if field(out, "listening") != "100.64.0.2:7000" {
+		t.Fatalf("server: %q", out)
+	}
+	errs := make(chan error, 4)
+	for i := range 4 {
+		go func() {
+			errs <- dialEcho(a.Host, netip.MustParseAddrPort("100.64.0.2:7000"), bytes.Repeat([]byte{byte(i)}, 64<<10))
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if err := p.Stop(context.Background()); err != nil {
+		t.Errorf("server exit after SIGTERM: %v", err)
 	}
 }

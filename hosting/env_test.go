@@ -35,7 +35,7 @@ func (p *recPub) Publish(ctx context.Context, e hosting.Event) error {
 }
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	fake  *zititest.Fake
 	proj  *hosting.Projection
 	svc   *hosting.Service
@@ -45,7 +45,7 @@ type env struct {
 	ctx   context.Context
 }
 
-func startFake(t *testing.T) *zititest.Fake {
+func startFake(t testing.TB) *zititest.Fake {
 	t.Helper()
 	f, err := zititest.Start(zititest.Options{})
 	if errors.Is(err, zititest.ErrNoSpec) {
@@ -58,7 +58,11 @@ func startFake(t *testing.T) *zititest.Fake {
 	return f
 }
 
-func newEnv(t *testing.T, st hosting.Store) *env {
+func newEnv(t *testing.T, st hosting.Store) *env { return newEnvTB(t, st) }
+
+func newEnvB(b *testing.B) *env { return newEnvTB(b, nil) }
+
+func newEnvTB(t testing.TB, st hosting.Store) *env {
 	t.Helper()
 	f := startFake(t)
 	if st == nil {

@@ -3,6 +3,7 @@ package hosting_test
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -345,4 +346,44 @@ func TestCompensationOnZitiFailure(t *testing.T) {
 	if len(got.Hosts.Passive) != 0 {
 		t.Fatalf("store kept the failed update")
 	}
+}
+
+// TestRoundTripAgainstFake is the spec's container test list, against the
+// fake controller over HTTP.
+func TestRoundTripAgainstFake(t *testing.T) {
+	e := newEnv(t, nil)
+	e.agents(account, "a1", "a2", "p1", "p2", "outsider")
+	s := e.create("db", []string{"a1", "a2"}, []string{"p1", "p2"})
+	z := e.zitiOf(s.ID)
+	// Both host.v1 bodies, health check included, stored exactly as sent.
+	if !reflect.DeepEqual(z.host.Data, e.proj.HostConfigData(s, "required")) || !reflect.DeepEqual(z.standby.Data, e.proj.HostConfigData(s, "default")) {
+		t.Fatalf("stored bodies differ:\n%v\n%v", z.host.Data, z.standby.Data)
+	}
+	// Every host can bind; an agent outside the lists cannot.
+	c := e.fake.Client()
+	for _, a := range []string{"a1", "a2", "p1", "p2", "outsider"} {
+		adv, err := c.PolicyAdvice(e.ctx, e.ident[a], z.service.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if adv.IsBindAllowed != (a != "outsider") {
+			t.Fatalf("%s: bind allowed = %v", a, adv.IsBindAllowed)
+		}
+	}
+	// Each passive has exactly one override for the service (zitiOf fails on two).
+	if len(z.override) != 2 {
+		t.Fatalf("overrides %v", z.override)
+	}
+	// Removing the last passives removes their overrides, then the standby config, with no 500.
+	s = e.patch(s.ID, nil, list())
+	e.checkModel(s)
+	// Deleting the share leaves no override on any agent identity.
+	s = e.patch(s.ID, nil, list("p1"))
+	if err := e.svc.Delete(e.ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.fake.Snapshot(); len(st.Overrides) != 0 {
+		t.Fatalf("overrides left: %v", st.Overrides)
+	}
+	e.no500()
 }

@@ -45,7 +45,9 @@ func TestMain(m *testing.M) {
 
 // pool returns a pool on a fresh database, migrated up to version to
 // ("" for all).
-func pool(t *testing.T, to string) *pgxpool.Pool {
+func pool(t *testing.T, to string) *pgxpool.Pool { return poolTB(t, to) }
+
+func poolTB(t testing.TB, to string) *pgxpool.Pool {
 	t.Helper()
 	if server == nil {
 		testenv.Skip(t, "PostgreSQL: %v", startErr)
@@ -72,7 +74,7 @@ func pool(t *testing.T, to string) *pgxpool.Pool {
 }
 
 func TestContract(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) hosting.Store { return pgstore.New(pool(t, ""), pgstore.Options{}) }, storetest.Options{Iterations: 60})
+	storetest.Run(t, func(t *testing.T) hosting.Store { return pgstore.New(pool(t, ""), pgstore.Options{}) }, storetest.Options{Iterations: 100})
 }
 
 func TestLockRefusesOtherIsolationLevels(t *testing.T) {

@@ -314,10 +314,20 @@ func concurrentCascades(t *testing.T, newStore func(t *testing.T) hosting.Store,
 		if i%2 == 1 {
 			active, passive = []string{a}, []string{b}
 		}
-		s, err := svc.Create(ctx, hosting.Share{AccountID: "acct", Name: "race", Kind: hosting.KindTCP, TargetAddress: "10.1.1.1", TargetPort: 22},
-			hosting.Update{Active: hosting.Of(active...), Passive: hosting.Of(passive...)})
-		if err != nil {
-			t.Fatal(err)
+		// Two shares hosted by both agents: each cascade locks both, in id
+		// order, so the two never deadlock.
+		var shares []hosting.Share
+		for k := 0; k < 2; k++ {
+			act, pas := active, passive
+			if k == 1 {
+				act, pas = []string{b, a}, nil
+			}
+			s, err := svc.Create(ctx, hosting.Share{AccountID: "acct", Name: "race", Kind: hosting.KindTCP, TargetAddress: "10.1.1.1", TargetPort: 22},
+				hosting.Update{Active: hosting.Of(act...), Passive: hosting.Of(pas...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			shares = append(shares, s)
 		}
 		for _, ag := range []string{a, b} {
 			if err := st.PutAgent(ctx, hosting.Agent{ID: ag, AccountID: "acct", Deleted: true}); err != nil {
@@ -337,12 +347,14 @@ func concurrentCascades(t *testing.T, newStore func(t *testing.T) hosting.Store,
 		if err := errors.Join(errs...); err != nil {
 			t.Fatalf("iteration %d: %v", i, err)
 		}
-		got, err := st.Get(ctx, s.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Live() {
-			t.Fatalf("iteration %d: share is live with hosts %+v", i, got.Hosts)
+		for _, s := range shares {
+			got, err := st.Get(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Live() {
+				t.Fatalf("iteration %d: share is live with hosts %+v", i, got.Hosts)
+			}
 		}
 		// A redelivery does nothing.
 		if evs, err := svc.RemoveDeletedAgent(ctx, a); err != nil || len(evs) != 0 {

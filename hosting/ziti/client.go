@@ -308,5 +308,12 @@ func (c *Client) ListTerminators(ctx context.Context, filter string) ([]Terminat
 	return list[Terminator](ctx, c, "listTerminators", "/terminators", filter)
 }
 
+// PolicyAdvice calls getIdentityPolicyAdvice for an identity and a service.
+func (c *Client) PolicyAdvice(ctx context.Context, identityID, serviceID string) (PolicyAdvice, error) {
+	var out PolicyAdvice
+	_, err := c.do(ctx, "getIdentityPolicyAdvice", http.MethodGet, idPath("/identities", identityID)+"/policy-advice/"+url.PathEscape(serviceID), nil, nil, http.StatusOK, &out)
+	return out, err
+}
+
 // IsNotFound reports whether err is a 404 of the controller.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }

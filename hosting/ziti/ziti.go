@@ -133,6 +133,15 @@ type ServiceConfig struct {
 	ConfigID  string `json:"configId"`
 }
 
+// PolicyAdvice is the controller's answer on whether an identity may dial
+// and bind a service (policyAdvice).
+type PolicyAdvice struct {
+	IdentityID    string `json:"identityId"`
+	ServiceID     string `json:"serviceId"`
+	IsBindAllowed bool   `json:"isBindAllowed"`
+	IsDialAllowed bool   `json:"isDialAllowed"`
+}
+
 // Terminator precedences (terminatorPrecedence).
 const (
 	PrecedenceRequired = "required"

@@ -596,6 +596,23 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			}
 		}
 		empty(w)
+	case "getIdentityPolicyAdvice":
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		ident, ok := f.idents[id]
+		if !ok {
+			f.notFound(w, id)
+			return
+		}
+		svcID := params["serviceId"]
+		if _, ok := f.services[svcID]; !ok {
+			f.notFound(w, svcID)
+			return
+		}
+		adv := map[string]any{"identityId": id, "serviceId": svcID,
+			"isBindAllowed": f.allowed(ident, svcID, ziti.PolicyBind), "isDialAllowed": f.allowed(ident, svcID, ziti.PolicyDial),
+			"identityRouterCount": 1, "serviceRouterCount": 1, "commonRouters": []any{}}
+		writeJSON(w, http.StatusOK, map[string]any{"data": adv, "meta": metaBody})
 	case "listTerminators":
 		f.list(w, r, "terminators", func() []any { return values(f.terms, termJSON) })
 	case "listServiceTerminators":
@@ -611,6 +628,30 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 	default:
 		f.writeError(w, http.StatusNotImplemented, codeNotImpl, "the fake controller does not implement "+op, "", params)
 	}
+}
+
+// allowed evaluates the service policies of type typ for an identity and
+// a service: roles "@id" name an object, "#attr" a role attribute, "#all"
+// everything; AnyOf needs one match, AllOf every attribute role.
+func (f *Fake) allowed(ident ziti.Identity, svcID, typ string) bool {
+	matches := func(roles []string, id string, attrs []string, semantic string) bool {
+		any, all := false, len(roles) > 0
+		for _, r := range roles {
+			ok := r == "#all" || r == "@"+id || strings.HasPrefix(r, "#") && slices.Contains(attrs, r[1:])
+			any = any || ok
+			all = all && ok
+		}
+		if semantic == ziti.AllOf {
+			return all
+		}
+		return any
+	}
+	for _, p := range f.policies {
+		if p.Type == typ && matches(p.ServiceRoles, svcID, nil, ziti.AnyOf) && matches(p.IdentityRoles, ident.ID, ident.RoleAttributes, p.Semantic) {
+			return true
+		}
+	}
+	return false
 }
 
 func nonNil(s []string) []string {

@@ -571,6 +571,16 @@ func TestProcessExitAndContext(t *testing.T) {
 	if _, err := h.Start(context.Background(), []string{"/nonexistent/program"}, ProcOptions{}); err == nil {
 		t.Error("Start(nonexistent) succeeded")
 	}
+
+	out, err := h.Run(context.Background(), "sh", "-c", "readlink /proc/self/ns/net; exit 3")
+	if want := fmt.Sprintf("net:[%d]\n", h.Inode()); string(out) != want || !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Errorf("Run = %q, %v; want %q and exit status 3", out, err, want)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := h.Run(ctx, "sleep", "1000"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run past its deadline = %v, want DeadlineExceeded", err)
+	}
 }
 
 // TestHelperFailingMidway is not a test by itself: TestCleanupAfterFailure
@@ -621,6 +631,9 @@ func TestCleanupAfterFailure(t *testing.T) {
 	}
 	if hosts == "" || pid == 0 {
 		t.Fatalf("no STATE line in helper output:\n%s", out)
+	}
+	if !bytes.Contains(out, []byte("netns: state of vk-")) || !bytes.Contains(out, []byte("ip neigh")) {
+		t.Errorf("the failed test did not log its hosts' state:\n%s", out)
 	}
 	left := listNS(t)
 	for _, n := range strings.Split(hosts, ",") {

@@ -84,6 +84,22 @@ func (h *Host) Start(ctx context.Context, argv []string, o ProcOptions) (*Proces
 	return h.start(ctx, argv[0], cmd, o)
 }
 
+// Run runs argv inside the host like Start, waits for it to exit (or for
+// ctx, which kills it), and returns its output (stdout and stderr
+// interleaved, the last 256 KiB) and its exit status as Wait reports it.
+func (h *Host) Run(ctx context.Context, argv ...string) ([]byte, error) {
+	p, err := h.Start(ctx, argv, ProcOptions{})
+	if err != nil {
+		return nil, err
+	}
+	<-p.Done()
+	out, _ := p.Output()
+	if err := ctx.Err(); err != nil && p.err != nil {
+		return out, fmt.Errorf("netns: %s in %s: %w (%w)", argv[0], h.name, err, p.err)
+	}
+	return out, p.err
+}
+
 // StartChild re-executes the running binary (normally the test binary) inside
 // the host's namespace and makes it run the function registered under name
 // with RegisterChild, with args. The binary must call DispatchChild first

@@ -6,8 +6,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vipkit/vipkit/internal/testenv"
 )
@@ -47,7 +50,36 @@ func NewHostT(t testing.TB, label string) *Host {
 			t.Errorf("netns: close %s: %v", h.name, err)
 		}
 	})
+	// Registered after Close, so it runs first: the host's state when the
+	// test failed.
+	t.Cleanup(func() {
+		if t.Failed() {
+			logState(t, h)
+		}
+	})
 	return h
+}
+
+// logState logs a host's addresses, routes and neighbours, for a failed
+// test, when the ip command is there.
+func logState(t testing.TB, h *Host) {
+	if _, err := exec.LookPath("ip"); err != nil || h.isClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, argv := range [][]string{
+		{"ip", "-d", "addr"},
+		{"ip", "route", "show", "table", "all"},
+		{"ip", "neigh"},
+	} {
+		out, err := h.Run(ctx, argv...)
+		if err != nil && len(out) == 0 {
+			t.Logf("netns: %s: %v", strings.Join(argv, " "), err)
+			continue
+		}
+		t.Logf("netns: state of %s: %s\n%s", h.name, strings.Join(argv, " "), out)
+	}
 }
 
 // ConnectT connects a and b with Connect and fails t on error. The link goes

@@ -1,0 +1,235 @@
+// Package storetest is the contract suite every crdt.Store implementation
+// passes: crdt.MemStore and pebblestore.Store run the same test bodies.
+//
+// An implementation's test calls Run with a Harness that opens the store
+// over durable data that outlives each opened store (a directory, a
+// MemStore's content) and can damage that data.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/vipkit/vipkit/crdt"
+)
+
+// Harness gives the suite one store implementation. Every function is
+// called with the store closed unless it says otherwise.
+type Harness struct {
+	// Open opens the store over the harness's durable data: the first
+	// call sees an empty store, later calls what was committed (a restart).
+	// A store that checks its format on open returns the refusal here.
+	Open func(t testing.TB) (crdt.Store, error)
+	// FailNextCommit makes the next Commit of the open store s fail midway
+	// (after part of its batch was written, before it was committed).
+	FailNextCommit func(t testing.TB, s crdt.Store)
+	// CorruptRecord changes bytes of the stored record of service id.
+	CorruptRecord func(t testing.TB, id crdt.ServiceID)
+	// SetVersion records format version v in the stored data.
+	SetVersion func(t testing.TB, v uint64)
+	// UnknownVersion is a version SetVersion can write that the store must
+	// refuse.
+	UnknownVersion uint64
+}
+
+var net = crdt.NetworkID{0x73, 0x74}
+
+func key(i int) ed25519.PrivateKey {
+	seed := bytes.Repeat([]byte{byte(i + 1)}, 32)
+	return ed25519.NewKeyFromSeed(seed)
+}
+
+func member(i int) crdt.AuthorID {
+	var a crdt.AuthorID
+	copy(a[:], key(i).Public().(ed25519.PublicKey))
+	return a
+}
+
+func svc(i int) crdt.ServiceID { return crdt.ServiceID{0xee, byte(i)} }
+
+func mustOpen(t testing.TB, h Harness) crdt.Store {
+	t.Helper()
+	st, err := h.Open(t)
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	return st
+}
+
+func open(t testing.TB, st crdt.Store, signer int) *crdt.Replica {
+	t.Helper()
+	r, err := crdt.Open(context.Background(), crdt.Config{
+		Network: net, Signer: key(signer), Members: []crdt.AuthorID{member(0), member(1)}, Store: st})
+	if err != nil {
+		t.Fatalf("crdt.Open: %v", err)
+	}
+	return r
+}
+
+// state is everything observable of a replica.
+func state(r *crdt.Replica) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "lamport %d counters %d %d\n", r.Lamport(), r.Counter(member(0)), r.Counter(member(1)))
+	for _, s := range r.Services() {
+		enc, _ := r.EncodedSnapshot(s.ID)
+		fmt.Fprintf(&b, "%s deleted=%v rev=%d %x\n", s.ID, s.Deleted, s.Revision, enc)
+	}
+	return b.String()
+}
+
+// populate makes a few services, one deleted, and a merged remote edit.
+func populate(t testing.TB, r *crdt.Replica) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if _, err := r.Edit(ctx, svc(i), crdt.NoRevision,
+			crdt.Edit{Key: "name", Value: []byte(fmt.Sprint("svc", i))}, crdt.Edit{Key: "port", Value: []byte("443")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := r.Delete(ctx, svc(2), crdt.AnyRevision); err != nil {
+		t.Fatal(err)
+	}
+	f := crdt.Field{Network: net, Service: svc(0), Key: "remote", HasValue: true, Value: []byte("x"), Lamport: 40, Counter: 7}
+	crdt.Sign(key(1), &f)
+	if _, err := r.MergeFields(ctx, []crdt.Field{f}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Run runs the contract suite.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	ctx := context.Background()
+	t.Run("Empty", func(t *testing.T) {
+		h := newHarness(t)
+		st := mustOpen(t, h)
+		recs, err := st.Load(ctx)
+		if err != nil || recs.Meta != nil || len(recs.Services) != 0 {
+			t.Fatalf("empty store: %+v %v", recs, err)
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("Records", func(t *testing.T) {
+		h := newHarness(t)
+		st := mustOpen(t, h)
+		b := crdt.Batch{Meta: []byte("m1"), Put: []crdt.Record{{Service: svc(2), Data: []byte("two")}, {Service: svc(1), Data: []byte("one")}}}
+		if err := st.Commit(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		b.Put[0].Data[0] = 'X' // the store keeps its own copy
+		if err := st.Commit(ctx, crdt.Batch{Put: []crdt.Record{{Service: svc(3), Data: []byte("three")}}, Delete: []crdt.ServiceID{svc(2)}}); err != nil {
+			t.Fatal(err)
+		}
+		check := func(st crdt.Store) {
+			recs, err := st.Load(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(recs.Meta) != "m1" || len(recs.Services) != 2 ||
+				recs.Services[0].Service != svc(1) || string(recs.Services[0].Data) != "one" ||
+				recs.Services[1].Service != svc(3) || string(recs.Services[1].Data) != "three" {
+				t.Fatalf("records: %+v", recs)
+			}
+		}
+		check(st)
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Load(ctx); !errors.Is(err, crdt.ErrClosed) {
+			t.Fatalf("load after close: %v", err)
+		}
+		if err := st.Commit(ctx, crdt.Batch{}); !errors.Is(err, crdt.ErrClosed) {
+			t.Fatalf("commit after close: %v", err)
+		}
+		st = mustOpen(t, h)
+		check(st)
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := st.Commit(cctx, crdt.Batch{Meta: []byte("m2")}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("canceled commit: %v", err)
+		}
+		check(st)
+		_ = st.Close()
+	})
+	t.Run("ReopenSameState", func(t *testing.T) {
+		h := newHarness(t)
+		r := open(t, mustOpen(t, h), 0)
+		populate(t, r)
+		want := state(r)
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r = open(t, mustOpen(t, h), 0)
+		if got := state(r); got != want {
+			t.Fatalf("reopened state differs:\n got %s\nwant %s", got, want)
+		}
+		// The counter continues where it was.
+		fs, err := r.Edit(ctx, svc(1), crdt.AnyRevision, crdt.Edit{Key: "more"})
+		if err != nil || fs[0].Counter != r.Counter(member(0)) || fs[0].Counter != 8 {
+			t.Fatalf("counter after reopen: %v %v", fs, err)
+		}
+		_ = r.Close()
+	})
+	t.Run("FailedCommitKeepsOldState", func(t *testing.T) {
+		h := newHarness(t)
+		st := mustOpen(t, h)
+		r := open(t, st, 0)
+		populate(t, r)
+		want := state(r)
+		h.FailNextCommit(t, st)
+		_, err := r.Edit(ctx, svc(0), crdt.AnyRevision, crdt.Edit{Key: "a"}, crdt.Edit{Key: "b"})
+		if err == nil {
+			t.Fatal("failed commit reported success")
+		}
+		if got := state(r); got != want {
+			t.Fatal("failed commit changed the replica")
+		}
+		_ = r.Close()
+		r = open(t, mustOpen(t, h), 0)
+		if got := state(r); got != want {
+			t.Fatalf("failed commit changed the store:\n got %s\nwant %s", got, want)
+		}
+		_ = r.Close()
+	})
+	t.Run("CorruptRecordFailsOpen", func(t *testing.T) {
+		h := newHarness(t)
+		r := open(t, mustOpen(t, h), 0)
+		populate(t, r)
+		_ = r.Close()
+		h.CorruptRecord(t, svc(1))
+		st := mustOpen(t, h)
+		_, err := crdt.Open(ctx, crdt.Config{Network: net, Store: st})
+		if !errors.Is(err, crdt.ErrCorrupt) {
+			t.Fatalf("open of a corrupt record: %v", err)
+		}
+		_ = st.Close()
+		// Still refused: nothing was reset.
+		st = mustOpen(t, h)
+		if _, err := crdt.Open(ctx, crdt.Config{Network: net, Store: st}); !errors.Is(err, crdt.ErrCorrupt) {
+			t.Fatalf("second open: %v", err)
+		}
+		_ = st.Close()
+	})
+	t.Run("UnknownVersionFailsOpen", func(t *testing.T) {
+		h := newHarness(t)
+		r := open(t, mustOpen(t, h), 0)
+		populate(t, r)
+		_ = r.Close()
+		h.SetVersion(t, h.UnknownVersion)
+		st, err := h.Open(t)
+		if err == nil {
+			_, err = crdt.Open(ctx, crdt.Config{Network: net, Store: st})
+			_ = st.Close()
+		}
+		if !errors.Is(err, crdt.ErrUnknownVersion) {
+			t.Fatalf("unknown version: %v", err)
+		}
+	})
+}
+

@@ -54,7 +54,12 @@ func startFake(t testing.TB) *zititest.Fake {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(f.Close)
+	t.Cleanup(func() {
+		f.Close()
+		for _, err := range f.BadAnswers() {
+			t.Errorf("the fake answered outside the specification: %v", err)
+		}
+	})
 	return f
 }
 

@@ -74,17 +74,18 @@ type Fake struct {
 	spec    *Spec
 	session string
 
-	mu        sync.Mutex
-	seq       int
-	ctypes    map[string]ziti.ConfigType
-	configs   map[string]ziti.Config
-	services  map[string]ziti.Service
-	policies  map[string]ziti.ServicePolicy
-	idents    map[string]ziti.Identity
-	overrides map[string]map[[2]string]string // identity → (service, config type) → config
-	terms     map[string]ziti.Terminator
-	calls     []Call
-	fail      map[string][]int // operationId → statuses to answer next
+	mu         sync.Mutex
+	seq        int
+	ctypes     map[string]ziti.ConfigType
+	configs    map[string]ziti.Config
+	services   map[string]ziti.Service
+	policies   map[string]ziti.ServicePolicy
+	idents     map[string]ziti.Identity
+	overrides  map[string]map[[2]string]string // identity → (service, config type) → config
+	terms      map[string]ziti.Terminator
+	calls      []Call
+	fail       map[string][]int // operationId → statuses to answer next
+	badAnswers []error
 }
 
 // Start loads the specification (once per process) and starts a fake on a
@@ -324,14 +325,38 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	f.dispatch(rec, r, op, params, body)
+	// The fake's own answers must satisfy the specification too.
+	rin := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: rec.status, Header: w.Header(),
+		Body: io.NopCloser(bytes.NewReader(rec.body.Bytes())), Options: &openapi3filter.Options{}}
+	// A status the specification does not list (the controller's 500
+	// "config is in use by identity") is not checked.
+	rerr := openapi3filter.ValidateResponse(r.Context(), rin)
 	f.mu.Lock()
 	f.calls = append(f.calls, Call{Method: r.Method, OperationID: op, Path: path, Body: string(body), Status: rec.status})
+	if rerr != nil {
+		f.badAnswers = append(f.badAnswers, fmt.Errorf("%s %s → %d: %w", op, path, rec.status, rerr))
+	}
 	f.mu.Unlock()
 }
 
 type recorder struct {
 	http.ResponseWriter
 	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.body.Write(b)
+	return r.ResponseWriter.Write(b)
+}
+
+// BadAnswers returns the fake's own answers that did not satisfy the
+// specification's response schemas (a bug of the fake); tests assert it
+// is empty.
+func (f *Fake) BadAnswers() []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.badAnswers)
 }
 
 func (r *recorder) WriteHeader(s int) {
@@ -794,6 +819,12 @@ func policyJSON(p ziti.ServicePolicy) any {
 func identJSON(i ziti.Identity) any {
 	m := base(i.ID, i.Tags, "identities")
 	m["name"], m["roleAttributes"] = i.Name, nonNil(i.RoleAttributes)
+	m["type"], m["typeId"] = map[string]any{"id": "Default", "name": "Default", "entity": "identity-types"}, "Default"
+	m["isDefaultAdmin"], m["isAdmin"], m["hasEdgeRouterConnection"], m["hasApiSession"], m["isMfaEnabled"], m["disabled"] = false, false, true, true, false, false
+	m["authenticators"], m["enrollment"], m["envInfo"], m["sdkInfo"] = map[string]any{}, map[string]any{}, map[string]any{}, map[string]any{}
+	m["edgeRouterConnectionStatus"] = "online"
+	m["serviceHostingPrecedences"], m["serviceHostingCosts"], m["defaultHostingCost"] = map[string]any{}, map[string]any{}, 0
+	m["authPolicyId"], m["authPolicy"], m["externalId"], m["permissions"] = "default", map[string]any{"id": "default", "entity": "auth-policies"}, nil, []string{}
 	return m
 }
 

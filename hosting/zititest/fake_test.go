@@ -250,3 +250,35 @@ func TestListPaging(t *testing.T) {
 		t.Fatalf("%d %v", len(all), err)
 	}
 }
+
+func TestFakeAnswersSatisfyTheSpec(t *testing.T) {
+	f, c := start(t)
+	ctx := context.Background()
+	ct := hostType(t, c)
+	cfg, err := c.CreateConfig(ctx, ziti.ConfigCreate{Name: "h", ConfigTypeID: ct, Data: map[string]any{"port": 1}, Tags: ziti.Tags{"k": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := c.CreateService(ctx, ziti.ServiceCreate{Name: "s", Configs: []string{cfg}, EncryptionRequired: true})
+	pol, _ := c.CreateServicePolicy(ctx, ziti.ServicePolicyCreate{Name: "p", Type: ziti.PolicyBind, Semantic: ziti.AnyOf, ServiceRoles: []string{"@" + svc}, IdentityRoles: []string{"#agent | a"}})
+	ident := f.AddIdentity("a")
+	f.AddTerminator(svc, ident, "required")
+	_ = c.AssignServiceConfigs(ctx, ident, []ziti.ServiceConfig{{ServiceID: svc, ConfigID: cfg}})
+	_, _ = c.ListConfigs(ctx, "")
+	_, _ = c.ListServices(ctx, "")
+	_, _ = c.ListServicePolicies(ctx, "")
+	_, _ = c.ListIdentities(ctx, "")
+	_, _ = c.ListServiceConfigs(ctx, ident)
+	_, _ = c.ListTerminators(ctx, "")
+	_, _ = c.PolicyAdvice(ctx, ident, svc)
+	_ = c.PatchServicePolicy(ctx, pol, ziti.ServicePolicyPatch{IdentityRoles: &[]string{}})
+	_ = c.DeleteConfig(ctx, cfg) // 500: in use
+	_ = c.DeleteService(ctx, svc)
+	_ = c.DeleteConfig(ctx, "missing") // 404
+	for _, path := range []string{"/configs/" + cfg, "/services/" + svc, "/service-policies/" + pol, "/identities/" + ident} {
+		raw(t, f, "GET", path, "", true)
+	}
+	for _, err := range f.BadAnswers() {
+		t.Error(err)
+	}
+}

@@ -43,9 +43,14 @@ var _ Ziti = (*ziti.Client)(nil)
 // Tag keys and values on Ziti objects. Share objects never carry
 // TagAgentID: a tag holds one value and the hosts are on the rows. Only an
 // agent's identity carries it.
+//
+// The keys the projection filters on (TagFrontdoor, TagShare) are letters
+// only, because the controller's filter language (ZitiQL) allows no dash
+// or digit in an identifier. TagObject and TagAgentID are never filtered
+// on: they are checked on the objects a filter returned.
 const (
-	TagFrontdoor   = "frontdoor-id"     // the frontdoor id
-	TagShare       = "frontdoor-share"  // the share id
+	TagFrontdoor   = "frontdoorId"      // the frontdoor id
+	TagShare       = "frontdoorShareId" // the share id
 	TagObject      = "frontdoor-object" // TagStandbyHost on the standby config
 	TagStandbyHost = "standby-host"
 	TagAgentID     = "agent-id" // on an agent's identity: the agent id
@@ -177,8 +182,12 @@ func (p *Projection) standbyTags(s Share) ziti.Tags {
 	return t
 }
 
-// AgentRole is the bind policy's identity role of an agent.
-func AgentRole(agent string) string { return "#agent | " + agent }
+// AgentAttribute is the role attribute of an agent's identity.
+func AgentAttribute(agent string) string { return "agent | " + agent }
+
+// AgentRole is the bind policy's identity role of an agent:
+// "#agent | <id>".
+func AgentRole(agent string) string { return "#" + AgentAttribute(agent) }
 
 // PortCheckAddress is the address of the port check: host:port, with an
 // IPv6 literal in brackets.
@@ -244,9 +253,11 @@ func (p *Projection) hostConfigType(ctx context.Context) (string, error) {
 }
 
 // identity finds the identity of an agent by its agent-id tag; "" when it
-// has none.
+// has none. The filter selects the identities with the agent's role
+// attribute (the one the bind policy names), as ZitiQL cannot name the
+// dashed tag key; the tag then decides.
 func (p *Projection) identity(ctx context.Context, agent string) (string, error) {
-	ids, err := p.z.ListIdentities(ctx, ziti.Eq("tags."+TagAgentID, agent))
+	ids, err := p.z.ListIdentities(ctx, ziti.AnyOfEq("roleAttributes", AgentAttribute(agent)))
 	if err != nil {
 		return "", err
 	}

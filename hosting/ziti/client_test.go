@@ -96,7 +96,7 @@ func TestNewRefusesBadURLs(t *testing.T) {
 }
 
 func TestQuote(t *testing.T) {
-	if got := ziti.Eq("tags.agent-id", `a"b\c`); got != `tags.agent-id = "a\"b\\c"` {
+	if got := ziti.Eq("tags.agentId", `a"b\c`); got != `tags.agentId = "a\"b\\c"` {
 		t.Fatalf("got %s", got)
 	}
 }

@@ -225,7 +225,9 @@ func (e *APIError) Unwrap() error {
 	return ErrProtocol
 }
 
-// Quote returns s as a string literal of the controller's filter language.
+// Quote returns s as a string literal of the controller's filter language
+// (ZitiQL). Filter identifiers (field names, tag keys) are letters and
+// underscores, dot-separated: a tag key with a dash cannot be filtered on.
 func Quote(s string) string {
 	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	return `"` + r.Replace(s) + `"`
@@ -233,6 +235,10 @@ func Quote(s string) string {
 
 // Eq returns the filter clause field = "value".
 func Eq(field, value string) string { return field + " = " + Quote(value) }
+
+// AnyOfEq returns the filter clause anyOf(field) = "value": some element of
+// the list field equals value.
+func AnyOfEq(field, value string) string { return "anyOf(" + field + ") = " + Quote(value) }
 
 // And joins filter clauses with "and".
 func And(clauses ...string) string { return strings.Join(clauses, " and ") }

@@ -245,7 +245,7 @@ func TestListPaging(t *testing.T) {
 	if st != 200 || pg["totalCount"] != float64(5) || pg["offset"] != float64(4) {
 		t.Fatalf("%d %+v", st, env.Meta)
 	}
-	all, err := c.ListIdentities(ctx, ziti.Eq("tags.agent-id", "same"))
+	all, err := c.ListIdentities(ctx, ziti.AnyOfEq("roleAttributes", "agent | same"))
 	if err != nil || len(all) != 5 {
 		t.Fatalf("%d %v", len(all), err)
 	}

@@ -12,9 +12,11 @@ var ErrFilter = errors.New("zititest: bad filter")
 // maxFilterLength bounds a filter, as the controller bounds a query.
 const maxFilterLength = 4096
 
-// Clause is one comparison of a filter: Field = Value or Field != Value.
+// Clause is one comparison of a filter: Field = Value or Field != Value,
+// or, with AnyOf, anyOf(Field) = Value (some element of a list field).
 type Clause struct {
 	Field string
+	AnyOf bool
 	Not   bool
 	Value string
 }
@@ -23,15 +25,17 @@ type Clause struct {
 // matches everything.
 type Filter []Clause
 
-// ParseFilter parses the subset of the controller's filter language that
-// the fake understands:
+// ParseFilter parses the subset of the controller's filter language
+// (ZitiQL) that the fake understands, with ZitiQL's lexical rules:
 //
-//	filter = clause { "and" clause }
-//	clause = field ( "=" | "!=" ) string
-//	field  = letter { letter | digit | "_" | "-" | "." }
-//	string = '"' { char | '\"' | '\\' } '"'
+//	filter = clause { WS+ "and" WS+ clause }
+//	clause = lhs WS* ( "=" | "!=" ) WS* string
+//	lhs    = ident | "anyOf(" ident ")"
+//	ident  = part { "." part }, part = letter { letter | "_" }
+//	string = '"' { char | '\' ( '"' | '\' ) } '"'   (no control characters)
 //
-// Anything else is ErrFilter (the controller's INVALID_FILTER).
+// So a tag key with a dash or a digit cannot be filtered on, as on the
+// controller. Anything else is ErrFilter (the controller's INVALID_FILTER).
 func ParseFilter(s string) (Filter, error) {
 	if len(s) > maxFilterLength {
 		return nil, fmt.Errorf("%w: longer than %d bytes", ErrFilter, maxFilterLength)
@@ -48,12 +52,18 @@ func ParseFilter(s string) (Filter, error) {
 			return nil, err
 		}
 		out = append(out, c)
+		before := p.i
 		p.ws()
 		if p.eof() {
 			return out, nil
 		}
-		if !p.keyword("and") {
+		if p.i == before || !p.keyword("and") {
 			return nil, fmt.Errorf("%w: want \"and\" at offset %d", ErrFilter, p.i)
+		}
+		if !p.eof() && isWS(p.s[p.i]) {
+			p.ws()
+		} else {
+			return nil, fmt.Errorf("%w: want a clause after \"and\" at offset %d", ErrFilter, p.i)
 		}
 	}
 }
@@ -65,8 +75,10 @@ type parser struct {
 
 func (p *parser) eof() bool { return p.i >= len(p.s) }
 
+func isWS(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
 func (p *parser) ws() {
-	for !p.eof() && (p.s[p.i] == ' ' || p.s[p.i] == '\t' || p.s[p.i] == '\n') {
+	for !p.eof() && isWS(p.s[p.i]) {
 		p.i++
 	}
 }
@@ -74,7 +86,7 @@ func (p *parser) ws() {
 func (p *parser) keyword(k string) bool {
 	if strings.HasPrefix(strings.ToLower(p.s[p.i:]), k) {
 		end := p.i + len(k)
-		if end < len(p.s) && p.s[end] != ' ' {
+		if end < len(p.s) && !isWS(p.s[end]) {
 			return false
 		}
 		p.i = end
@@ -85,23 +97,38 @@ func (p *parser) keyword(k string) bool {
 
 func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
-func (p *parser) clause() (Clause, error) {
-	var c Clause
-	p.ws()
+func (p *parser) ident() (string, error) {
 	start := p.i
-	if p.eof() || !isLetter(p.s[p.i]) {
-		return c, fmt.Errorf("%w: want a field at offset %d", ErrFilter, p.i)
-	}
-	for !p.eof() {
-		b := p.s[p.i]
-		if !(isLetter(b) || b >= '0' && b <= '9' || b == '_' || b == '-' || b == '.') {
-			break
+	for {
+		if p.eof() || !isLetter(p.s[p.i]) {
+			return "", fmt.Errorf("%w: want an identifier at offset %d", ErrFilter, p.i)
+		}
+		for !p.eof() && (isLetter(p.s[p.i]) || p.s[p.i] == '_') {
+			p.i++
+		}
+		if p.eof() || p.s[p.i] != '.' {
+			return p.s[start:p.i], nil
 		}
 		p.i++
 	}
-	c.Field = p.s[start:p.i]
-	if strings.HasSuffix(c.Field, ".") || strings.Contains(c.Field, "..") {
-		return c, fmt.Errorf("%w: bad field %q", ErrFilter, c.Field)
+}
+
+func (p *parser) clause() (Clause, error) {
+	var c Clause
+	if len(p.s)-p.i >= 6 && strings.EqualFold(p.s[p.i:p.i+6], "anyOf(") {
+		p.i += 6
+		c.AnyOf = true
+	}
+	f, err := p.ident()
+	if err != nil {
+		return c, err
+	}
+	c.Field = f
+	if c.AnyOf {
+		if p.eof() || p.s[p.i] != ')' {
+			return c, fmt.Errorf("%w: want ) at offset %d", ErrFilter, p.i)
+		}
+		p.i++
 	}
 	p.ws()
 	switch {
@@ -127,6 +154,9 @@ func (p *parser) clause() (Clause, error) {
 		p.i++
 		if ch == '"' {
 			break
+		}
+		if ch < 0x20 {
+			return c, fmt.Errorf("%w: control character in a string at offset %d", ErrFilter, p.i-1)
 		}
 		if ch == '\\' {
 			if p.eof() || p.s[p.i] != '"' && p.s[p.i] != '\\' {
@@ -155,8 +185,22 @@ func (f Filter) Match(obj map[string]any) bool {
 		default:
 			v = obj[c.Field]
 		}
-		s, ok := v.(string)
-		eq := ok && s == c.Value
+		var eq bool
+		if c.AnyOf {
+			switch l := v.(type) {
+			case []string:
+				for _, e := range l {
+					eq = eq || e == c.Value
+				}
+			case []any:
+				for _, e := range l {
+					eq = eq || e == c.Value
+				}
+			}
+		} else {
+			s, ok := v.(string)
+			eq = ok && s == c.Value
+		}
 		if eq == c.Not {
 			return false
 		}

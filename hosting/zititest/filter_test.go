@@ -12,7 +12,13 @@ var filterTable = []struct {
 }{
 	{``, nil, false},
 	{`name = "x"`, Filter{{Field: "name", Value: "x"}}, false},
-	{`tags.frontdoor-share="a" and tags.frontdoor-id = "b"`, Filter{{Field: "tags.frontdoor-share", Value: "a"}, {Field: "tags.frontdoor-id", Value: "b"}}, false},
+	{`tags.frontdoorShareId="a" and tags.frontdoorId = "b"`, Filter{{Field: "tags.frontdoorShareId", Value: "a"}, {Field: "tags.frontdoorId", Value: "b"}}, false},
+	{`anyOf(roleAttributes) = "agent | x"`, Filter{{Field: "roleAttributes", AnyOf: true, Value: "agent | x"}}, false},
+	{`tags.agent-id = "x"`, nil, true},
+	{`tags.k2 = "x"`, nil, true},
+	{`name = "x"and id = "y"`, nil, true},
+	{`name = "x" and`, nil, true},
+	{"name = \"a\tb\"", nil, true},
 	{`service != "q\"uote\\"`, Filter{{Field: "service", Not: true, Value: `q"uote\`}}, false},
 	{`name ~ "x"`, nil, true},
 	{`name = x`, nil, true},
@@ -41,8 +47,8 @@ func TestParseFilter(t *testing.T) {
 			}
 		}
 	}
-	obj := map[string]any{"name": "n", "serviceId": "s", "tags": map[string]any{"k": "v", "b": true}}
-	for in, want := range map[string]bool{`name = "n"`: true, `service = "s"`: true, `tags.k = "v"`: true, `tags.k != "v"`: false, `tags.b = "true"`: false, `tags.none != "v"`: true, `name = "n" and tags.k = "w"`: false} {
+	obj := map[string]any{"name": "n", "serviceId": "s", "tags": map[string]any{"k": "v", "b": true}, "roleAttributes": []string{"x", "y"}}
+	for in, want := range map[string]bool{`anyOf(roleAttributes) = "y"`: true, `anyOf(roleAttributes) = "z"`: false, `anyOf(roleAttributes) != "z"`: true, `name = "n"`: true, `service = "s"`: true, `tags.k = "v"`: true, `tags.k != "v"`: false, `tags.b = "true"`: false, `tags.none != "v"`: true, `name = "n" and tags.k = "w"`: false} {
 		f, err := ParseFilter(in)
 		if err != nil || f.Match(obj) != want {
 			t.Errorf("%s: match %v (%v), want %v", in, f.Match(obj), err, want)
@@ -69,7 +75,11 @@ func FuzzParseFilter(f *testing.F) {
 			if c.Not {
 				op = " != "
 			}
-			parts = append(parts, c.Field+op+quote(c.Value))
+			lhs := c.Field
+			if c.AnyOf {
+				lhs = "anyOf(" + lhs + ")"
+			}
+			parts = append(parts, lhs+op+quote(c.Value))
 		}
 		again, err := ParseFilter(join(parts))
 		if err != nil || len(again) != len(flt) {

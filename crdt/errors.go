@@ -89,7 +89,7 @@ var (
 	ErrNoSigner = errors.New("crdt: replica has no signing key")
 	// ErrCorrupt: a stored record fails its checksum or does not decode.
 	// Opening fails; the store is never reset.
-	ErrCorrupt = errors.New("crdt: corrupt store record")
+	ErrCorrupt = errors.New("crdt: corrupt store")
 	// ErrClosed: the replica or store has been closed.
 	ErrClosed = errors.New("crdt: closed")
 	// ErrConfig: invalid configuration.

@@ -455,13 +455,3 @@ func revisionOf(s *service) Revision {
 	}
 	return rev
 }
-
-// encodeService returns the snapshot encoding of s.
-func (r *Replica) encodeService(s *service) []byte {
-	fields := s.sortedFields(false)
-	if s.tomb != nil {
-		fields = append([]Field{s.tomb.f}, fields...)
-	}
-	snap := Snapshot{Network: r.net, Service: s.id, Fields: fields}
-	return snap.Encode()
-}

@@ -67,7 +67,6 @@ type Options struct {
 type Store struct {
 	mu     sync.Mutex
 	db     *pebble.DB
-	cache  *pebble.Cache
 	closed bool
 	failed error
 	// corrupt is set when pebble has detected corruption of a file.

@@ -232,4 +232,3 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 	})
 }
-

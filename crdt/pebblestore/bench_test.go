@@ -1,0 +1,74 @@
+package pebblestore
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/vipkit/vipkit/crdt"
+)
+
+// fullRecords returns the store records of n full services (192 fields of
+// about 250 bytes each), as a replica commits them.
+func fullRecords(b *testing.B, n int) crdt.Batch {
+	ctx := context.Background()
+	mem := crdt.NewMemStore()
+	r, err := crdt.Open(ctx, crdt.Config{Network: testNet, Signer: key(0), Store: mem})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var snaps [][]byte
+	for s := 0; s < n; s++ {
+		id := crdt.ServiceID{0xbe, byte(s)}
+		snap := crdt.Snapshot{Network: testNet, Service: id}
+		for k := 0; k < crdt.DefaultMaxFieldsPerService; k++ {
+			f := crdt.Field{Network: testNet, Service: id, Key: fmt.Sprintf("l/%d/b/%03d", k/32, k), HasValue: true,
+				Value: []byte(fmt.Sprintf("backend node-%02d:%05d weight=%03d check=on inte", k%32, 6000+k, k)), Lamport: 1, Counter: uint64(s*1000 + k)}
+			crdt.Sign(key(1), &f)
+			snap.Fields = append(snap.Fields, f)
+		}
+		snaps = append(snaps, snap.Encode())
+	}
+	r.SetMembers([]crdt.AuthorID{crdt.AuthorID(key(1).Public().(ed25519.PublicKey))})
+	if _, err := r.MergeSnapshots(ctx, snaps); err != nil {
+		b.Fatal(err)
+	}
+	_ = r.Close()
+	recs, err := mem.Reopen().Load(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return crdt.Batch{Meta: recs.Meta, Put: recs.Services}
+}
+
+// BenchmarkPebbleCommitFullSnapshot commits, synced, the records of full
+// services (one full snapshot, and the full 64-service state) to a pebble
+// store on the local disk. MB/s counts record bytes.
+func BenchmarkPebbleCommitFullSnapshot(b *testing.B) {
+	for _, n := range []int{1, 64} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			batch := fullRecords(b, n)
+			size := len(batch.Meta)
+			for _, r := range batch.Put {
+				size += len(r.Data)
+			}
+			ctx := context.Background()
+			st, err := Open(ctx, filepath.Join(b.TempDir(), "db"), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer st.Close()
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := st.Commit(ctx, batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(size), "record-bytes")
+		})
+	}
+}

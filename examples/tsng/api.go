@@ -1,0 +1,484 @@
+package tsng
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/vipkit/vipkit/vip"
+)
+
+// Network is one network as the local API sees it: its registry (readable
+// even while the network is stopped) and whether it is up.
+type Network struct {
+	Name     string
+	ID       string // hex
+	Registry *vip.Registry
+	// Up reports whether the network runs locally; configuration updates
+	// need it.
+	Up func() bool
+	// Status returns this node's observation of a service, as a
+	// JSON-encodable value (nil when the network is down or the service is
+	// not routed).
+	Status func(id vip.ServiceID) any
+}
+
+// Manager gives the local API the agent's networks.
+type Manager interface {
+	Networks() []*Network
+}
+
+// API error codes: the JSON error body's "code", the CLI's exit status
+// (see ExitCode) and the HTTP status all follow from them.
+const (
+	CodeInvalid     = "invalid"
+	CodeNotFound    = "not_found"
+	CodeAmbiguous   = "ambiguous"
+	CodeConflict    = "conflict"
+	CodeLimit       = "limit"
+	CodeExists      = "exists"
+	CodeNetworkDown = "network_down"
+	CodeDeleted     = "deleted"
+	CodeInternal    = "internal"
+)
+
+// APIError is the local API's error body.
+type APIError struct {
+	Code    string `json:"code"`
+	Message string `json:"error"`
+	// Candidates lists what an ambiguous selector matched.
+	Candidates []string `json:"candidates,omitempty"`
+	// Current is the current revision, on a conflict.
+	Current vip.Revision `json:"current_revision,omitempty"`
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+func httpStatus(code string) int {
+	switch code {
+	case CodeInvalid:
+		return http.StatusBadRequest
+	case CodeNotFound, CodeDeleted:
+		return http.StatusNotFound
+	case CodeAmbiguous, CodeConflict, CodeExists:
+		return http.StatusConflict
+	case CodeLimit:
+		return http.StatusUnprocessableEntity
+	case CodeNetworkDown:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+// toAPIError classifies an error from vip.
+func toAPIError(err error) *APIError {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	e := &APIError{Code: CodeInternal, Message: err.Error()}
+	var amb *vip.AmbiguousError
+	var conf *vip.ConflictError
+	switch {
+	case errors.As(err, &amb):
+		e.Code = CodeAmbiguous
+		for _, c := range amb.Candidates {
+			e.Candidates = append(e.Candidates, c.String())
+		}
+	case errors.As(err, &conf):
+		e.Code, e.Current = CodeConflict, conf.Current
+	case errors.Is(err, vip.ErrNetworkDown):
+		e.Code = CodeNetworkDown
+	case errors.Is(err, vip.ErrDeleted):
+		e.Code = CodeDeleted
+	case errors.Is(err, vip.ErrNotFound):
+		e.Code = CodeNotFound
+	case errors.Is(err, vip.ErrExists):
+		e.Code = CodeExists
+	case errors.Is(err, vip.ErrLimit):
+		e.Code = CodeLimit
+	case errors.Is(err, vip.ErrInvalid):
+		e.Code = CodeInvalid
+	}
+	return e
+}
+
+// NetworkSummary is one line of `tsng vip list` without a network.
+type NetworkSummary struct {
+	Name     string `json:"name"`
+	ID       string `json:"id"`
+	Up       bool   `json:"up"`
+	Services int    `json:"services"`
+}
+
+// ServiceDoc is a service as the API returns it: configuration, revision,
+// derived state and, when the network is up, this node's observation.
+type ServiceDoc struct {
+	Network string `json:"network"`
+	vip.ServiceView
+	Status any `json:"status,omitempty"`
+}
+
+// APIServer serves the local API over HTTP on a Unix socket.
+type APIServer struct {
+	m   Manager
+	mux *http.ServeMux
+	// MaxBody bounds request bodies (1 MiB).
+	maxBody int64
+}
+
+// NewAPIServer returns the local API's handler for m.
+func NewAPIServer(m Manager) *APIServer {
+	s := &APIServer{m: m, mux: http.NewServeMux(), maxBody: 1 << 20}
+	s.mux.HandleFunc("GET /v1/networks", s.listNetworks)
+	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
+	s.mux.HandleFunc("POST /v1/networks/{net}/vips", s.create)
+	s.mux.HandleFunc("GET /v1/networks/{net}/vips/{vip}", s.show)
+	s.mux.HandleFunc("PUT /v1/networks/{net}/vips/{vip}", s.save)
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}", s.remove)
+	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports", s.portAdd)
+	s.mux.HandleFunc("PATCH /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", s.portSet)
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", s.portRemove)
+	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends", s.backendAdd)
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}", s.backendRemove)
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *APIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// ListenUnix listens on a Unix socket at path with mode 0600 (its directory
+// is created 0700 if missing). A stale socket file is replaced.
+func ListenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("tsng: another agent is listening on %s", path)
+	}
+	_ = os.Remove(path)
+	old := umask(0o177)
+	l, err := net.Listen("unix", path)
+	umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	e := toAPIError(err)
+	writeJSON(w, httpStatus(e.Code), e)
+}
+
+func (s *APIServer) decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, s.maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &APIError{Code: CodeInvalid, Message: "tsng: bad request body: " + err.Error()}
+	}
+	return nil
+}
+
+// network resolves a network selector: exact name, full id or unique id
+// prefix.
+func (s *APIServer) network(sel string) (*Network, error) {
+	nets := s.m.Networks()
+	cands := make([]vip.Candidate, len(nets))
+	for i, n := range nets {
+		cands[i] = vip.Candidate{ID: n.ID, Name: n.Name}
+	}
+	c, err := vip.Resolve("network", sel, cands)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nets {
+		if n.ID == c.ID {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: network %q", vip.ErrNotFound, sel)
+}
+
+func (s *APIServer) upNetwork(sel string) (*Network, error) {
+	n, err := s.network(sel)
+	if err != nil {
+		return nil, err
+	}
+	if !n.Up() {
+		return nil, fmt.Errorf("%w: network %s is stopped on this node; start it to change its configuration (saved configuration stays readable)", vip.ErrNetworkDown, n.Name)
+	}
+	return n, nil
+}
+
+func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
+	d := ServiceDoc{Network: n.Name, ServiceView: v}
+	if n.Up() && n.Status != nil {
+		d.Status = n.Status(v.ID)
+	}
+	return d
+}
+
+func (s *APIServer) listNetworks(w http.ResponseWriter, r *http.Request) {
+	var out []NetworkSummary
+	for _, n := range s.m.Networks() {
+		out = append(out, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *APIServer) listVIPs(w http.ResponseWriter, r *http.Request) {
+	n, err := s.network(r.PathValue("net"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := []ServiceDoc{}
+	for _, v := range n.Registry.List() {
+		out = append(out, s.doc(n, v))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *APIServer) show(w http.ResponseWriter, r *http.Request) {
+	n, err := s.network(r.PathValue("net"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	v, err := n.Registry.Get(r.PathValue("vip"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.doc(n, v))
+}
+
+// CreateRequest is the body of POST /v1/networks/{net}/vips.
+type CreateRequest struct {
+	Name string `json:"name"`
+}
+
+func (s *APIServer) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if err := s.decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		return reg.Create(ctx, req.Name)
+	}, http.StatusCreated)
+}
+
+// SaveRequest is the body of PUT /v1/networks/{net}/vips/{vip}: a whole
+// draft and the revision it was read at.
+type SaveRequest struct {
+	Service  vip.Service  `json:"service"`
+	Revision vip.Revision `json:"revision"`
+}
+
+func (s *APIServer) save(w http.ResponseWriter, r *http.Request) {
+	var req SaveRequest
+	if err := s.decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		cur, err := reg.Get(r.PathValue("vip"))
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		if req.Service.ID != cur.ID {
+			return vip.ServiceView{}, &APIError{Code: CodeInvalid, Message: fmt.Sprintf("tsng: draft id %s is not the id of %s (%s); ids cannot change", req.Service.ID, cur.Name, cur.ID)}
+		}
+		return reg.Save(ctx, req.Service, req.Revision)
+	}, http.StatusOK)
+}
+
+func (s *APIServer) remove(w http.ResponseWriter, r *http.Request) {
+	n, err := s.upNetwork(r.PathValue("net"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if err := n.Registry.Remove(r.Context(), r.PathValue("vip"), vip.Revision(r.URL.Query().Get("revision"))); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// PortAddRequest is the body of POST .../ports.
+type PortAddRequest struct {
+	Listener string   `json:"listener"` // "tcp/443"
+	Backends []string `json:"backends"` // "NODE:PORT"
+}
+
+func (s *APIServer) portAdd(w http.ResponseWriter, r *http.Request) {
+	var req PortAddRequest
+	if err := s.decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		k, err := vip.ParsePortKey(req.Listener)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		var bs []vip.Backend
+		for _, sel := range req.Backends {
+			b, err := reg.ResolveBackend(sel)
+			if err != nil {
+				return vip.ServiceView{}, err
+			}
+			bs = append(bs, b)
+		}
+		return reg.PortAdd(ctx, r.PathValue("vip"), k, bs)
+	}, http.StatusOK)
+}
+
+// PortSetRequest is the body of PATCH .../ports/{proto}/{port}; absent
+// fields are left alone.
+type PortSetRequest struct {
+	PortCheck       *bool  `json:"port_check,omitempty"`
+	CheckIntervalMS *int64 `json:"check_interval_ms,omitempty"`
+	CheckTimeoutMS  *int64 `json:"check_timeout_ms,omitempty"`
+	Failures        *int   `json:"failures,omitempty"`
+	Successes       *int   `json:"successes,omitempty"`
+	IdleTimeoutS    *int64 `json:"idle_timeout_s,omitempty"`
+}
+
+func (p PortSetRequest) settings() vip.PortSettings {
+	ms := func(v *int64, unit time.Duration) *vip.Duration {
+		if v == nil {
+			return nil
+		}
+		d := vip.Duration(time.Duration(*v) * unit)
+		return &d
+	}
+	return vip.PortSettings{PortCheck: p.PortCheck, Interval: ms(p.CheckIntervalMS, time.Millisecond), Timeout: ms(p.CheckTimeoutMS, time.Millisecond),
+		Failures: p.Failures, Successes: p.Successes, IdleTimeout: ms(p.IdleTimeoutS, time.Second)}
+}
+
+func portKey(r *http.Request) (vip.PortKey, error) {
+	return vip.ParsePortKey(r.PathValue("proto") + "/" + r.PathValue("port"))
+}
+
+func (s *APIServer) portSet(w http.ResponseWriter, r *http.Request) {
+	var req PortSetRequest
+	if err := s.decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		k, err := portKey(r)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		return reg.PortSet(ctx, r.PathValue("vip"), k, req.settings())
+	}, http.StatusOK)
+}
+
+func (s *APIServer) portRemove(w http.ResponseWriter, r *http.Request) {
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		k, err := portKey(r)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		return reg.PortRemove(ctx, r.PathValue("vip"), k)
+	}, http.StatusOK)
+}
+
+// BackendRequest is the body of POST .../backends.
+type BackendRequest struct {
+	Backend string `json:"backend"` // "NODE:PORT"
+}
+
+func (s *APIServer) backendAdd(w http.ResponseWriter, r *http.Request) {
+	var req BackendRequest
+	if err := s.decode(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		k, err := portKey(r)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		b, err := reg.ResolveBackend(req.Backend)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		return reg.BackendAdd(ctx, r.PathValue("vip"), k, b)
+	}, http.StatusOK)
+}
+
+func (s *APIServer) backendRemove(w http.ResponseWriter, r *http.Request) {
+	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
+		k, err := portKey(r)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		b, err := reg.ResolveBackend(r.PathValue("backend"))
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		return reg.BackendRemove(ctx, r.PathValue("vip"), k, b)
+	}, http.StatusOK)
+}
+
+func (s *APIServer) mutate(w http.ResponseWriter, r *http.Request, fn func(context.Context, *vip.Registry) (vip.ServiceView, error), status int) {
+	n, err := s.upNetwork(r.PathValue("net"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	v, err := fn(r.Context(), n.Registry)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, status, s.doc(n, v))
+}
+
+// ExitCode maps an API error code to the CLI's exit status (documented in
+// the package doc).
+func ExitCode(code string) int {
+	switch code {
+	case CodeNotFound, CodeDeleted:
+		return ExitNotFound
+	case CodeAmbiguous:
+		return ExitAmbiguous
+	case CodeConflict:
+		return ExitConflict
+	case CodeInvalid:
+		return ExitInvalid
+	case CodeLimit:
+		return ExitLimit
+	case CodeExists:
+		return ExitExists
+	case CodeNetworkDown:
+		return ExitNetworkDown
+	}
+	return ExitError
+}

@@ -1,0 +1,559 @@
+package tsng
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vipkit/vipkit/vip"
+)
+
+// Exit statuses of the tsng command. Scripts can rely on them.
+const (
+	ExitOK          = 0  // success
+	ExitError       = 1  // any other failure
+	ExitUsage       = 2  // bad command line
+	ExitNotFound    = 3  // no network, service, listener, backend or node matches
+	ExitAmbiguous   = 4  // a selector matched several candidates (listed on stderr)
+	ExitConflict    = 5  // a stale draft: the service changed since it was read
+	ExitInvalid     = 6  // invalid configuration (each bad field on stderr)
+	ExitLimit       = 7  // a limit would be exceeded
+	ExitExists      = 8  // the service, listener or backend already exists
+	ExitNetworkDown = 9  // the network is not up locally
+	ExitAgent       = 10 // the agent's local API is not reachable
+)
+
+// DefaultSocket is the local API's socket when neither --socket nor
+// TSNG_SOCKET is given.
+const DefaultSocket = "/run/tsng/tsng.sock"
+
+// Env is what a CLI invocation runs with; tests replace its parts.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Stdin          io.Reader
+	Getenv         func(string) string
+	// RunEditor runs the user's editor on path; nil runs $VISUAL or $EDITOR
+	// (or vi) with the terminal attached.
+	RunEditor func(ctx context.Context, path string) error
+	// Sleep waits between watch samples; nil uses a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
+	// Daemon, Demo and UI run the long-lived commands; cmd/tsng wires them.
+	Daemon func(ctx context.Context, configPath string) error
+	Demo   func(ctx context.Context, out io.Writer) error
+	UI     func(ctx context.Context, client *Client, open bool) error
+}
+
+type cliCtx struct {
+	env    *Env
+	client *Client
+	json   bool
+}
+
+// usageError is a bad command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+type command struct {
+	name  string
+	args  string // synopsis of positional arguments
+	short string
+	long  string
+	min   int
+	max   int // -1: any
+	flags func(fs *flag.FlagSet, o *opts)
+	run   func(ctx context.Context, c *cliCtx, o *opts, args []string) error
+	sub   []*command
+}
+
+// opts holds every flag a command may define.
+type opts struct {
+	json      bool
+	watch     bool
+	interval  time.Duration
+	count     int
+	backends  multiFlag
+	portCheck string
+	checkIv   int64
+	checkTo   int64
+	failures  int
+	successes int
+	idle      int64
+	config    string
+	open      bool
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func jsonFlag(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.json, "json", false, "print JSON") }
+
+// Main runs the tsng command line and returns its exit status.
+func Main(ctx context.Context, args []string, env *Env) int {
+	if env.Getenv == nil {
+		env.Getenv = os.Getenv
+	}
+	root := rootCommand()
+	socket := env.Getenv("TSNG_SOCKET")
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	// Global flag: --socket PATH, before the command.
+	for len(args) > 0 && strings.HasPrefix(args[0], "--socket") {
+		if v, ok := strings.CutPrefix(args[0], "--socket="); ok {
+			socket, args = v, args[1:]
+		} else if len(args) > 1 {
+			socket, args = args[1], args[2:]
+		} else {
+			fmt.Fprintln(env.Stderr, "tsng: --socket needs a path")
+			return ExitUsage
+		}
+	}
+	c := &cliCtx{env: env, client: NewClient(socket)}
+	err := root.exec(ctx, c, nil, args)
+	return report(env.Stderr, err)
+}
+
+func report(w io.Writer, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(w, "tsng:", ue.msg)
+		return ExitUsage
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	if errors.Is(err, ErrAgentUnreachable) {
+		fmt.Fprintln(w, err)
+		return ExitAgent
+	}
+	var ee *editError
+	if errors.As(err, &ee) {
+		fmt.Fprintln(w, "tsng:", ee.Error())
+		return ee.code
+	}
+	var ae *APIError
+	if errors.As(err, &ae) {
+		fmt.Fprintln(w, "tsng:", ae.Message)
+		for _, c := range ae.Candidates {
+			fmt.Fprintln(w, "  candidate:", c)
+		}
+		if ae.Current != "" {
+			fmt.Fprintln(w, "  current revision:", ae.Current)
+		}
+		return ExitCode(ae.Code)
+	}
+	fmt.Fprintln(w, "tsng:", err)
+	return ExitError
+}
+
+func (cmd *command) path(parents []string) string {
+	return strings.TrimSpace(strings.Join(append(append([]string{}, parents...), cmd.name), " "))
+}
+
+func (cmd *command) usage(w io.Writer, parents []string) {
+	p := cmd.path(parents)
+	if len(cmd.sub) > 0 {
+		fmt.Fprintf(w, "Usage: %s COMMAND\n\n%s\n\nCommands:\n", p, cmd.short)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, s := range cmd.sub {
+			fmt.Fprintf(tw, "  %s %s\t%s\n", s.name, s.args, s.short)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "\nRun '%s COMMAND --help' for a command's options.\n", p)
+		return
+	}
+	fmt.Fprintf(w, "Usage: %s %s\n\n%s\n", p, cmd.args, cmd.short)
+	if cmd.long != "" {
+		fmt.Fprintf(w, "\n%s\n", cmd.long)
+	}
+}
+
+func (cmd *command) exec(ctx context.Context, c *cliCtx, parents []string, args []string) error {
+	if len(cmd.sub) > 0 {
+		if len(args) == 0 || args[0] == "--help" || args[0] == "-h" || args[0] == "help" {
+			cmd.usage(c.env.Stdout, parents)
+			if len(args) == 0 {
+				return usageError{fmt.Sprintf("%s needs a command", cmd.path(parents))}
+			}
+			return nil
+		}
+		for _, s := range cmd.sub {
+			if s.name == args[0] {
+				return s.exec(ctx, c, append(parents, cmd.name), args[1:])
+			}
+		}
+		return usageError{fmt.Sprintf("unknown command %q for %s (see '%s --help')", args[0], cmd.path(parents), cmd.path(parents))}
+	}
+	fs := flag.NewFlagSet(cmd.path(parents), flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o opts
+	if cmd.flags != nil {
+		cmd.flags(fs, &o)
+	}
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		cmd.usage(c.env.Stdout, parents)
+		if hasFlags(fs) {
+			fmt.Fprintln(c.env.Stdout, "\nOptions:")
+			fs.SetOutput(c.env.Stdout)
+			fs.PrintDefaults()
+		}
+		return nil
+	}
+	if err != nil {
+		return usageError{fmt.Sprintf("%s: %v", cmd.path(parents), err)}
+	}
+	if len(pos) < cmd.min || (cmd.max >= 0 && len(pos) > cmd.max) {
+		return usageError{fmt.Sprintf("usage: %s %s", cmd.path(parents), cmd.args)}
+	}
+	c.json = o.json
+	return cmd.run(ctx, c, &o, pos)
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
+
+// parseInterleaved lets flags stand anywhere among the positional
+// arguments ("--" ends them).
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) > 0 && len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	return pos, nil
+}
+
+func rootCommand() *command {
+	return &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.", sub: []*command{
+		vipCommand(),
+		{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
+			},
+			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+				if c.env.Daemon == nil {
+					return errors.New("tsng: daemon is not available in this build")
+				}
+				return c.env.Daemon(ctx, o.config)
+			}},
+		{name: "demo", short: "Run three in-process nodes (no root, no files): create api.home, send traffic, fail a backend over, print status.", max: 0,
+			run: func(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
+				if c.env.Demo == nil {
+					return errors.New("tsng: demo is not available in this build")
+				}
+				return c.env.Demo(ctx, c.env.Stdout)
+			}},
+		{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.open, "open", true, "open a browser") },
+			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+				if c.env.UI == nil {
+					return errors.New("tsng: ui is not available in this build")
+				}
+				return c.env.UI(ctx, c.client, o.open)
+			}},
+		{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
+			run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {
+				return completion(c.env.Stdout, args[0])
+			}},
+	}}
+}
+
+func vipCommand() *command {
+	portFlags := func(fs *flag.FlagSet, o *opts) {
+		jsonFlag(fs, o)
+		fs.StringVar(&o.portCheck, "port-check", "", "TCP connect checks `on|off`")
+		fs.Int64Var(&o.checkIv, "check-interval-ms", 0, "check interval in `ms` (default 3000)")
+		fs.Int64Var(&o.checkTo, "check-timeout-ms", 0, "check timeout in `ms` (default 2000)")
+		fs.IntVar(&o.failures, "failures", 0, "failed checks that exclude a backend (default 2)")
+		fs.IntVar(&o.successes, "successes", 0, "passed checks that bring it back (default 1)")
+		fs.Int64Var(&o.idle, "idle-timeout", 0, "flow idle timeout in `seconds` (default 7200 TCP, 120 UDP)")
+	}
+	return &command{name: "vip", short: "Create, edit and watch named virtual services.", sub: []*command{
+		{name: "list", args: "[NET] [--json]", short: "List the VIPs of a network, or of every network.", max: 1, flags: jsonFlag, run: runList,
+			long: "With --json, one JSON object per service (configuration, revision, counters, observations)."},
+		{name: "create", args: "NET NAME", short: "Create an empty VIP (it resolves, but accepts no traffic until it has a listener).", min: 2, max: 2, flags: jsonFlag,
+			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+				var d ServiceDoc
+				if err := c.client.Do(ctx, http.MethodPost, "/v1/networks/"+url.PathEscape(a[0])+"/vips", CreateRequest{Name: a[1]}, &d); err != nil {
+					return err
+				}
+				return printDoc(c, d)
+			}},
+		{name: "port", short: "Add, change or remove a VIP's listeners.", sub: []*command{
+			{name: "add", args: "NET VIP PROTO/PORT --backend NODE:PORT...", short: "Add a listener with its full initial backend set, atomically.", min: 3, max: 3,
+				flags: func(fs *flag.FlagSet, o *opts) {
+					jsonFlag(fs, o)
+					fs.Var(&o.backends, "backend", "a backend `NODE:PORT` (repeat for more)")
+				},
+				run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+					return mutateDoc(ctx, c, http.MethodPost, vipPath(a[0], a[1])+"/ports", PortAddRequest{Listener: a[2], Backends: o.backends})
+				}},
+			{name: "set", args: "NET VIP PROTO/PORT [--port-check on|off] [--check-interval-ms N] [--check-timeout-ms N] [--failures N] [--successes N] [--idle-timeout S]",
+				short: "Change a listener's checks and idle timeout.", min: 3, max: 3, flags: portFlags, run: runPortSet},
+			{name: "remove", args: "NET VIP PROTO/PORT", short: "Remove a listener; its bindings drain until idle expiry.", min: 3, max: 3, flags: jsonFlag,
+				run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+					p, err := listenerPath(a[0], a[1], a[2])
+					if err != nil {
+						return err
+					}
+					return mutateDoc(ctx, c, http.MethodDelete, p, nil)
+				}},
+		}},
+		{name: "backend", short: "Add or remove one backend of a listener.", sub: []*command{
+			{name: "add", args: "NET VIP PROTO/PORT NODE:PORT", short: "Add a backend.", min: 4, max: 4, flags: jsonFlag,
+				run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+					p, err := listenerPath(a[0], a[1], a[2])
+					if err != nil {
+						return err
+					}
+					return mutateDoc(ctx, c, http.MethodPost, p+"/backends", BackendRequest{Backend: a[3]})
+				}},
+			{name: "remove", args: "NET VIP PROTO/PORT NODE:PORT", short: "Remove a backend; its bindings drain until idle expiry.", min: 4, max: 4, flags: jsonFlag,
+				run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+					p, err := listenerPath(a[0], a[1], a[2])
+					if err != nil {
+						return err
+					}
+					return mutateDoc(ctx, c, http.MethodDelete, p+"/backends/"+url.PathEscape(a[3]), nil)
+				}},
+		}},
+		{name: "show", args: "NET VIP [--json]", short: "Show a VIP's configuration, revision, address and ids.", min: 2, max: 2, flags: jsonFlag,
+			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+				var d ServiceDoc
+				if err := c.client.Do(ctx, http.MethodGet, vipPath(a[0], a[1]), nil, &d); err != nil {
+					return err
+				}
+				return printDoc(c, d)
+			}},
+		{name: "status", args: "NET VIP [--watch] [--interval D] [--json]", short: "Show this node's observation: selected backend, health, RTT, bindings, counters.", min: 2, max: 2,
+			long: "With --watch, print a sample every --interval, with rates derived from the cumulative counters; with --json, one JSON object per sample.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				jsonFlag(fs, o)
+				fs.BoolVar(&o.watch, "watch", false, "keep printing samples")
+				fs.DurationVar(&o.interval, "interval", time.Second, "time between samples")
+				fs.IntVar(&o.count, "count", 0, "stop after N samples (0: until interrupted)")
+			}, run: runStatus},
+		{name: "edit", args: "NET VIP", short: "Edit a VIP as JSON in $VISUAL/$EDITOR and save it as one version-checked draft.", min: 2, max: 2,
+			long: "An invalid or rejected file is kept and its path printed.", run: runEdit},
+		{name: "remove", args: "NET VIP", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
+			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+				return c.client.Do(ctx, http.MethodDelete, vipPath(a[0], a[1]), nil, nil)
+			}},
+	}}
+}
+
+func listenerPath(network, sel, listener string) (string, error) {
+	k, err := vip.ParsePortKey(listener)
+	if err != nil {
+		return "", usageError{err.Error()}
+	}
+	return vipPath(network, sel) + "/ports/" + k.Proto.String() + "/" + strconv.Itoa(int(k.Port)), nil
+}
+
+func mutateDoc(ctx context.Context, c *cliCtx, method, path string, body any) error {
+	var d ServiceDoc
+	if err := c.client.Do(ctx, method, path, body, &d); err != nil {
+		return err
+	}
+	return printDoc(c, d)
+}
+
+func runPortSet(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+	var req PortSetRequest
+	set := false
+	switch o.portCheck {
+	case "":
+	case "on", "off":
+		v := o.portCheck == "on"
+		req.PortCheck, set = &v, true
+	default:
+		return usageError{fmt.Sprintf("--port-check %q: want on or off", o.portCheck)}
+	}
+	if o.checkIv != 0 {
+		req.CheckIntervalMS, set = &o.checkIv, true
+	}
+	if o.checkTo != 0 {
+		req.CheckTimeoutMS, set = &o.checkTo, true
+	}
+	if o.failures != 0 {
+		req.Failures, set = &o.failures, true
+	}
+	if o.successes != 0 {
+		req.Successes, set = &o.successes, true
+	}
+	if o.idle != 0 {
+		req.IdleTimeoutS, set = &o.idle, true
+	}
+	if !set {
+		return usageError{"port set needs at least one of --port-check, --check-interval-ms, --check-timeout-ms, --failures, --successes, --idle-timeout"}
+	}
+	p, err := listenerPath(a[0], a[1], a[2])
+	if err != nil {
+		return err
+	}
+	return mutateDoc(ctx, c, http.MethodPatch, p, req)
+}
+
+func runList(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+	var nets []string
+	if len(a) == 1 {
+		nets = a
+	} else {
+		var all []NetworkSummary
+		if err := c.client.Do(ctx, http.MethodGet, "/v1/networks", nil, &all); err != nil {
+			return err
+		}
+		for _, n := range all {
+			nets = append(nets, n.ID)
+		}
+	}
+	var docs []ServiceDoc
+	for _, n := range nets {
+		var ds []ServiceDoc
+		if err := c.client.Do(ctx, http.MethodGet, "/v1/networks/"+url.PathEscape(n)+"/vips", nil, &ds); err != nil {
+			return err
+		}
+		docs = append(docs, ds...)
+	}
+	if c.json {
+		enc := json.NewEncoder(c.env.Stdout)
+		for _, d := range docs {
+			if err := enc.Encode(d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NETWORK\tNAME\tADDRESS\tLISTENERS\tREVISION\tSTATE")
+	for _, d := range docs {
+		var ls []string
+		for _, l := range d.Listeners {
+			ls = append(ls, fmt.Sprintf("%s(%d)", l.Key(), len(l.Backends)))
+		}
+		if len(ls) == 0 {
+			ls = []string{"-"}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.Network, d.Name, d.Addr, strings.Join(ls, ","), d.Revision, state(d.ServiceView))
+	}
+	return tw.Flush()
+}
+
+func state(v vip.ServiceView) string {
+	switch {
+	case v.Err != "":
+		return "error: " + v.Err
+	case v.NameConflict != "":
+		return "name conflict: " + v.NameConflict
+	case v.AddrMoved:
+		return "routed (address moved)"
+	case v.Routable:
+		return "routed"
+	}
+	return "not routed"
+}
+
+func printDoc(c *cliCtx, d ServiceDoc) error {
+	if c.json {
+		enc := json.NewEncoder(c.env.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(d)
+	}
+	w := c.env.Stdout
+	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", d.Name, d.Network, d.Addr, d.Revision, state(d.ServiceView))
+	for _, l := range d.Listeners {
+		ck := l.Check.Effective()
+		checks := "off"
+		if l.Proto == vip.UDP {
+			checks = "udp: path probes + ICMP"
+		} else if ck.Enabled() {
+			checks = fmt.Sprintf("every %v, timeout %v, %d fail / %d ok", time.Duration(ck.Interval), time.Duration(ck.Timeout), ck.Failures, ck.Successes)
+		}
+		fmt.Fprintf(w, "  %s  gen %d  idle %v  checks %s\n", l.Key(), l.Generation, l.EffectiveIdleTimeout(), checks)
+		for _, b := range l.Backends {
+			fmt.Fprintf(w, "    → %s:%d\n", b.Node, b.Port)
+		}
+	}
+	fmt.Fprintf(w, "  id %s\n", d.ID)
+	return nil
+}
+
+func completion(w io.Writer, shell string) error {
+	root := rootCommand()
+	var words []string
+	var walk func(cmd *command, prefix string)
+	walk = func(cmd *command, prefix string) {
+		for _, s := range cmd.sub {
+			words = append(words, prefix+s.name)
+			walk(s, prefix+s.name+" ")
+		}
+	}
+	walk(root, "")
+	sort.Strings(words)
+	switch shell {
+	case "bash":
+		fmt.Fprintln(w, "# tsng bash completion: source <(tsng completion bash)")
+		fmt.Fprintln(w, "_tsng() {")
+		fmt.Fprintln(w, `  local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[*]:1:COMP_CWORD-1}"`)
+		fmt.Fprintln(w, "  case \"$prev\" in")
+		children := map[string][]string{}
+		for _, wd := range words {
+			parent := ""
+			name := wd
+			if i := strings.LastIndexByte(wd, ' '); i >= 0 {
+				parent, name = wd[:i], wd[i+1:]
+			}
+			children[parent] = append(children[parent], name)
+		}
+		keys := make([]string, 0, len(children))
+		for k := range children {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "    %q) COMPREPLY=($(compgen -W %q -- \"$cur\"));;\n", k, strings.Join(children[k], " "))
+		}
+		fmt.Fprintln(w, "    *) COMPREPLY=($(compgen -W \"--json --help --backend --watch\" -- \"$cur\"));;")
+		fmt.Fprintln(w, "  esac")
+		fmt.Fprintln(w, "}")
+		fmt.Fprintln(w, "complete -F _tsng tsng")
+		return nil
+	case "zsh":
+		fmt.Fprintln(w, "#compdef tsng")
+		fmt.Fprintln(w, "# tsng zsh completion: tsng completion zsh > \"${fpath[1]}/_tsng\"")
+		fmt.Fprintln(w, "autoload -U bashcompinit && bashcompinit")
+		return completion(w, "bash")
+	}
+	return usageError{fmt.Sprintf("completion %q: want bash or zsh", shell)}
+}

@@ -1,0 +1,43 @@
+// Package tsng is vipkit's reference agent for named virtual services on a
+// WireGuard mesh, composed from vip, crdt, probe, flow and transport. It is
+// an example of how the SDK's packages fit together, and the code behind
+// the tsng command (cmd/tsng is a thin main).
+//
+// The agent (`tsng daemon`) joins the networks of its config file and serves
+// a local API over HTTP on a Unix socket (mode 0600). The CLI talks to it:
+//
+//	tsng vip list [NET] [--json]
+//	tsng vip create NET NAME
+//	tsng vip port add NET VIP tcp/443 --backend server1:6443 --backend server2:7443
+//	tsng vip backend add|remove NET VIP PROTO/PORT NODE:PORT
+//	tsng vip port set NET VIP PROTO/PORT [--port-check on|off] [--check-interval-ms N]
+//	    [--check-timeout-ms N] [--failures N] [--successes N] [--idle-timeout S]
+//	tsng vip show NET VIP [--json]
+//	tsng vip status NET VIP [--watch] [--json]
+//	tsng vip edit NET VIP
+//	tsng vip port remove NET VIP PROTO/PORT
+//	tsng vip remove NET VIP
+//	tsng completion bash|zsh
+//
+// Network and VIP selectors accept exact names, full ids and unique id
+// prefixes; backend node selectors also accept node names. An ambiguous
+// selector changes nothing and lists its candidates. Every mutation is
+// atomic; `edit` submits one whole draft checked against the revision it
+// was read at, and keeps a rejected or invalid file, printing its path.
+// Configuration updates need the network to be up locally; saved
+// configuration stays readable while it is stopped.
+//
+// # Exit statuses
+//
+//	0  success
+//	1  any other failure
+//	2  bad command line
+//	3  not found (network, service, listener, backend or node)
+//	4  ambiguous selector (candidates on stderr)
+//	5  stale draft: the service changed since it was read
+//	6  invalid configuration (each bad field on stderr), or an invalid edited file
+//	7  a limit would be exceeded
+//	8  already exists
+//	9  the network is not up locally
+//	10 the agent's local API is not reachable
+package tsng

@@ -387,3 +387,20 @@ func TestRoundTripAgainstFake(t *testing.T) {
 	}
 	e.no500()
 }
+
+func TestStandbyToldApartByTagNotName(t *testing.T) {
+	e := newEnv(t, nil)
+	e.agents(account, "a1", "p1")
+	// A share whose own config name looks like a standby config's name.
+	s := e.create("x | standby | y", []string{"a1"}, []string{"p1"})
+	port := uint16(7000)
+	if _, err := e.svc.Update(e.ctx, s.ID, hosting.Update{Method: hosting.Patch, TargetPort: &port}); err != nil {
+		t.Fatal(err)
+	}
+	z := e.zitiOf(s.ID)
+	if precedenceOf(z.host) != "required" || precedenceOf(z.standby) != "default" || z.host.Data["port"] != float64(7000) || z.standby.Data["port"] != float64(7000) {
+		t.Fatalf("host %v\nstandby %v", z.host.Data, z.standby.Data)
+	}
+	got, _ := e.store.Get(e.ctx, s.ID)
+	e.checkModel(got)
+}

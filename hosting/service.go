@@ -155,6 +155,20 @@ func (sv *Service) DryRun(ctx context.Context, id string, u Update) error {
 	return sv.val.Validate(ctx, next, sv.st)
 }
 
+// DryRunCreate validates the share that Create(ctx, s, u) would make,
+// writing nothing.
+func (sv *Service) DryRunCreate(ctx context.Context, s Share, u Update) error {
+	u.Method = Put
+	if !u.Active.Present {
+		u.Active = Of()
+	}
+	next, err := u.ApplyTo(s)
+	if err != nil {
+		return err
+	}
+	return sv.val.Validate(ctx, next, sv.st)
+}
+
 // deletedAgents returns which of the agents are deleted (or unknown).
 func deletedAgents(ctx context.Context, l AgentLookup, agents []string) (map[string]bool, error) {
 	found, err := l.Agents(ctx, agents)

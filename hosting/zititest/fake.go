@@ -398,13 +398,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "configTypeId not found: "+c.ConfigTypeID)
 			return
 		}
-		if f.nameTaken(c.Name, func(yield func(string) bool) {
-			for _, x := range f.configs {
-				if !yield(x.Name) {
-					return
-				}
-			}
-		}) {
+		if slices.ContainsFunc(slices.Collect(maps.Values(f.configs)), func(x ziti.Config) bool { return x.Name == c.Name }) {
 			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "name is must be unique: "+c.Name)
 			return
 		}
@@ -488,6 +482,12 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			}
 			types[cfg.ConfigTypeID] = true
 		}
+		for _, x := range f.services {
+			if x.Name == s.Name {
+				f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "name is must be unique: "+s.Name)
+				return
+			}
+		}
 		nid := f.newID("svc")
 		f.services[nid] = ziti.Service{ID: nid, Name: s.Name, Configs: slices.Clone(s.Configs), EncryptionRequired: s.EncryptionRequired, TerminatorStrategy: "smartrouting", Tags: s.Tags}
 		created(w, nid, "services")
@@ -523,6 +523,12 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		for _, x := range f.policies {
+			if x.Name == p.Name {
+				f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "name is must be unique: "+p.Name)
+				return
+			}
+		}
 		nid := f.newID("pol")
 		f.policies[nid] = ziti.ServicePolicy{ID: nid, Name: p.Name, Type: p.Type, Semantic: p.Semantic, ServiceRoles: nonNil(p.ServiceRoles), IdentityRoles: nonNil(p.IdentityRoles), Tags: p.Tags}
 		created(w, nid, "service-policies")
@@ -684,15 +690,6 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return slices.Clone(s)
-}
-
-func (f *Fake) nameTaken(name string, names func(func(string) bool)) bool {
-	for n := range names {
-		if n == name {
-			return true
-		}
-	}
-	return false
 }
 
 // unlockedError writes an error while f.mu is held.

@@ -254,3 +254,5 @@ func ports(pkt []byte) (uint16, uint16) {
 	hl := IPv4(pkt).HeaderLen()
 	return binary.BigEndian.Uint16(pkt[hl:]), binary.BigEndian.Uint16(pkt[hl+2:])
 }
+
+func netipFrom(b [4]byte) netip.Addr { return netip.AddrFrom4(b) }

@@ -1,0 +1,266 @@
+package tsng
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vipkit/vipkit/vip"
+)
+
+// DefaultControlPort is the TCP port of the control channel on each node's
+// overlay address.
+const DefaultControlPort = 51830
+
+// ControlNet is what the control channel needs from the node's stack on the
+// overlay: a kernel stack bound to the overlay address, or a netstack host.
+type ControlNet interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+	Listen(addr netip.AddrPort) (net.Listener, error)
+}
+
+// ControlOptions configures a Control channel.
+type ControlOptions struct {
+	Net  ControlNet
+	Self netip.Addr // this node's overlay address
+	Port uint16     // 0 means DefaultControlPort
+	// Peer maps an overlay address to the member that owns it; WireGuard's
+	// cryptokey routing makes the source address of an overlay connection
+	// the peer's authentication. Connections from other addresses are
+	// closed at once.
+	Peer func(netip.Addr) (vip.NodeID, bool)
+	// Addr maps a member to its overlay address.
+	Addr func(vip.NodeID) (netip.Addr, bool)
+	// Handle receives every frame from an authenticated peer.
+	Handle func(ctx context.Context, from vip.NodeID, frame []byte) error
+	// MaxFrame bounds a frame in bytes (the control frame limit); larger
+	// frames are refused on send and close the connection on receive.
+	MaxFrame int
+	// Queue is the per-peer send queue in frames (64); a full queue drops
+	// the frame: the periodic rotation repairs it.
+	Queue  int
+	Logger *slog.Logger
+}
+
+// ControlStats counts the control channel's traffic.
+type ControlStats struct {
+	Sent, Received, Dropped, Refused uint64
+}
+
+// Control is the control channel between members over the overlay: one TCP
+// connection per peer and direction, frames as a 4-byte big-endian length
+// and the bytes. It implements vip.Carrier.
+type Control struct {
+	o   ControlOptions
+	ctx context.Context
+	ln  net.Listener
+
+	mu     sync.Mutex
+	peers  map[vip.NodeID]*peerConn
+	stats  ControlStats
+	closed bool
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
+}
+
+var _ vip.Carrier = (*Control)(nil)
+
+type peerConn struct {
+	q chan []byte
+}
+
+// ErrFrameTooLarge: a frame over the control frame limit.
+var ErrFrameTooLarge = errors.New("tsng: control frame over the limit")
+
+// NewControl starts listening on Self:Port.
+func NewControl(ctx context.Context, o ControlOptions) (*Control, error) {
+	if o.Port == 0 {
+		o.Port = DefaultControlPort
+	}
+	if o.Queue <= 0 {
+		o.Queue = 64
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.MaxFrame <= 0 {
+		return nil, errors.New("tsng: ControlOptions.MaxFrame is required")
+	}
+	ln, err := o.Net.Listen(netip.AddrPortFrom(o.Self, o.Port))
+	if err != nil {
+		return nil, fmt.Errorf("tsng: control channel: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	c := &Control{o: o, ctx: ctx, ln: ln, peers: map[vip.NodeID]*peerConn{}, cancel: cancel}
+	c.wg.Add(1)
+	go c.accept()
+	return c, nil
+}
+
+// Stats returns the counters.
+func (c *Control) Stats() ControlStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// Send queues frame for peer to; it never blocks.
+func (c *Control) Send(_ context.Context, to vip.NodeID, frame []byte) error {
+	if len(frame) > c.o.MaxFrame {
+		c.count(func(s *ControlStats) { s.Refused++ })
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, len(frame), c.o.MaxFrame)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return net.ErrClosed
+	}
+	p := c.peers[to]
+	if p == nil {
+		p = &peerConn{q: make(chan []byte, c.o.Queue)}
+		c.peers[to] = p
+		c.wg.Add(1)
+		go c.sender(to, p)
+	}
+	c.mu.Unlock()
+	select {
+	case p.q <- frame:
+		return nil
+	default:
+		c.count(func(s *ControlStats) { s.Dropped++ })
+		return nil
+	}
+}
+
+func (c *Control) count(f func(*ControlStats)) {
+	c.mu.Lock()
+	f(&c.stats)
+	c.mu.Unlock()
+}
+
+// sender keeps a connection to one peer and writes its queue; on an error
+// it drops the connection and redials on the next frame.
+func (c *Control) sender(to vip.NodeID, p *peerConn) {
+	defer c.wg.Done()
+	var conn net.Conn
+	var w *bufio.Writer
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	for {
+		var frame []byte
+		select {
+		case <-c.ctx.Done():
+			return
+		case frame = <-p.q:
+		}
+		if conn == nil {
+			addr, ok := c.o.Addr(to)
+			if !ok {
+				c.count(func(s *ControlStats) { s.Dropped++ })
+				continue
+			}
+			dctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+			var err error
+			conn, err = c.o.Net.DialContext(dctx, "tcp", netip.AddrPortFrom(addr, c.o.Port).String())
+			cancel()
+			if err != nil {
+				conn = nil
+				c.count(func(s *ControlStats) { s.Dropped++ })
+				c.o.Logger.Debug("control dial failed", "peer", to.String()[:12], "err", err)
+				continue
+			}
+			w = bufio.NewWriter(conn)
+		}
+		_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		var hdr [4]byte
+		binary.BigEndian.PutUint32(hdr[:], uint32(len(frame)))
+		w.Write(hdr[:])
+		w.Write(frame)
+		// Flush when the queue is drained, so bursts share segments.
+		if len(p.q) == 0 {
+			if err := w.Flush(); err != nil {
+				conn.Close()
+				conn = nil
+				c.count(func(s *ControlStats) { s.Dropped++ })
+				continue
+			}
+		}
+		c.count(func(s *ControlStats) { s.Sent++ })
+	}
+}
+
+func (c *Control) accept() {
+	defer c.wg.Done()
+	for {
+		conn, err := c.ln.Accept()
+		if err != nil {
+			return
+		}
+		ap, err := netip.ParseAddrPort(conn.RemoteAddr().String())
+		from, ok := vip.NodeID{}, false
+		if err == nil {
+			from, ok = c.o.Peer(ap.Addr().Unmap())
+		}
+		if !ok {
+			c.count(func(s *ControlStats) { s.Refused++ })
+			conn.Close()
+			continue
+		}
+		c.wg.Add(1)
+		go c.receive(conn, from)
+	}
+}
+
+func (c *Control) receive(conn net.Conn, from vip.NodeID) {
+	defer c.wg.Done()
+	defer conn.Close()
+	stop := context.AfterFunc(c.ctx, func() { conn.Close() })
+	defer stop()
+	r := bufio.NewReader(conn)
+	var hdr [4]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if int64(n) > int64(c.o.MaxFrame) {
+			c.count(func(s *ControlStats) { s.Refused++ })
+			c.o.Logger.Warn("control frame over the limit; closing", "peer", from.String()[:12], "bytes", n, "limit", c.o.MaxFrame)
+			return
+		}
+		frame := make([]byte, n)
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return
+		}
+		c.count(func(s *ControlStats) { s.Received++ })
+		if err := c.o.Handle(c.ctx, from, frame); err != nil {
+			c.o.Logger.Debug("control frame refused", "peer", from.String()[:12], "err", err)
+		}
+	}
+}
+
+// Close stops the channel and waits for its goroutines.
+func (c *Control) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	err := c.ln.Close()
+	c.wg.Wait()
+	return err
+}

@@ -23,13 +23,7 @@ var (
 func fullState(tb testing.TB) [][]byte {
 	benchOnce.Do(func() {
 		for s := 0; s < DefaultMaxServices; s++ {
-			snap := Snapshot{Network: testNet, Service: testSvc(s)}
-			for k := 0; k < DefaultMaxFieldsPerService; k++ {
-				a := (s + k) % benchAuthors
-				val := fmt.Sprintf("backend node-%02d:%05d weight=%03d check=on interval=3000", k%32, 6000+k, k)
-				snap.Fields = append(snap.Fields, mkField(a, snap.Service, fmt.Sprintf("l/%d/b/%03d", k/32, k), val[:48], uint64(1+k%7), uint64(s*1000+k)))
-			}
-			benchSnaps = append(benchSnaps, snap.Encode())
+			benchSnaps = append(benchSnaps, fullSnapshot(s))
 		}
 	})
 	for _, b := range benchSnaps {
@@ -38,6 +32,17 @@ func fullState(tb testing.TB) [][]byte {
 		}
 	}
 	return benchSnaps
+}
+
+// fullSnapshot is service s of the full-limit state.
+func fullSnapshot(s int) []byte {
+	snap := Snapshot{Network: testNet, Service: testSvc(s)}
+	for k := 0; k < DefaultMaxFieldsPerService; k++ {
+		a := (s + k) % benchAuthors
+		val := fmt.Sprintf("backend node-%02d:%05d weight=%03d check=on interval=3000", k%32, 6000+k, k)
+		snap.Fields = append(snap.Fields, mkField(a, snap.Service, fmt.Sprintf("l/%d/b/%03d", k/32, k), val[:48], uint64(1+k%7), uint64(s*1000+k)))
+	}
+	return snap.Encode()
 }
 
 // BenchmarkEd25519Verify is one crypto/ed25519 verification of a field's
@@ -146,5 +151,29 @@ func BenchmarkReMergeHeldSnapshot(b *testing.B) {
 			b.ReportMetric(float64(first.Nanoseconds()), "first-merge-ns")
 			b.ReportMetric(perOp/float64(first.Nanoseconds()), "ratio-vs-first-merge")
 		})
+	}
+}
+
+// TestReMergeAllocs: re-merging a held full snapshot allocates a bounded
+// number of times, independent of its 192 fields (nothing per field).
+func TestReMergeAllocs(t *testing.T) {
+	ctx := context.Background()
+	snap := [][]byte{fullSnapshot(0)}
+	r, err := Open(ctx, Config{Network: testNet, Members: testMembers(benchAuthors)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.MergeSnapshots(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		if res, err := r.MergeSnapshots(ctx, snap); err != nil || res.Identical != DefaultMaxFieldsPerService {
+			t.Fatalf("re-merge: %+v %v", res, err)
+		}
+	})
+	t.Logf("re-merge of a held %d-field snapshot: %.0f allocations", DefaultMaxFieldsPerService, allocs)
+	if allocs > 24 {
+		t.Fatalf("re-merge allocates %.0f times, want ≤ 24 (nothing per field)", allocs)
 	}
 }

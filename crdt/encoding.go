@@ -3,6 +3,7 @@ package crdt
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // SnapshotVersion is the format version of the snapshot encoding.
@@ -315,7 +316,7 @@ func parseSnapshot(b []byte, lim *Limits, fields []parsed) (snapHeader, error) {
 	if cnt > uint64((len(b)-off)/minFieldLen) {
 		return h, fmt.Errorf("%w: %d fields claimed in %d bytes", ErrTruncated, cnt, len(b)-off)
 	}
-	h.fields = fields[:0]
+	h.fields = slices.Grow(fields[:0], int(cnt))
 	for i := uint64(0); i < cnt; i++ {
 		p, next, err := parseField(b, off, lim, false)
 		if err != nil {

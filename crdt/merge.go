@@ -19,6 +19,13 @@ type group struct {
 	bad     bool // a field failed a check that rejects the group
 }
 
+func (g *group) setErr(i int, err error) {
+	if g.errs == nil {
+		g.errs = make([]error, len(g.ps))
+	}
+	g.errs[i] = err
+}
+
 // fieldState is what classification decided for one field.
 type fieldState uint8
 
@@ -144,14 +151,14 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 	var verifyAt [][2]int
 	for gi := range groups {
 		g := &groups[gi]
-		g.errs = make([]error, len(g.ps))
 		st := make([]fieldState, len(g.ps))
 		states[gi] = st
 		held := r.services[g.id]
 		for i := range g.ps {
 			p := &g.ps[i]
 			if err := r.checkField(p); err != nil {
-				st[i], g.errs[i], g.bad = fsRejected, err, true
+				st[i], g.bad = fsRejected, true
+				g.setErr(i, err)
 				continue
 			}
 			if g.trusted {
@@ -168,7 +175,8 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				}
 			}
 			if _, ok := members[p.author]; !ok {
-				st[i], g.errs[i] = fsRejected, ErrNotMember
+				st[i] = fsRejected
+				g.setErr(i, ErrNotMember)
 				continue
 			}
 			toVerify = append(toVerify, p)
@@ -181,7 +189,8 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			for k, err := range verrs {
 				if err != nil {
 					gi, i := verifyAt[k][0], verifyAt[k][1]
-					states[gi][i], groups[gi].errs[i], groups[gi].bad = fsRejected, err, true
+					states[gi][i], groups[gi].bad = fsRejected, true
+					groups[gi].setErr(i, err)
 				}
 			}
 		}
@@ -391,9 +400,6 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 		return nil, gr, 0, 0, fmt.Errorf("%w: %d bytes, limit %d", ErrSnapshotTooLarge, len(ns.enc), r.lim.MaxSnapshotBytes)
 	}
 	ns.rev = revisionOf(ns)
-	if base != nil {
-		ns.schemaErr = base.schemaErr
-	}
 	return ns, gr, lamport, own, nil
 }
 

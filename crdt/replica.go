@@ -199,7 +199,10 @@ func (r *Replica) load(ctx context.Context) error {
 		}
 		h, err := parseSnapshot(body, &r.lim, ps)
 		if err != nil {
-			if errors.Is(err, ErrUnknownVersion) {
+			if errors.Is(err, ErrUnknownVersion) || errors.Is(err, ErrSnapshotTooLarge) || errors.Is(err, ErrTooManyFields) ||
+				errors.Is(err, ErrKeyTooLong) || errors.Is(err, ErrValueTooLarge) {
+				// The checksum held: the record is intact but beyond
+				// this build's format or this configuration's limits.
 				return fmt.Errorf("service %s: %w", rec.Service, err)
 			}
 			return fmt.Errorf("service %s: %w: %w", rec.Service, ErrCorrupt, err)

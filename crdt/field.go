@@ -149,11 +149,13 @@ type FieldError struct {
 	Err     error
 }
 
+// Error describes the field and the reason.
 func (e *FieldError) Error() string {
 	return fmt.Sprintf("service %s key %q (author %s counter %d): %v",
 		e.Service, e.Key, e.Author.String()[:16], e.Counter, e.Err)
 }
 
+// Unwrap returns Err.
 func (e *FieldError) Unwrap() error { return e.Err }
 
 func fieldErr(f *Field, err error) *FieldError {

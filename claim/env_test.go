@@ -27,6 +27,8 @@ type env struct {
 	mu    sync.Mutex
 	nodes map[netip.Addr]*member
 	cut   map[[2]netip.Addr]bool
+	// noEpoch drops the epoch queries a node sends (their answers lost).
+	noEpoch map[netip.Addr]bool
 }
 
 type member struct {
@@ -41,7 +43,7 @@ type member struct {
 
 func newEnv(t testing.TB, withKV bool) *env {
 	e := &env{t: t, f: claimtest.NewFixture(), clock: transporttest.NewManualClock(), hist: new(claimtest.History),
-		nodes: map[netip.Addr]*member{}, cut: map[[2]netip.Addr]bool{}}
+		nodes: map[netip.Addr]*member{}, cut: map[[2]netip.Addr]bool{}, noEpoch: map[netip.Addr]bool{}}
 	if withKV {
 		e.kv = memkv.New(memkv.Options{Clock: e.clock})
 		t.Cleanup(func() { e.kv.Close() })
@@ -178,6 +180,12 @@ func (d *directChannel) Release(ctx context.Context, peer netip.Addr, r *claim.R
 }
 
 func (d *directChannel) Epoch(ctx context.Context, peer netip.Addr, vip netip.Addr) (*claim.Claim, error) {
+	d.e.mu.Lock()
+	lost := d.e.noEpoch[d.from]
+	d.e.mu.Unlock()
+	if lost {
+		return nil, errUnreachable
+	}
 	t, err := d.target(peer)
 	if err != nil {
 		return nil, err

@@ -32,7 +32,8 @@ type Config struct {
 	// the field limit is checked and before the commit. It must be a pure
 	// function of the fields and monotonic (a field obsolete in a set stays
 	// obsolete in every superset), so that all replicas drop the same
-	// fields whatever the arrival order. It must not retain the slice.
+	// fields whatever the arrival order. It must not retain the slice and
+	// must not call the Replica (it runs inside a merge).
 	Obsolete func(service ServiceID, fields []Field) []string
 }
 

@@ -616,3 +616,41 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatal("replicas differ")
 	}
 }
+
+// TestMissingFieldIsNotDeletion: a snapshot without a held field leaves it.
+func TestMissingFieldIsNotDeletion(t *testing.T) {
+	ctx := context.Background()
+	svc := testSvc(1)
+	r := openReplica(t, -1, 2, nil)
+	a, b := mkField(0, svc, "a", "1", 1, 1), mkField(1, svc, "b", "2", 1, 1)
+	if _, err := r.MergeSnapshot(ctx, snapOf(a, b)); err != nil {
+		t.Fatal(err)
+	}
+	a2 := mkField(1, svc, "a", "3", 2, 2)
+	res, err := r.MergeSnapshot(ctx, snapOf(a2))
+	if err != nil || res.Accepted != 1 {
+		t.Fatal(res, err)
+	}
+	got := r.Fields(svc)
+	if len(got) != 2 || !got[0].Equal(&a2) || !got[1].Equal(&b) {
+		t.Fatalf("fields after partial snapshot: %v", got)
+	}
+}
+
+// TestMergeSnapshotsIndependent: in one call, a refused snapshot does not
+// stop the others, and all accepted ones commit together.
+func TestMergeSnapshotsIndependent(t *testing.T) {
+	ctx := context.Background()
+	r := openReplica(t, -1, 2, nil)
+	good1 := snapOf(mkField(0, testSvc(1), "a", "1", 1, 1))
+	good2 := snapOf(mkField(1, testSvc(2), "a", "1", 1, 1))
+	bad := mkField(0, testSvc(3), "a", "1", 1, 1)
+	bad.Signature = bytes.Clone(bad.Signature)
+	bad.Signature[0] ^= 1
+	res, err := r.MergeSnapshots(ctx, [][]byte{good1, []byte("garbage"), snapOf(bad), good2})
+	mustIs(t, err, ErrBadSignature)
+	mustIs(t, err, ErrUnknownVersion)
+	if len(res.Changed) != 2 || res.Changed[0] != testSvc(1) || res.Changed[1] != testSvc(2) || len(r.Services()) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+}

@@ -101,14 +101,11 @@ func FuzzChecksumIncremental(f *testing.F) {
 			return
 		}
 		old32 := binary.BigEndian.Uint32(buf[off:])
-		old16 := binary.BigEndian.Uint16(buf[off:])
-		_ = old16
 		binary.BigEndian.PutUint32(buf[off:], v32)
 		adjust(buf, delta32(old32, v32))
 		want := append([]byte(nil), buf...)
 		binary.BigEndian.PutUint16(want, 0)
 		binary.BigEndian.PutUint16(want, Checksum(want, 0))
-		require.Equal(t, Checksum(want[:2], 0) == Checksum(buf[:2], 0) || true, true)
 		// Equal as one's-complement values (the only ambiguity is ±0, which
 		// RFC 1624 eqn. 3 avoids for nonzero data).
 		require.Equal(t, binary.BigEndian.Uint16(want), binary.BigEndian.Uint16(buf))

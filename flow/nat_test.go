@@ -112,6 +112,11 @@ func TestPassAndAdmission(t *testing.T) {
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonVIPDestination}, r)
 	r = f.peer(2, P{Src: netip.MustParseAddr("100.64.0.66"), Dst: localAddr, Proto: ProtoUDP, Sport: 53, Dport: 4000}.Build())
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonAdmission}, r)
+	// Traffic that is not NAT traffic (probes, node-to-node) never enters
+	// user counters.
+	ls, ok := f.nat.ListenerStats(lUDP)
+	require.True(t, ok)
+	require.Equal(t, Counters{}, ls.Counters)
 	st := f.nat.Stats()
 	require.Equal(t, uint64(1), st.Drops[ReasonVIPSource])
 	require.Equal(t, uint64(1), st.Drops[ReasonVIPDestination])

@@ -36,7 +36,9 @@ import (
 //
 // Concurrency: Read may be called from one goroutine while Write is called
 // from another; each of Read and Write is called by at most one goroutine at a
-// time unless an implementation documents otherwise. Close may be called from
+// time unless an implementation documents otherwise. (wireguard-go writes to
+// its TUN from one goroutine per peer; transport/wg's adapter serializes
+// those calls, so a PacketIO under a wg.Device keeps this contract.) Close may be called from
 // any goroutine, at any time, any number of times.
 type PacketIO interface {
 	// Read blocks until at least one packet is available, then fills up to

@@ -31,6 +31,7 @@ func TUNFromPacketIO(p transport.PacketIO) tun.Device {
 type tunAdapter struct {
 	io        transport.PacketIO
 	events    chan tun.Event
+	wmu       sync.Mutex // serializes Write (see Write)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -57,9 +58,13 @@ func (t *tunAdapter) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	return n, err
 }
 
-// Write implements tun.Device.
+// Write implements tun.Device. wireguard-go calls it from one receive
+// goroutine per peer at once, while a PacketIO takes one Write at a time
+// (its contract), so calls are serialized here.
 func (t *tunAdapter) Write(bufs [][]byte, offset int) (int, error) {
+	t.wmu.Lock()
 	n, err := t.io.Write(bufs, offset)
+	t.wmu.Unlock()
 	if err != nil {
 		err = closedErr(err)
 	}

@@ -267,12 +267,17 @@ func decodeMeta(rec []byte) (meta, error) {
 	if n > uint64(len(b)-off)/33 {
 		return m, fmt.Errorf("%w: meta counters truncated", ErrCorrupt)
 	}
+	var prev AuthorID
 	for i := uint64(0); i < n; i++ {
 		if len(b)-off < 32 {
 			return m, fmt.Errorf("%w: meta counters truncated", ErrCorrupt)
 		}
 		var a AuthorID
 		copy(a[:], b[off:])
+		if i > 0 && bytes.Compare(prev[:], a[:]) >= 0 {
+			return m, fmt.Errorf("%w: meta counters out of order", ErrCorrupt)
+		}
+		prev = a
 		off += 32
 		var c uint64
 		if c, off, err = readUvarint(b, off, 10, math.MaxUint64); err != nil {

@@ -72,3 +72,32 @@ func BenchmarkPebbleCommitFullSnapshot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEditFullServicePebble is a local edit of one field of a full
+// (192-field) service on a pebble store: sign, merge, re-encode the 36 KiB
+// snapshot and commit it with the counter, synced.
+func BenchmarkEditFullServicePebble(b *testing.B) {
+	ctx := context.Background()
+	st, err := Open(ctx, filepath.Join(b.TempDir(), "db"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch := fullRecords(b, 1)
+	if err := st.Commit(ctx, batch); err != nil {
+		b.Fatal(err)
+	}
+	r, err := crdt.Open(ctx, crdt.Config{Network: testNet, Signer: key(1), Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	id := batch.Put[0].Service
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := r.Edit(ctx, id, crdt.AnyRevision, crdt.Edit{Key: "l/0/b/000", Value: []byte(fmt.Sprint(i))}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

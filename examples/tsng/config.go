@@ -1,0 +1,257 @@
+package tsng
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/vip"
+)
+
+// Config is the agent's config file (JSON).
+//
+//	{
+//	  "data_dir": "/var/lib/tsng",
+//	  "socket": "/run/tsng/tsng.sock",
+//	  "metrics": "127.0.0.1:9469",
+//	  "networks": [{
+//	    "name": "home",
+//	    "overlay": "100.80.0.0/16",
+//	    "mode": "netstack",
+//	    "node": {"name": "server1", "address": "100.80.0.1",
+//	             "identity_key": "<base64 Ed25519 seed>", "wireguard_key": "<base64 private key>",
+//	             "listen_port": 51820},
+//	    "peers": [{"name": "server2", "address": "100.80.0.2", "identity": "<hex Ed25519 public key>",
+//	               "wireguard_key": "<base64 public key>", "endpoint": "192.0.2.2:51820"}]
+//	  }]
+//	}
+type Config struct {
+	DataDir  string          `json:"data_dir"`
+	Socket   string          `json:"socket,omitempty"`
+	Metrics  string          `json:"metrics,omitempty"` // Prometheus listen address (loopback); empty: off
+	LogLevel string          `json:"log_level,omitempty"`
+	Networks []NetworkConfig `json:"networks"`
+}
+
+// NetworkConfig is one network the agent joins.
+type NetworkConfig struct {
+	Name string `json:"name"`
+	// ID is the network's 16-byte id in hex; empty derives it from the name
+	// and the overlay range, so every member computes the same id.
+	ID      string `json:"id,omitempty"`
+	Overlay string `json:"overlay"` // the agreed overlay range (IPv4)
+	// Mode is "netstack" (userspace, no root; the default) or "tun" (a
+	// kernel TUN, root).
+	Mode      string       `json:"mode,omitempty"`
+	TUN       string       `json:"tun,omitempty"` // kernel TUN name in tun mode
+	Stopped   bool         `json:"stopped,omitempty"`
+	DNS       *bool        `json:"dns,omitempty"`          // answer DNS on the overlay address (default on)
+	DNSPort   uint16       `json:"dns_port,omitempty"`     // default 53
+	Control   uint16       `json:"control_port,omitempty"` // default 51830
+	MaxFrame  int          `json:"max_frame,omitempty"`    // control frame limit; default crdt's
+	Node      NodeConfig   `json:"node"`
+	Peers     []PeerConfig `json:"peers"`
+	Limits    vip.Limits   `json:"limits,omitzero"`
+	ProbeFast bool         `json:"probe_fast,omitempty"` // probes every 250 ms expiring after 750 ms
+}
+
+// NodeConfig is this node in a network.
+type NodeConfig struct {
+	Name         string `json:"name"`
+	Address      string `json:"address"`
+	IdentityKey  string `json:"identity_key"`  // base64 Ed25519 seed (32 bytes)
+	WireGuardKey wg.Key `json:"wireguard_key"` // base64 Curve25519 private key
+	ListenPort   uint16 `json:"listen_port,omitempty"`
+}
+
+// PeerConfig is another member of a network.
+type PeerConfig struct {
+	Name         string `json:"name"`
+	Address      string `json:"address"`
+	Identity     string `json:"identity"`      // hex Ed25519 public key
+	WireGuardKey wg.Key `json:"wireguard_key"` // base64 Curve25519 public key
+	Endpoint     string `json:"endpoint,omitempty"`
+}
+
+// ErrConfig: the config file is invalid; the message names the field.
+var ErrConfig = errors.New("tsng: invalid config")
+
+// LoadConfig reads and validates a config file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var c Config
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &c, nil
+}
+
+// Validate checks every field and reports the first bad one.
+func (c *Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+	}
+	if c.DataDir == "" {
+		return bad("data_dir is required")
+	}
+	if len(c.Networks) == 0 {
+		return bad("no networks")
+	}
+	names := map[string]bool{}
+	for i := range c.Networks {
+		n := &c.Networks[i]
+		where := fmt.Sprintf("networks[%d] (%s)", i, n.Name)
+		if err := vip.ValidName(n.Name); err != nil {
+			return bad("%s.name: %v", where, err)
+		}
+		if names[n.Name] {
+			return bad("%s: network %q twice", where, n.Name)
+		}
+		names[n.Name] = true
+		p, err := netip.ParsePrefix(n.Overlay)
+		if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+			return bad("%s.overlay %q: want an IPv4 range such as 100.80.0.0/16", where, n.Overlay)
+		}
+		switch n.Mode {
+		case "", "netstack", "tun":
+		default:
+			return bad("%s.mode %q: want netstack or tun", where, n.Mode)
+		}
+		if n.ID != "" {
+			if _, err := n.NetworkID(); err != nil {
+				return bad("%s.id: %v", where, err)
+			}
+		}
+		if _, err := n.Self(); err != nil {
+			return bad("%s.node: %v", where, err)
+		}
+		if _, err := n.identityKey(); err != nil {
+			return bad("%s.node.identity_key: %v", where, err)
+		}
+		if n.Node.WireGuardKey.IsZero() {
+			return bad("%s.node.wireguard_key is required", where)
+		}
+		seen := map[string]bool{n.Node.Name: true}
+		addrs := map[netip.Addr]bool{}
+		self, _ := n.Self()
+		addrs[self.Addr] = true
+		for j, pc := range n.Peers {
+			pw := fmt.Sprintf("%s.peers[%d] (%s)", where, j, pc.Name)
+			info, err := pc.info()
+			if err != nil {
+				return bad("%s: %v", pw, err)
+			}
+			if seen[pc.Name] {
+				return bad("%s: name %q twice", pw, pc.Name)
+			}
+			seen[pc.Name] = true
+			if addrs[info.Addr] || !p.Contains(info.Addr) {
+				return bad("%s.address %v: taken or outside %v", pw, info.Addr, p)
+			}
+			addrs[info.Addr] = true
+			if pc.WireGuardKey.IsZero() {
+				return bad("%s.wireguard_key is required", pw)
+			}
+			if pc.Endpoint != "" {
+				if _, err := netip.ParseAddrPort(pc.Endpoint); err != nil {
+					return bad("%s.endpoint %q: want IP:port", pw, pc.Endpoint)
+				}
+			}
+		}
+		if !p.Contains(self.Addr) {
+			return bad("%s.node.address %v is outside %v", where, self.Addr, p)
+		}
+	}
+	return nil
+}
+
+// NetworkID returns the network's crdt id.
+func (n *NetworkConfig) NetworkID() (crdt.NetworkID, error) {
+	var id crdt.NetworkID
+	if n.ID == "" {
+		h := sha256.Sum256([]byte("tsng-network/v1\x00" + n.Name + "\x00" + n.Overlay))
+		copy(id[:], h[:])
+		return id, nil
+	}
+	b, err := hex.DecodeString(n.ID)
+	if err != nil || len(b) != len(id) {
+		return id, fmt.Errorf("%q: want 32 hex digits", n.ID)
+	}
+	copy(id[:], b)
+	return id, nil
+}
+
+func (n *NetworkConfig) identityKey() (ed25519.PrivateKey, error) {
+	seed, err := base64.StdEncoding.DecodeString(n.Node.IdentityKey)
+	if err != nil || len(seed) != ed25519.SeedSize {
+		return nil, fmt.Errorf("want a base64 Ed25519 seed of %d bytes", ed25519.SeedSize)
+	}
+	return ed25519.NewKeyFromSeed(seed), nil
+}
+
+// Self returns this node as a member.
+func (n *NetworkConfig) Self() (vip.NodeInfo, error) {
+	if err := vip.ValidName(n.Node.Name); err != nil {
+		return vip.NodeInfo{}, err
+	}
+	a, err := netip.ParseAddr(n.Node.Address)
+	if err != nil || !a.Is4() {
+		return vip.NodeInfo{}, fmt.Errorf("address %q: want an IPv4 address", n.Node.Address)
+	}
+	k, err := n.identityKey()
+	if err != nil {
+		return vip.NodeInfo{}, err
+	}
+	var id vip.NodeID
+	copy(id[:], k.Public().(ed25519.PublicKey))
+	return vip.NodeInfo{ID: id, Name: n.Node.Name, Addr: a}, nil
+}
+
+func (p *PeerConfig) info() (vip.NodeInfo, error) {
+	if err := vip.ValidName(p.Name); err != nil {
+		return vip.NodeInfo{}, err
+	}
+	a, err := netip.ParseAddr(p.Address)
+	if err != nil || !a.Is4() {
+		return vip.NodeInfo{}, fmt.Errorf("address %q: want an IPv4 address", p.Address)
+	}
+	id, err := vip.ParseNodeID(p.Identity)
+	if err != nil {
+		return vip.NodeInfo{}, fmt.Errorf("identity: %v", err)
+	}
+	return vip.NodeInfo{ID: id, Name: p.Name, Addr: a}, nil
+}
+
+// Members returns every member of the network, this node first.
+func (n *NetworkConfig) Members() ([]vip.NodeInfo, error) {
+	self, err := n.Self()
+	if err != nil {
+		return nil, err
+	}
+	out := []vip.NodeInfo{self}
+	for i := range n.Peers {
+		info, err := n.Peers[i].info()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}

@@ -1,0 +1,514 @@
+package tsng
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.zx2c4.com/wireguard/conn"
+
+	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/crdt/pebblestore"
+	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/probe"
+	"github.com/vipkit/vipkit/transport"
+	"github.com/vipkit/vipkit/transport/netstack"
+	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/vip"
+)
+
+// DaemonOptions configures a Daemon beyond its config file.
+type DaemonOptions struct {
+	Logger *slog.Logger
+	// Bind, when set, makes the WireGuard Bind of a network (tests and the
+	// demo use it to impair or simulate links); nil means real UDP sockets.
+	Bind func(network string) conn.Bind
+	// NoAPI skips the local API socket (the demo drives the daemons
+	// directly).
+	NoAPI bool
+}
+
+// Daemon is the agent: it joins the networks of a config file, runs
+// wireguard-go, the vip engine, the control channel, pebble state and DNS
+// for each, and serves the local API and metrics.
+type Daemon struct {
+	cfg  *Config
+	o    DaemonOptions
+	log  *slog.Logger
+	nets []*netRuntime
+
+	apiLn   net.Listener
+	apiSrv  *http.Server
+	metrics *http.Server
+	wg      sync.WaitGroup
+}
+
+// netRuntime is one network at this node.
+type netRuntime struct {
+	d       *Daemon
+	cfg     NetworkConfig
+	id      crdt.NetworkID
+	members []vip.NodeInfo
+	key     ed25519.PrivateKey
+	replica *crdt.Replica
+	reg     *vip.Registry
+	api     *Network
+
+	mu      sync.Mutex // guards the running parts below and up
+	up      atomic.Bool
+	host    *netstack.Host
+	engine  *vip.Engine
+	dev     *wg.Device
+	control *Control
+	repl    *vip.Replicator
+	dns     *vip.DNSServer
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// NewDaemon opens every network's state (a corrupt store is a hard error)
+// and starts the networks that are not marked stopped.
+func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := &Daemon{cfg: cfg, o: o, log: o.Logger}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	for _, nc := range cfg.Networks {
+		n, err := d.openNetwork(ctx, nc)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, err)
+		}
+		d.nets = append(d.nets, n)
+	}
+	for _, n := range d.nets {
+		if n.cfg.Stopped {
+			continue
+		}
+		if err := n.start(ctx); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("tsng: network %s: %w", n.cfg.Name, err)
+		}
+	}
+	if !o.NoAPI {
+		sock := cfg.Socket
+		if sock == "" {
+			sock = DefaultSocket
+		}
+		ln, err := ListenUnix(sock)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		d.apiLn = ln
+		d.apiSrv = &http.Server{Handler: NewAPIServer(d), ReadHeaderTimeout: 10 * time.Second}
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); _ = d.apiSrv.Serve(ln) }()
+	}
+	if cfg.Metrics != "" {
+		ln, err := net.Listen("tcp", cfg.Metrics)
+		if err != nil {
+			d.Close()
+			return nil, fmt.Errorf("tsng: metrics: %w", err)
+		}
+		d.metrics = &http.Server{Handler: http.HandlerFunc(d.serveMetrics), ReadHeaderTimeout: 10 * time.Second}
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
+	}
+	return d, nil
+}
+
+// Networks implements Manager.
+func (d *Daemon) Networks() []*Network {
+	out := make([]*Network, len(d.nets))
+	for i, n := range d.nets {
+		out[i] = n.api
+	}
+	return out
+}
+
+// Runtime returns the named network's running parts (nil when it is not
+// known); the demo uses it to reach the node's netstack host.
+func (d *Daemon) Runtime(name string) *netRuntime {
+	for _, n := range d.nets {
+		if n.cfg.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// Up starts a stopped network.
+func (d *Daemon) Up(ctx context.Context, name string) error {
+	n := d.Runtime(name)
+	if n == nil {
+		return fmt.Errorf("%w: network %q", vip.ErrNotFound, name)
+	}
+	return n.start(ctx)
+}
+
+// Down stops a running network; its saved configuration stays readable.
+func (d *Daemon) Down(name string) error {
+	n := d.Runtime(name)
+	if n == nil {
+		return fmt.Errorf("%w: network %q", vip.ErrNotFound, name)
+	}
+	n.stop()
+	return nil
+}
+
+// Close stops every network and server and closes the stores.
+func (d *Daemon) Close() error {
+	if d.apiSrv != nil {
+		d.apiSrv.Close()
+	}
+	if d.metrics != nil {
+		d.metrics.Close()
+	}
+	d.wg.Wait()
+	var errs []error
+	for _, n := range d.nets {
+		n.stop()
+		if n.replica != nil {
+			errs = append(errs, n.replica.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime, error) {
+	n := &netRuntime{d: d, cfg: nc}
+	var err error
+	if n.id, err = nc.NetworkID(); err != nil {
+		return nil, err
+	}
+	if n.members, err = nc.Members(); err != nil {
+		return nil, err
+	}
+	if n.key, err = nc.identityKey(); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(d.cfg.DataDir, nc.Name)
+	store, err := pebblestore.Open(ctx, dir, nil)
+	if err != nil {
+		return nil, fmt.Errorf("opening state in %s: %w", dir, err)
+	}
+	authors := make([]crdt.AuthorID, len(n.members))
+	for i, m := range n.members {
+		authors[i] = crdt.AuthorID(m.ID)
+	}
+	lim := crdt.Limits{}
+	if nc.MaxFrame > 0 {
+		lim.MaxSnapshotBytes = nc.MaxFrame
+	}
+	vl := nc.Limits.WithDefaults()
+	lim.MaxServices, lim.MaxTombstones, lim.MaxFieldsPerService = vl.ActiveServices, vl.Tombstones, vl.FieldsPerService
+	n.replica, err = crdt.Open(ctx, crdt.Config{Network: n.id, Signer: n.key, Members: authors, Store: store, Limits: lim, Obsolete: vip.Obsolete})
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("opening state in %s: %w", dir, err)
+	}
+	prefix, _ := netip.ParsePrefix(nc.Overlay)
+	n.reg, err = vip.NewRegistry(vip.RegistryOptions{Network: nc.Name, Prefix: prefix, Replica: n.replica,
+		Nodes: func() []vip.NodeInfo { return n.members }, Limits: nc.Limits, OnChange: n.onChange})
+	if err != nil {
+		n.replica.Close()
+		return nil, err
+	}
+	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status}
+	return n, nil
+}
+
+// onChange runs after every committed change: routing follows, and local
+// changes are published at once.
+func (n *netRuntime) onChange(ids []vip.ServiceID, local bool) {
+	n.mu.Lock()
+	eng, repl := n.engine, n.repl
+	n.mu.Unlock()
+	if eng != nil {
+		if err := eng.Apply(); err != nil {
+			n.d.log.Warn("routing update failed", "network", n.cfg.Name, "err", err)
+		}
+	}
+	if local && repl != nil {
+		repl.Publish(context.Background(), ids)
+	}
+	n.d.log.Info("configuration changed", "network", n.cfg.Name, "services", len(ids), "local", local)
+}
+
+func (n *netRuntime) status(id vip.ServiceID) any {
+	n.mu.Lock()
+	eng := n.engine
+	n.mu.Unlock()
+	if eng == nil {
+		return nil
+	}
+	st := eng.Status()
+	for i := range st.Services {
+		if st.Services[i].ID == id {
+			return st.Services[i]
+		}
+	}
+	return nil
+}
+
+func (n *netRuntime) self() vip.NodeInfo { return n.members[0] }
+
+// peerOf maps an overlay address to its member.
+func (n *netRuntime) peerOf(a netip.Addr) (vip.NodeID, bool) {
+	for _, m := range n.members[1:] {
+		if m.Addr == a {
+			return m.ID, true
+		}
+	}
+	return vip.NodeID{}, false
+}
+
+func (n *netRuntime) addrOf(id vip.NodeID) (netip.Addr, bool) {
+	for _, m := range n.members {
+		if m.ID == id {
+			return m.Addr, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// Host returns the network's netstack host while it runs in netstack mode.
+func (n *netRuntime) Host() *netstack.Host {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.host
+}
+
+// Engine returns the network's engine while it runs.
+func (n *netRuntime) Engine() *vip.Engine {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.engine
+}
+
+// Registry returns the network's configuration.
+func (n *netRuntime) Registry() *vip.Registry { return n.reg }
+
+func (n *netRuntime) start(ctx context.Context) (err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.up.Load() {
+		return nil
+	}
+	if n.cfg.Mode == "tun" {
+		return n.startTUNLocked(ctx)
+	}
+	self := n.self()
+	host, err := netstack.New(netstack.Options{Addrs: []netip.Addr{self.Addr}})
+	if err != nil {
+		return err
+	}
+	return n.startOnLocked(ctx, host, host, netstackNet{host}, &netstackReserver{h: host, addr: self.Addr}, func(ap netip.AddrPort) (net.PacketConn, error) { return host.ListenUDP(ap) })
+}
+
+// startOnLocked starts everything on a host stack.
+func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO, dialer probe.Dialer, cn ControlNet, res flow.PortReserver, listenUDP func(netip.AddrPort) (net.PacketConn, error)) (err error) {
+	self := n.self()
+	cleanup := []func(){}
+	defer func() {
+		if err != nil {
+			for i := len(cleanup) - 1; i >= 0; i-- {
+				cleanup[i]()
+			}
+		}
+	}()
+	if h, ok := host.(*netstack.Host); ok {
+		n.host = h
+		cleanup = append(cleanup, func() { n.host = nil })
+	}
+	var dev *wg.Device
+	pathUp := n.pathUp(func() *wg.Device { return dev })
+	eo := vip.EngineOptions{Registry: n.reg, Self: self.ID, Host: host, Dialer: dialer, PathUp: pathUp, Reserver: res}
+	if n.cfg.ProbeFast {
+		eo.Prober = probe.ProberConfig{Interval: 250 * time.Millisecond, Timeout: 750 * time.Millisecond}
+	}
+	eng, err := vip.NewEngine(eo)
+	if err != nil {
+		host.Close()
+		return err
+	}
+	cleanup = append(cleanup, func() { eng.Close() })
+	wcfg := wg.Config{PrivateKey: n.cfg.Node.WireGuardKey, ListenPort: n.cfg.Node.ListenPort}
+	for i, p := range n.cfg.Peers {
+		pc := wg.PeerConfig{PublicKey: p.WireGuardKey, AllowedIPs: []netip.Prefix{netip.PrefixFrom(n.members[i+1].Addr, 32)}, PersistentKeepalive: 25 * time.Second}
+		if p.Endpoint != "" {
+			pc.Endpoint = netip.MustParseAddrPort(p.Endpoint)
+		}
+		wcfg.Peers = append(wcfg.Peers, pc)
+	}
+	var bind conn.Bind
+	if n.d.o.Bind != nil {
+		bind = n.d.o.Bind(n.cfg.Name)
+	} else {
+		bind = wg.NewUDPBind(wg.UDPBindOptions{})
+	}
+	dev, err = wg.NewDevice(eng, wcfg, wg.Options{Bind: bind, Logger: n.d.log.With("network", n.cfg.Name, "part", "wireguard")})
+	if err != nil {
+		return err
+	}
+	cleanup = append(cleanup, func() { dev.Close() })
+	rctx, cancel := context.WithCancel(context.Background())
+	cleanup = append(cleanup, cancel)
+	var repl *vip.Replicator
+	control, err := NewControl(rctx, ControlOptions{Net: cn, Self: self.Addr, Port: n.cfg.Control, Peer: n.peerOf, Addr: n.addrOf,
+		MaxFrame: n.replica.Limits().MaxSnapshotBytes + 3, Logger: n.d.log.With("network", n.cfg.Name, "part", "control"),
+		Handle: func(ctx context.Context, from vip.NodeID, f []byte) error { return repl.HandleFrame(ctx, from, f) }})
+	if err != nil {
+		return err
+	}
+	cleanup = append(cleanup, func() { control.Close() })
+	peers := make([]vip.NodeID, 0, len(n.members)-1)
+	for _, m := range n.members[1:] {
+		peers = append(peers, m.ID)
+	}
+	repl, err = vip.NewReplicator(vip.ReplicatorOptions{Registry: n.reg, Carrier: control, Peers: func() []vip.NodeID { return peers }})
+	if err != nil {
+		return err
+	}
+	n.done = make(chan struct{})
+	if n.cfg.DNS == nil || *n.cfg.DNS {
+		port := n.cfg.DNSPort
+		if port == 0 {
+			port = 53
+		}
+		pc, err := listenUDP(netip.AddrPortFrom(self.Addr, port))
+		if err != nil {
+			return fmt.Errorf("DNS on %v:%d: %w", self.Addr, port, err)
+		}
+		dns, err := vip.NewDNSServer(eng.DNSOptions())
+		if err != nil {
+			pc.Close()
+			return err
+		}
+		n.dns = dns
+		done := n.done
+		go func() { defer close(done); _ = dns.Serve(rctx, pc) }()
+	} else {
+		close(n.done)
+	}
+	n.engine, n.dev, n.control, n.repl, n.cancel = eng, dev, control, repl, cancel
+	repl.Start()
+	if err := eng.Apply(); err != nil {
+		n.d.log.Warn("routing", "err", err)
+	}
+	n.up.Store(true)
+	n.d.log.Info("network up", "network", n.cfg.Name, "address", self.Addr, "mode", n.mode())
+	return nil
+}
+
+func (n *netRuntime) mode() string {
+	if n.cfg.Mode == "" {
+		return "netstack"
+	}
+	return n.cfg.Mode
+}
+
+// pathUp reports a data path to a peer: a WireGuard handshake within the
+// last 180 s (WireGuard's reject-after time). Device stats are read at
+// most every 500 ms.
+func (n *netRuntime) pathUp(dev func() *wg.Device) func(vip.NodeID) bool {
+	var mu sync.Mutex
+	var at time.Time
+	var stats map[wg.Key]wg.PeerStats
+	keys := map[vip.NodeID]wg.Key{}
+	for i, p := range n.cfg.Peers {
+		keys[n.members[i+1].ID] = p.WireGuardKey
+	}
+	return func(id vip.NodeID) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		d := dev()
+		if d == nil {
+			return false
+		}
+		if time.Since(at) > 500*time.Millisecond {
+			if s, err := d.Stats(); err == nil {
+				stats, at = s, time.Now()
+			}
+		}
+		st, ok := stats[keys[id]]
+		return ok && !st.LastHandshake.IsZero() && time.Since(st.LastHandshake) < 180*time.Second
+	}
+}
+
+func (n *netRuntime) stop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.up.Load() {
+		return
+	}
+	n.up.Store(false)
+	n.repl.Stop()
+	n.cancel()
+	if n.dns != nil {
+		n.dns.Close()
+	}
+	<-n.done
+	n.control.Close()
+	n.dev.Close()
+	n.engine.Close()
+	n.engine, n.dev, n.control, n.repl, n.dns, n.host = nil, nil, nil, nil, nil, nil
+	n.d.log.Info("network down", "network", n.cfg.Name)
+}
+
+// netstackNet is ControlNet over a netstack host.
+type netstackNet struct{ h *netstack.Host }
+
+func (s netstackNet) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	return s.h.DialContext(ctx, network, address)
+}
+
+func (s netstackNet) Listen(addr netip.AddrPort) (net.Listener, error) { return s.h.ListenTCP(addr) }
+
+// netstackReserver reserves shadow ports in the netstack host's own port
+// manager, so no local socket can take one.
+type netstackReserver struct {
+	h     *netstack.Host
+	addr  netip.Addr
+	inUse atomic.Int64
+}
+
+func (r *netstackReserver) Reserve(proto flow.Proto, _ netip.AddrPort) (uint16, error) {
+	p, err := r.h.ReservePort(protoName(proto), r.addr, 0)
+	if err == nil {
+		r.inUse.Add(1)
+	}
+	return p, err
+}
+
+func (r *netstackReserver) Release(proto flow.Proto, _ netip.AddrPort, port uint16) {
+	if r.h.ReleasePort(protoName(proto), r.addr, port) == nil {
+		r.inUse.Add(-1)
+	}
+}
+
+func (r *netstackReserver) InUse() int { return int(r.inUse.Load()) }
+
+func protoName(p flow.Proto) string {
+	if p == flow.ProtoTCP {
+		return "tcp"
+	}
+	return "udp"
+}

@@ -1,0 +1,40 @@
+package tsng
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// RunDaemon loads the config file and runs the agent until ctx ends or the
+// process gets SIGINT or SIGTERM. Logs are structured (log/slog) on stderr.
+func RunDaemon(ctx context.Context, configPath string) error {
+	cfg, err := LoadConfig(configPath)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if cfg.LogLevel != "" {
+		if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+			return err
+		}
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	d, err := NewDaemon(ctx, cfg, DaemonOptions{Logger: log})
+	if err != nil {
+		return err
+	}
+	log.Info("tsng running", "networks", len(cfg.Networks), "socket", cfg.Socket)
+	<-ctx.Done()
+	log.Info("tsng stopping")
+	return d.Close()
+}
+
+// DefaultEnv is the environment of the real command.
+func DefaultEnv() *Env {
+	return &Env{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, Getenv: os.Getenv, Daemon: RunDaemon, Demo: Demo}
+}

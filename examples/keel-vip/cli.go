@@ -1,0 +1,279 @@
+package keelvip
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+)
+
+const usage = `usage: keel-vip <command> [flags]
+
+commands:
+  tend      --mesh FILE                 run the root helper (starts the controller and the listener)
+  pair propose --mesh FILE --peer ADDR --out FILE
+                                        build the pair record with the peer, signed by this node
+  pair sign --mesh FILE --in FILE [--out FILE] [--root-key FILE]
+                                        check and sign a proposed record (default out: appliance.pair_file)
+  promote   --mesh FILE [--old-primary-gone]
+  status    --mesh FILE [--json]
+  inspect   --mesh FILE                 one line per VIP: role, epoch, holder, fenced, carried, routed-to
+  render    --mesh FILE [--holder ADDR] [--out FILE]
+                                        write the wg-quick config, the VIP routed to its holder
+  drop-all  --mesh FILE                 drop every VIP from the interface (ExecStopPost)
+`
+
+// Exit codes of Main.
+const (
+	ExitOK    = 0
+	ExitError = 1
+	ExitUsage = 2
+)
+
+// DispatchExec runs the subcommand named by ExecEnv and exits, when that
+// variable is set (the helper re-executes its binary that way to start the
+// controller and the listener); otherwise it returns at once. Call it first
+// in main, or in TestMain of a test binary the helper re-executes.
+func DispatchExec() {
+	sub := os.Getenv(ExecEnv)
+	if sub == "" {
+		return
+	}
+	os.Unsetenv(ExecEnv)
+	ctx, stop := signalContext()
+	defer stop()
+	var err error
+	switch sub {
+	case "control":
+		err = RunController(ctx, os.Stdin, os.Stderr)
+	case "listen":
+		err = RunListener(ctx, os.Stdin, os.Stderr)
+	default:
+		err = fmt.Errorf("keelvip: unknown subcommand %q", sub)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "keel-vip "+sub+":", err)
+		os.Exit(ExitError)
+	}
+	os.Exit(ExitOK)
+}
+
+// Main runs the keel-vip command line with args (without the program
+// name) and returns the exit code. ctx ends tend (SIGTERM in cmd/keel-vip).
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ExitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	if cmd == "pair" {
+		if len(rest) == 0 {
+			fmt.Fprint(stderr, usage)
+			return ExitUsage
+		}
+		cmd, rest = "pair "+rest[0], rest[1:]
+	}
+	fs := flag.NewFlagSet("keel-vip "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	meshPath := fs.String("mesh", "/etc/keel/mesh.json", "mesh file")
+	var (
+		asJSON, gone             *bool
+		peer, in, out, rootKey   *string
+		holder, exe, setprivPath *string
+	)
+	switch cmd {
+	case "tend":
+		exe = fs.String("exe", "", "program to run as the controller and listener (default: this one)")
+		setprivPath = fs.String("setpriv", "", "setpriv binary (default: from PATH)")
+	case "status":
+		asJSON = fs.Bool("json", false, "print JSON")
+	case "inspect", "drop-all":
+	case "promote":
+		gone = fs.Bool("old-primary-gone", false, "the old primary is gone: wait for its lease instead of its release")
+	case "pair propose":
+		peer = fs.String("peer", "", "the other member's overlay address")
+		out = fs.String("out", "", "where to write the proposal")
+	case "pair sign":
+		in = fs.String("in", "", "the proposal to sign")
+		out = fs.String("out", "", "where to write the record (default: appliance.pair_file)")
+		rootKey = fs.String("root-key", "", "sign with this trust root's key (base64 Ed25519 seed) in place of this node")
+	case "render":
+		holder = fs.String("holder", "", "route the VIP to this holder (default: the running controller's holder)")
+		out = fs.String("out", "", "output file (default: stdout)")
+	default:
+		fmt.Fprintf(stderr, "keel-vip: unknown command %q\n%s", cmd, usage)
+		return ExitUsage
+	}
+	if err := fs.Parse(rest); err != nil || fs.NArg() != 0 {
+		if err == nil {
+			fmt.Fprintf(stderr, "keel-vip %s: unexpected arguments %q\n", cmd, fs.Args())
+		}
+		return ExitUsage
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "keel-vip %s: %v\n", cmd, err)
+		return ExitError
+	}
+	raw, err := readSmall(*meshPath, MaxMeshFileSize)
+	if err != nil {
+		return fail(err)
+	}
+	m, err := LoadMesh(*meshPath)
+	if err != nil {
+		return fail(err)
+	}
+	switch cmd {
+	case "tend":
+		return exitOf(fail, runHelper(ctx, m, raw, *exe, *setprivPath, stderr))
+	case "drop-all":
+		return exitOf(fail, dropAll(ctx, m))
+	case "status", "inspect":
+		s, err := adminStatus(ctx, m)
+		if err != nil {
+			return fail(err)
+		}
+		switch {
+		case cmd == "inspect":
+			fmt.Fprintln(stdout, s.InspectLine())
+		case *asJSON:
+			return exitOf(fail, s.WriteJSON(stdout))
+		default:
+			return exitOf(fail, s.WriteText(stdout))
+		}
+		return ExitOK
+	case "promote":
+		var rep PromoteReply
+		err := callJSON(ctx, adminHTTP(m), http.MethodPost, "http://admin"+promotePath, promoteRequest{OldPrimaryGone: *gone}, &rep, nil)
+		if err != nil {
+			return fail(notRunning(err))
+		}
+		switch {
+		case rep.AlreadyHeld:
+			fmt.Fprintf(stdout, "this node already holds %v at epoch %d\n", m.VIP, rep.Epoch)
+		case rep.ByController:
+			fmt.Fprintf(stdout, "this node holds %v at epoch %d (its controller claimed first)\n", m.VIP, rep.Epoch)
+		default:
+			fmt.Fprintf(stdout, "promoted: this node holds %v at epoch %d\n", m.VIP, rep.Epoch)
+		}
+		return ExitOK
+	case "pair propose":
+		p, err := netip.ParseAddr(*peer)
+		if err != nil || *out == "" {
+			fmt.Fprintln(stderr, "keel-vip pair propose: --peer ADDR and --out FILE are required")
+			return ExitUsage
+		}
+		pr, err := ProposePair(m, p)
+		if err != nil {
+			return fail(err)
+		}
+		b, _ := EncodePairFile(pr)
+		return exitOf(fail, writeFileAtomic(*out, b, 0o644))
+	case "pair sign":
+		b, err := readSmall(*in, MaxPairFileSize)
+		if err != nil {
+			return fail(err)
+		}
+		pr, err := ParsePairFile(b)
+		if err != nil {
+			return fail(err)
+		}
+		var root ed25519.PrivateKey
+		if *rootKey != "" {
+			kb, err := readSmall(*rootKey, 256)
+			if err != nil {
+				return fail(err)
+			}
+			seed, err := parseB64Key("root key", strings.TrimSpace(string(kb)))
+			if err != nil {
+				return fail(err)
+			}
+			root = ed25519.NewKeyFromSeed(seed[:])
+		}
+		if err := SignPair(m, pr, root); err != nil {
+			return fail(err)
+		}
+		dst := *out
+		if dst == "" {
+			dst = m.PairFile
+		}
+		b, _ = EncodePairFile(pr)
+		if err := writeFileAtomic(dst, b, 0o644); err != nil {
+			return fail(err)
+		}
+		pol, _ := m.Policy()
+		if err := pr.Complete(pol.Trust.IsRoot); err != nil {
+			fmt.Fprintf(stdout, "signed; the record still needs the other member's signature (%v)\n", err)
+		} else {
+			fmt.Fprintln(stdout, "signed; the record is complete")
+		}
+		return ExitOK
+	case "render":
+		h := netip.Addr{}
+		if *holder != "" {
+			if h, err = netip.ParseAddr(*holder); err != nil {
+				return fail(fmt.Errorf("%w: --holder: %v", ErrMesh, err))
+			}
+		} else if m.VIP.IsValid() {
+			if s, err := adminStatus(ctx, m); err == nil && s.Holder != "" {
+				h = m.addrOfID(s.Holder)
+			}
+		}
+		var w io.Writer = stdout
+		var sb strings.Builder
+		if *out != "" {
+			w = &sb
+		}
+		if err := m.Render(w, m.VIP, h); err != nil {
+			return fail(err)
+		}
+		if *out != "" {
+			return exitOf(fail, writeFileAtomic(*out, []byte(sb.String()), 0o600))
+		}
+		return ExitOK
+	}
+	return ExitUsage
+}
+
+func (m *Mesh) addrOfID(id string) netip.Addr {
+	if id == m.Self.ID {
+		return m.Self.Addr
+	}
+	for _, p := range m.Peers {
+		if p.ID == id {
+			return p.Addr
+		}
+	}
+	return netip.Addr{}
+}
+
+func exitOf(fail func(error) int, err error) int {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fail(err)
+	}
+	return ExitOK
+}
+
+func adminHTTP(m *Mesh) *http.Client {
+	return unixHTTP(AdminSocket(m), nil, 5*time.Minute)
+}
+
+func notRunning(err error) error {
+	var oe interface{ Timeout() bool }
+	if errors.Is(err, os.ErrNotExist) || errors.As(err, &oe) && strings.Contains(err.Error(), "dial") || strings.Contains(err.Error(), "connect:") {
+		return fmt.Errorf("%w: %v", ErrNotRunning, err)
+	}
+	return err
+}
+
+func adminStatus(ctx context.Context, m *Mesh) (Status, error) {
+	var s Status
+	err := callJSON(ctx, adminHTTP(m), http.MethodGet, "http://admin"+statusPath, nil, &s, nil)
+	return s, notRunning(err)
+}

@@ -1,0 +1,210 @@
+package keelvip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/claim/etcdkv"
+)
+
+// helperCarrier is the controller's claim.Carrier: every carry and route
+// goes to the root helper with the claim that justifies it, which the
+// helper checks before it touches the interface. It is also the
+// controller's StateStore (wrapping the real one) so that it knows the
+// claim held: the controller saves its state before it carries or routes.
+type helperCarrier struct {
+	hc    *http.Client
+	inner claim.StateStore
+	mu    sync.Mutex
+	held  *claim.Claim
+}
+
+var (
+	_ claim.Carrier    = (*helperCarrier)(nil)
+	_ claim.StateStore = (*helperCarrier)(nil)
+)
+
+func (h *helperCarrier) Load() (claim.State, error) {
+	s, err := h.inner.Load()
+	if err == nil {
+		h.mu.Lock()
+		h.held = s.Held
+		h.mu.Unlock()
+	}
+	return s, err
+}
+
+func (h *helperCarrier) Save(s claim.State) error {
+	h.mu.Lock()
+	h.held = s.Held
+	h.mu.Unlock()
+	return h.inner.Save(s)
+}
+
+func (h *helperCarrier) call(ctx context.Context, op string, vip, holder netip.Addr) error {
+	h.mu.Lock()
+	c := h.held
+	h.mu.Unlock()
+	req := carrierRequest{Op: op, VIP: vip.String(), Holder: addrString(holder), Claim: b64Claim(c)}
+	return callJSON(ctx, h.hc, http.MethodPost, "http://helper"+carrierPath, req, nil, nil)
+}
+
+func (h *helperCarrier) Carry(ctx context.Context, vip netip.Addr) error {
+	return h.call(ctx, "carry", vip, netip.Addr{})
+}
+
+func (h *helperCarrier) Drop(ctx context.Context, vip netip.Addr) error {
+	return h.call(ctx, "drop", vip, netip.Addr{})
+}
+
+func (h *helperCarrier) Route(ctx context.Context, vip, holder netip.Addr) error {
+	return h.call(ctx, "route", vip, holder)
+}
+
+// RunController is `keel-vip control`, the unprivileged controller the
+// helper starts: it reads the mesh file from in, tends the node's VIP with
+// claim.Controller (over etcd when the mesh file names endpoints), and
+// serves the helper on control.sock (0600, in the 0700 directory the helper
+// made for it). Every change to the interface goes through the helper.
+// It returns when ctx ends, after closing the controller (which drops the
+// VIP through the helper).
+func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
+	m, err := ParseMesh(in)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "controller")
+	if !m.VIP.IsValid() {
+		<-ctx.Done() // an observer of no VIP: nothing to tend
+		return nil
+	}
+	pol, err := m.Policy()
+	if err != nil {
+		return err
+	}
+	pair, err := LoadPairFromDir(m)
+	if err != nil {
+		return err
+	}
+	hc := &helperCarrier{
+		hc:    unixHTTP(filepath.Join(ctlDir(m), "helper.sock"), nil, 30*time.Second),
+		inner: &claim.FileStore{Path: filepath.Join(m.StateDir, "state.json")},
+	}
+	cfg := claim.Config{
+		Policy: pol, Self: m.Self.Addr, Key: m.Self.SignKey, VIP: m.VIP, Pair: pair,
+		Carrier: hc, Store: hc,
+		Channel: &claim.Client{URL: func(p netip.Addr) string {
+			return "http://" + net.JoinHostPort(p.String(), strconv.Itoa(int(m.MembersPort))) + claim.MembersPath
+		}},
+		RenewInterval: m.RenewInterval, LeaseTTL: m.LeaseTTL, DropAfter: m.DropAfter, ElectionTimeout: m.ElectionTimeout,
+		OnError: func(err error) { log.Warn("controller", "err", err) },
+	}
+	for _, p := range m.Peers {
+		cfg.Peers = append(cfg.Peers, p.Addr)
+	}
+	if len(m.Etcd) > 0 {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0})
+		if err != nil {
+			return fmt.Errorf("keelvip: etcd: %w", err)
+		}
+		defer cli.Close()
+		cfg.KV = etcdkv.New(cli)
+	}
+	ctl, err := claim.NewController(cfg)
+	if err != nil {
+		return err
+	}
+	sock := filepath.Join(ctlDir(m), "control.sock")
+	_ = os.Remove(sock)
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", sock)
+	syscall.Umask(old)
+	if err != nil {
+		ctl.Close()
+		return err
+	}
+	srv := claim.NewServer(ctl)
+	srv.PeerAddr = func(r *http.Request) (netip.Addr, error) { return netip.ParseAddr(r.Header.Get(fromHeader)) }
+	mux := http.NewServeMux()
+	mux.Handle(claim.MembersPath, srv)
+	mux.HandleFunc(statusPath, func(w http.ResponseWriter, r *http.Request) {
+		s := ctl.Status()
+		cs := controlStatus{Role: s.Role.String(), Epoch: s.Epoch, Holder: addrString(s.Holder), Fenced: s.Fenced, Released: s.Released,
+			RenewalAgeMs: -1, Carried: s.Carried, RoutedTo: addrString(s.RoutedTo)}
+		if s.Lease != 0 {
+			cs.Lease = strconv.FormatInt(int64(s.Lease), 16)
+		}
+		if s.RenewalAge >= 0 {
+			cs.RenewalAgeMs = s.RenewalAge.Milliseconds()
+		}
+		writeJSON(w, http.StatusOK, cs)
+	})
+	mux.HandleFunc(promotePath, func(w http.ResponseWriter, r *http.Request) {
+		body, ok := readBody(w, r, maxPrivateBody)
+		if !ok {
+			return
+		}
+		var req promoteRequest
+		if err := decodeStrict(body, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		res, err := ctl.Promote(r.Context(), claim.PromoteOptions{OldPrimaryGone: req.OldPrimaryGone})
+		rep := PromoteReply{ByController: res.ByController, AlreadyHeld: res.AlreadyHeld, Taken: res.Taken, Answered: res.Answered}
+		if res.Claim != nil {
+			rep.Epoch, rep.Holder = res.Claim.Epoch, res.Claim.Holder.String()
+		}
+		if err != nil {
+			log.Warn("promote", "err", err)
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(l) }()
+	ctl.Start()
+	log.Info("controller started", "vip", m.VIP, "etcd", len(m.Etcd) > 0, "uid", os.Getuid())
+	select {
+	case <-ctx.Done():
+	case err = <-done:
+	}
+	cerr := ctl.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return errors.Join(err, cerr)
+}
+
+// LoadPairFromDir loads the pair record for the controller: the mesh's
+// pair file is root's, so the controller reads the copy the helper hands
+// over in the state directory (pair.rec) when it cannot read the original.
+func LoadPairFromDir(m *Mesh) (*claim.PairRecord, error) {
+	pr, err := LoadPair(m)
+	if err == nil || !errors.Is(err, os.ErrPermission) {
+		return pr, err
+	}
+	mm := *m
+	mm.PairFile = filepath.Join(m.StateDir, "pair.rec")
+	return LoadPair(&mm)
+}

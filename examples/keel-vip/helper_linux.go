@@ -1,0 +1,688 @@
+//go:build linux
+
+package keelvip
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/tun"
+
+	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/transport/wg"
+)
+
+// HelperOptions configures RunHelper.
+type HelperOptions struct {
+	// Mesh is the node's mesh file. Required.
+	Mesh *Mesh
+	// MeshRaw is the mesh file's bytes, handed to the controller on its
+	// stdin (it cannot read the root-only file). Required.
+	MeshRaw []byte
+	// Exe is the program run as the controller ("control") and the
+	// listener ("listen"); "" means this executable. It must be
+	// executable by the unprivileged users.
+	Exe string
+	// Setpriv is the setpriv(1) binary that drops to the unprivileged user
+	// with no capabilities; "" means "setpriv" from PATH.
+	Setpriv string
+	// Log receives the helper's log lines and its children's stderr; nil
+	// means os.Stderr.
+	Log io.Writer
+}
+
+// socket paths under the run directory.
+func ctlDir(m *Mesh) string     { return filepath.Join(m.RunDir, "ctl") }
+func membersDir(m *Mesh) string { return filepath.Join(m.RunDir, "members") }
+
+// AdminSocket returns the path of the helper's admin socket (root, 0600).
+func AdminSocket(m *Mesh) string { return filepath.Join(m.RunDir, "admin.sock") }
+
+// ExecEnv names the environment variable that makes DispatchExec run a
+// subcommand of Main: the helper starts the controller and the listener by
+// re-executing its own binary with it set.
+const ExecEnv = "KEELVIP_EXEC"
+
+// peerCred returns the SO_PEERCRED of a unix connection.
+func peerCred(c net.Conn) (*unix.Ucred, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("%w: not a unix socket", ErrPeerCred)
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// checkPeer checks that the process at the other end of c is pid, running
+// as uid.
+func checkPeer(c net.Conn, pid int, uid uint32) error {
+	cr, err := peerCred(c)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrPeerCred, err)
+	}
+	if int(cr.Pid) != pid || cr.Uid != uid {
+		return fmt.Errorf("%w: pid %d uid %d, want pid %d uid %d", ErrPeerCred, cr.Pid, cr.Uid, pid, uid)
+	}
+	return nil
+}
+
+// credListener accepts only connections from the process pid() as uid.
+type credListener struct {
+	net.Listener
+	pid   func() int
+	uid   uint32
+	onBad func(error)
+}
+
+func (l credListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if err := checkPeer(c, l.pid(), l.uid); err != nil {
+			l.onBad(err)
+			c.Close()
+			continue
+		}
+		return c, nil
+	}
+}
+
+// listenUnix creates a unix socket at path with mode perm owned by uid:gid.
+func listenUnix(path string, perm os.FileMode, uid, gid uint32) (net.Listener, error) {
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, perm); err == nil {
+		err = os.Chown(path, int(uid), int(gid))
+	} else {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// privateDir makes dir with mode 0700 owned by uid:gid (and checks it).
+func privateDir(dir string, uid, gid uint32) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chown(dir, int(uid), int(gid))
+}
+
+// helper is the running root helper.
+type helper struct {
+	m       *Mesh
+	pol     *claim.Policy
+	pair    *claim.PairRecord
+	carrier *LinkCarrier
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	newest   *claim.Claim // newest claim the helper checked
+	ctlPid   int
+	lisPid   int
+	ctlHTTP  *http.Client
+	children []*exec.Cmd
+}
+
+// RunHelper is `keel-vip tend`: the root helper. It creates the WireGuard
+// interface (a kernel TUN with wireguard-go, configured from the mesh
+// file), starts the controller and the members' listener as unprivileged
+// processes with no capabilities (setpriv), serves them on private sockets,
+// checks every claim it is asked to act on against the pair record, and
+// alone changes the interface. It returns when ctx ends, after stopping
+// both children and dropping every VIP the node carries.
+func RunHelper(ctx context.Context, o HelperOptions) (err error) {
+	m := o.Mesh
+	logw := o.Log
+	if logw == nil {
+		logw = os.Stderr
+	}
+	h := &helper{m: m, log: slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "helper")}
+	if h.pol, err = m.Policy(); err != nil {
+		return err
+	}
+	if m.VIP.IsValid() {
+		if h.pair, err = LoadPair(m); err != nil {
+			return err
+		}
+	}
+	exe := o.Exe
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	setpriv := o.Setpriv
+	if setpriv == "" {
+		if setpriv, err = exec.LookPath("setpriv"); err != nil {
+			return fmt.Errorf("keelvip: setpriv: %w", err)
+		}
+	}
+
+	// The interface: kernel TUN, our address, up, the overlay routed in.
+	t, err := tun.CreateTUN(m.Interface, m.MTU)
+	if err != nil {
+		return fmt.Errorf("keelvip: create %s: %w", m.Interface, err)
+	}
+	nl := &netlink.Handle{}
+	bind := wg.NewUDPBind(wg.UDPBindOptions{Seed: uint64(os.Getpid())})
+	if err := bind.SetDefault(m.Impair); err != nil {
+		t.Close()
+		return err
+	}
+	dev, err := wg.NewDevice(wg.PacketIOFromTUN(t), m.WGConfig(), wg.Options{Bind: bind})
+	if err != nil {
+		t.Close()
+		return err
+	}
+	defer dev.Close()
+	lk, err := nl.LinkByName(m.Interface)
+	if err != nil {
+		return err
+	}
+	self := &netlink.Addr{IPNet: &net.IPNet{IP: m.Self.Addr.AsSlice(), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}
+	if err := nl.AddrReplace(lk, self); err != nil {
+		return fmt.Errorf("keelvip: address %v: %w", m.Self.Addr, err)
+	}
+	if err := nl.LinkSetUp(lk); err != nil {
+		return err
+	}
+	ov := m.Overlay
+	if err := nl.RouteReplace(&netlink.Route{LinkIndex: lk.Attrs().Index, Dst: &net.IPNet{IP: ov.Addr().AsSlice(), Mask: net.CIDRMask(ov.Bits(), 128)}}); err != nil {
+		return fmt.Errorf("keelvip: route %v: %w", ov, err)
+	}
+	var evlog *EventLog
+	if m.EventLog != "" {
+		if evlog, err = OpenEventLog(m.EventLog, m.Self.ID, bootNow); err != nil {
+			return err
+		}
+		defer evlog.Close()
+	}
+	h.carrier = NewLinkCarrier(nl, m.Interface, dev, m, evlog)
+	// A VIP left behind by a previous run is dropped before anything.
+	if err := h.carrier.DropAll(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		derr := h.carrier.DropAll(context.Background())
+		if derr != nil {
+			h.log.Error("drop every vip", "err", derr)
+		}
+		err = errors.Join(err, derr)
+	}()
+
+	// Directories and sockets.
+	if err := os.MkdirAll(m.RunDir, 0o755); err != nil {
+		return err
+	}
+	if err := privateDir(ctlDir(m), m.ControllerUID, m.ControllerGID); err != nil {
+		return err
+	}
+	if err := privateDir(membersDir(m), m.ListenerUID, m.ListenerGID); err != nil {
+		return err
+	}
+	if err := privateDir(m.StateDir, m.ControllerUID, m.ControllerGID); err != nil {
+		return err
+	}
+	if h.pair != nil {
+		// The controller cannot read root's pair file: hand it a copy.
+		b, _ := EncodePairFile(h.pair)
+		p := filepath.Join(m.StateDir, "pair.rec")
+		if err := writeFileAtomic(p, b, 0o600); err != nil {
+			return err
+		}
+		if err := os.Chown(p, int(m.ControllerUID), int(m.ControllerGID)); err != nil {
+			return err
+		}
+	}
+	srvCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	serve := func(l net.Listener, hd http.Handler) {
+		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second}
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = s.Serve(l) }()
+		go func() { defer wg.Done(); <-srvCtx.Done(); _ = s.Close() }()
+	}
+	bad := func(err error) { h.log.Warn("refused connection", "err", err) }
+	hl, err := listenUnix(filepath.Join(ctlDir(m), "helper.sock"), 0o600, m.ControllerUID, m.ControllerGID)
+	if err != nil {
+		return err
+	}
+	serve(credListener{Listener: hl, pid: h.controllerPid, uid: m.ControllerUID, onBad: bad}, http.HandlerFunc(h.serveCarrier))
+	ml, err := listenUnix(filepath.Join(membersDir(m), "members.sock"), 0o600, m.ListenerUID, m.ListenerGID)
+	if err != nil {
+		return err
+	}
+	serve(credListener{Listener: ml, pid: h.listenerPid, uid: m.ListenerUID, onBad: bad}, http.HandlerFunc(h.serveMembers))
+	al, err := listenUnix(AdminSocket(m), 0o600, 0, 0)
+	if err != nil {
+		return err
+	}
+	serve(credListener{Listener: al, pid: func() int { return -1 }, uid: 0, onBad: bad}.rootOnly(), http.HandlerFunc(h.serveAdmin))
+
+	// The children.
+	ctl, err := h.start(ctx, setpriv, exe, "control", m.ControllerUID, m.ControllerGID, o.MeshRaw, logw)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.ctlPid = ctl.Process.Pid
+	h.ctlHTTP = unixHTTP(filepath.Join(ctlDir(m), "control.sock"), func(c net.Conn) error {
+		return checkPeer(c, ctl.Process.Pid, m.ControllerUID)
+	}, 90*time.Second)
+	h.mu.Unlock()
+	lis, err := h.start(ctx, setpriv, exe, "listen", m.ListenerUID, m.ListenerGID, o.MeshRaw, logw)
+	if err != nil {
+		h.stopChild(ctl)
+		return err
+	}
+	h.mu.Lock()
+	h.lisPid = lis.Process.Pid
+	h.mu.Unlock()
+	h.log.Info("tending", "vip", addrString(m.VIP), "controller_pid", ctl.Process.Pid, "listener_pid", lis.Process.Pid)
+
+	exited := make(chan string, 2)
+	for name, c := range map[string]*exec.Cmd{"controller": ctl, "listener": lis} {
+		go func() { _ = c.Wait(); exited <- name }()
+	}
+	select {
+	case <-ctx.Done():
+	case name := <-exited:
+		err = fmt.Errorf("keelvip: the %s exited", name)
+	}
+	h.stopChild(lis)
+	h.stopChild(ctl)
+	stop()
+	wg.Wait()
+	return err
+}
+
+// rootOnly returns l accepting only uid 0, any pid.
+func (l credListener) rootOnly() net.Listener { return rootListener{l.Listener, l.onBad} }
+
+type rootListener struct {
+	net.Listener
+	onBad func(error)
+}
+
+func (l rootListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		cr, err := peerCred(c)
+		if err != nil || cr.Uid != 0 {
+			l.onBad(fmt.Errorf("%w: admin socket needs uid 0", ErrPeerCred))
+			c.Close()
+			continue
+		}
+		return c, nil
+	}
+}
+
+func (h *helper) controllerPid() int { h.mu.Lock(); defer h.mu.Unlock(); return h.ctlPid }
+func (h *helper) listenerPid() int   { h.mu.Lock(); defer h.mu.Unlock(); return h.lisPid }
+
+// start runs exe as sub under setpriv: the unprivileged uid:gid, no
+// supplementary groups, every capability cleared from the inheritable,
+// ambient and bounding sets, no_new_privs, and SIGKILL when the helper
+// dies. The mesh file goes in on stdin.
+func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid uint32, meshRaw []byte, logw io.Writer) (*exec.Cmd, error) {
+	argv := []string{setpriv,
+		"--reuid=" + strconv.Itoa(int(uid)), "--regid=" + strconv.Itoa(int(gid)), "--clear-groups",
+		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
+		"--pdeathsig=KILL", "--", exe, "-test.run=^$"}
+	cmd := &exec.Cmd{Path: setpriv, Args: argv, Dir: "/"}
+	cmd.Env = append(os.Environ(), ExecEnv+"="+sub)
+	cmd.Stdout, cmd.Stderr = logw, logw
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("keelvip: start %s: %w", sub, err)
+	}
+	_, werr := stdin.Write(meshRaw)
+	cerr := stdin.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		h.stopChild(cmd)
+		return nil, fmt.Errorf("keelvip: hand the mesh file to %s: %w", sub, err)
+	}
+	return cmd, nil
+}
+
+func (h *helper) stopChild(c *exec.Cmd) {
+	if c.Process == nil {
+		return
+	}
+	_ = c.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		for c.ProcessState == nil {
+			if _, err := c.Process.Wait(); err != nil {
+				break
+			}
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = c.Process.Kill()
+	}
+}
+
+// verify checks a claim the controller asks the helper to act on: a valid
+// claim for the node's VIP under the pair record, and not older than the
+// newest the helper has seen.
+func (h *helper) verify(vip netip.Addr, raw string) (*claim.Claim, error) {
+	if h.pair == nil || vip != h.m.VIP {
+		return nil, fmt.Errorf("%w: %v", claim.ErrUnknownVIP, vip)
+	}
+	c, err := parseB64Claim(raw)
+	if err != nil {
+		return nil, err
+	}
+	if c.VIP != vip {
+		return nil, fmt.Errorf("%w: claim for %v", claim.ErrPairMismatch, c.VIP)
+	}
+	if err := h.pol.Verify(h.pair, c, netip.Addr{}); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.newest != nil && h.newest.Newer(c) {
+		return nil, fmt.Errorf("%w: epoch %d, the helper saw %d", claim.ErrStale, c.Epoch, h.newest.Epoch)
+	}
+	h.newest = c
+	return c, nil
+}
+
+// serveCarrier serves the controller's carry, drop and route requests.
+func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != carrierPath || r.Method != http.MethodPost {
+		http.NotFound(w, r)
+		return
+	}
+	body, ok := readBody(w, r, maxPrivateBody)
+	if !ok {
+		return
+	}
+	var req carrierRequest
+	if err := decodeStrict(body, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	vip, err := parseOptAddr(req.VIP)
+	if err == nil && !vip.IsValid() {
+		err = fmt.Errorf("%w: no vip", claim.ErrMalformed)
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	holder, err := parseOptAddr(req.Holder)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	ctx := r.Context()
+	switch req.Op {
+	case "drop": // always allowed: dropping is the safe direction
+		if vip != h.m.VIP {
+			err = fmt.Errorf("%w: %v", claim.ErrUnknownVIP, vip)
+		} else {
+			err = h.carrier.Drop(ctx, vip)
+		}
+	case "carry":
+		var c *claim.Claim
+		if c, err = h.verify(vip, req.Claim); err == nil {
+			if c.Holder != h.m.Self.Addr {
+				err = fmt.Errorf("%w: claim names %v, not this node", claim.ErrNotHolder, c.Holder)
+			} else {
+				err = h.carrier.Carry(ctx, vip)
+			}
+		}
+	case "route":
+		if !holder.IsValid() || holder == h.m.Self.Addr {
+			if vip != h.m.VIP {
+				err = fmt.Errorf("%w: %v", claim.ErrUnknownVIP, vip)
+			} else {
+				err = h.carrier.Route(ctx, vip, netip.Addr{})
+			}
+			break
+		}
+		var c *claim.Claim
+		if c, err = h.verify(vip, req.Claim); err == nil {
+			if c.Holder != holder {
+				err = fmt.Errorf("%w: claim names %v, route to %v", claim.ErrPairMismatch, c.Holder, holder)
+			} else {
+				err = h.carrier.Route(ctx, vip, holder)
+			}
+		}
+	default:
+		err = fmt.Errorf("%w: op %q", claim.ErrMalformed, req.Op)
+	}
+	if err != nil {
+		h.log.Warn("carrier request refused", "op", req.Op, "err", err)
+		writeErr(w, fmt.Errorf("%w: %w", ErrRefused, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// serveMembers takes a members' channel request from the listener,
+// verifies claims and releases, and forwards it to the controller.
+func (h *helper) serveMembers(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != claim.MembersPath || r.Method != http.MethodPost {
+		http.NotFound(w, r)
+		return
+	}
+	from, err := netip.ParseAddr(r.Header.Get(fromHeader))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, errorReply{Error: "sender: " + err.Error(), Code: "malformed"})
+		return
+	}
+	body, ok := readBody(w, r, claim.MaxRequestBody)
+	if !ok {
+		return
+	}
+	if err := h.checkMembers(body, from.Unmap()); err != nil {
+		writeErr(w, err)
+		return
+	}
+	h.forward(w, r.Context(), claim.MembersPath, body, from.Unmap())
+}
+
+// checkMembers verifies what it can of a request before the controller
+// sees it: a claim valid under the pair record from its holder's address,
+// a release from the other member.
+func (h *helper) checkMembers(body []byte, from netip.Addr) error {
+	var req struct {
+		Op      string `json:"op"`
+		Claim   string `json:"claim,omitempty"`
+		Release string `json:"release,omitempty"`
+		VIP     string `json:"vip,omitempty"`
+	}
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	switch req.Op {
+	case "claim":
+		c, err := parseB64Claim(req.Claim)
+		if err != nil {
+			return err
+		}
+		if h.pair == nil || c.VIP != h.m.VIP {
+			return fmt.Errorf("%w: %v", claim.ErrUnknownVIP, c.VIP)
+		}
+		return h.pol.Verify(h.pair, c, from)
+	case "release":
+		raw, err := decodeB64(req.Release)
+		if err != nil {
+			return err
+		}
+		rel, err := claim.ParseRelease(raw)
+		if err != nil {
+			return err
+		}
+		if h.pair == nil || rel.VIP != h.m.VIP {
+			return fmt.Errorf("%w: %v", claim.ErrUnknownVIP, rel.VIP)
+		}
+		o, _ := h.pair.Other(h.m.Self.Addr)
+		if rel.From != o.Addr || rel.FromKey != o.Key {
+			return fmt.Errorf("%w: %v", claim.ErrNotPairMember, rel.From)
+		}
+		if from != rel.From {
+			return fmt.Errorf("%w: from %v", claim.ErrWrongSender, from)
+		}
+		return nil
+	case "epoch":
+		return nil
+	}
+	return fmt.Errorf("%w: op %q", claim.ErrMalformed, req.Op)
+}
+
+func (h *helper) controller() *http.Client {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ctlHTTP
+}
+
+// forward sends body to the controller's path and copies its answer.
+func (h *helper) forward(w http.ResponseWriter, ctx context.Context, path string, body []byte, from netip.Addr) {
+	hc := h.controller()
+	if hc == nil {
+		writeJSON(w, http.StatusServiceUnavailable, errorReply{Error: "controller not started"})
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://control"+path, bytesReader(body))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if from.IsValid() {
+		req.Header.Set(fromHeader, from.String())
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, errorReply{Error: "controller: " + err.Error()})
+		return
+	}
+	defer resp.Body.Close()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, io.LimitReader(resp.Body, maxPrivateBody))
+}
+
+// Status returns the node's status: the controller's view and the live
+// interface.
+func (h *helper) status(ctx context.Context) (Status, error) {
+	m := h.m
+	s := Status{Mesh: m.ID, Node: m.Self.ID, VIP: addrString(m.VIP), Etcd: len(m.Etcd) > 0, RenewalAgeMs: -1, Role: claim.RoleReplica.String()}
+	if !m.VIP.IsValid() {
+		return s, ErrNoVIP
+	}
+	var cs controlStatus
+	if hc := h.controller(); hc != nil {
+		if err := callJSON(ctx, hc, http.MethodGet, "http://control"+statusPath, nil, &cs, nil); err != nil {
+			return s, fmt.Errorf("keelvip: controller status: %w", err)
+		}
+	}
+	s.Role, s.Epoch, s.Holder, s.Fenced, s.Released, s.Lease, s.RenewalAgeMs = cs.Role, cs.Epoch, cs.Holder, cs.Fenced, cs.Released, cs.Lease, cs.RenewalAgeMs
+	if id, ok := h.nodeID(s.Holder); ok {
+		s.Holder = id
+	}
+	var err error
+	if s.Carried, err = h.carrier.Carried(m.VIP); err != nil {
+		return s, err
+	}
+	p, ok, err := h.carrier.RoutedTo(m.VIP)
+	if err != nil {
+		return s, err
+	}
+	if ok {
+		s.RoutedTo = p.ID
+	}
+	live, err := h.carrier.dev.Config()
+	if err != nil {
+		return s, err
+	}
+	s.Drift = m.Drift(live, m.VIP)
+	return s, nil
+}
+
+func (h *helper) nodeID(addr string) (string, bool) {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return "", false
+	}
+	if a == h.m.Self.Addr {
+		return h.m.Self.ID, true
+	}
+	p, ok := h.m.PeerByAddr(a)
+	return p.ID, ok
+}
+
+// serveAdmin serves the CLI: status and promote.
+func (h *helper) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == statusPath && r.Method == http.MethodGet:
+		s, err := h.status(r.Context())
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, s)
+	case r.URL.Path == promotePath && r.Method == http.MethodPost:
+		body, ok := readBody(w, r, maxPrivateBody)
+		if !ok {
+			return
+		}
+		var req promoteRequest
+		if err := decodeStrict(body, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		b, _ := json.Marshal(req)
+		h.forward(w, r.Context(), promotePath, b, netip.Addr{})
+	default:
+		http.NotFound(w, r)
+	}
+}

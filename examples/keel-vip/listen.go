@@ -1,0 +1,91 @@
+package keelvip
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/vipkit/vipkit/claim"
+)
+
+// RunListener is `keel-vip listen`, the members' channel's network-facing
+// side: an unprivileged process with no capabilities that listens on the
+// node's overlay address and forwards each POST /v1/vip, with the sender's
+// address, to the root helper over members.sock. It parses nothing: the
+// helper verifies claims and releases, and the controller acts on them.
+func RunListener(ctx context.Context, in io.Reader, logw io.Writer) error {
+	m, err := ParseMesh(in)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "listener")
+	hc := unixHTTP(filepath.Join(membersDir(m), "members.sock"), nil, 60*time.Second)
+	addr := net.JoinHostPort(m.Self.Addr.String(), strconv.Itoa(int(m.MembersPort)))
+	var l net.Listener
+	for {
+		// The overlay address may still be tentative for a moment.
+		if l, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	h := func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != claim.MembersPath || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, errorReply{Error: "sender: " + err.Error()})
+			return
+		}
+		body, ok := readBody(w, r, claim.MaxRequestBody)
+		if !ok {
+			return
+		}
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://helper"+claim.MembersPath, bytesReader(body))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		req.Header.Set(fromHeader, ap.Addr().Unmap().String())
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			log.Warn("forward", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, errorReply{Error: "helper unavailable"})
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, io.LimitReader(resp.Body, claim.MaxResponseBody))
+	}
+	srv := claim.NewServer().HTTPServer(addr)
+	srv.Handler = http.HandlerFunc(h)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	log.Info("members' channel listening", "addr", addr)
+	select {
+	case <-ctx.Done():
+	case err = <-done:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,83 @@
+package keelvip
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Status is what `keel-vip status` shows for one VIP: the controller's view
+// (role, epoch, holder, fenced or released, the lease and its last renewal)
+// and the interface's, read back live from the kernel and the device
+// (whether it carries the VIP, and which peer it is routed to), with any
+// drift of the device from the mesh file (a VIP move is never drift).
+type Status struct {
+	Mesh     string `json:"mesh"`
+	Node     string `json:"node"`
+	VIP      string `json:"vip"`
+	Role     string `json:"role"` // primary or replica
+	Epoch    uint64 `json:"epoch"`
+	Holder   string `json:"holder"` // of the newest claim taken; "" when none
+	Fenced   bool   `json:"fenced"`
+	Released bool   `json:"released"`
+	Lease    string `json:"lease"` // etcd lease id in hex; "" when none or no etcd
+	// RenewalAgeMs is the age of the last renewal etcd answered, in ms; -1
+	// when there was none since the controller started.
+	RenewalAgeMs int64    `json:"renewal_age_ms"`
+	Etcd         bool     `json:"etcd"`
+	Carried      bool     `json:"carried"`   // the interface carries the VIP (live)
+	RoutedTo     string   `json:"routed_to"` // peer id the VIP /128 is routed to (live); "" when none
+	Drift        []string `json:"drift"`
+}
+
+// WriteText writes s as `keel-vip status` prints it.
+func (s Status) WriteText(w io.Writer) error {
+	holder, routed, lease := or(s.Holder, "none"), or(s.RoutedTo, "none"), or(s.Lease, "none")
+	renew := "none since start"
+	if s.RenewalAgeMs >= 0 {
+		renew = fmt.Sprintf("%.1f s ago", float64(s.RenewalAgeMs)/1000)
+	}
+	fence := "no"
+	switch {
+	case s.Fenced:
+		fence = "fenced"
+	case s.Released:
+		fence = "released"
+	}
+	drift := "none"
+	if len(s.Drift) > 0 {
+		drift = strings.Join(s.Drift, "; ")
+	}
+	_, err := fmt.Fprintf(w, "vip %s (mesh %s, node %s)\n  role:      %s\n  epoch:     %d\n  holder:    %s\n  fenced:    %s\n  lease:     %s (renewed %s)\n  carried:   %v\n  routed to: %s\n  drift:     %s\n",
+		s.VIP, s.Mesh, s.Node, s.Role, s.Epoch, holder, fence, lease, renew, yesNo(s.Carried), routed, drift)
+	return err
+}
+
+// WriteJSON writes s as `keel-vip status --json` prints it.
+func (s Status) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(s)
+}
+
+// InspectLine is s as one line of `keel-vip inspect`: the VIP, role,
+// epoch, holder, fenced, carried and routed-to, space separated.
+func (s Status) InspectLine() string {
+	return fmt.Sprintf("%s role=%s epoch=%d holder=%s fenced=%s carried=%s routed-to=%s",
+		s.VIP, s.Role, s.Epoch, or(s.Holder, "-"), yesNo(s.Fenced), yesNo(s.Carried), or(s.RoutedTo, "-"))
+}
+
+func or(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

@@ -17,7 +17,9 @@
 //     and destinations are refused, Options.Admit applies, and a reply from
 //     the binding's backend peer is rewritten back to come from the VIP.
 //
-// Both take the current time as an argument (no clock reads per packet),
+// FromHostBatch and FromPeerBatch do the same for a PacketIO batch, with
+// the table's cache misses overlapped. All take the current time as an
+// argument (no clock reads per packet),
 // update checksums incrementally (RFC 1624) and allocate nothing for
 // established flows. The result says what to do with the packet: Pass
 // (not ours), Forward, Reflect (into the host), Drop (with a counted

@@ -74,7 +74,7 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 		ls.c.BytesIn += sz
 		ic := ICMPv4(pkt[hl:])
 		if ic.Type() == ICMPDestUnreachable && ic.Code() == ICMPCodePortUnreach {
-			n.reports[s] = unreachReport{pending: true, l: ls.l, b: n.backendOf(b)}
+			n.reports[s] = append(n.reports[s], unreachReport{l: ls.l, b: n.backendOf(b)})
 		}
 		if s == sideHost {
 			return Result{Verdict: Reflect}

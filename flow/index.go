@@ -3,6 +3,7 @@ package flow
 import (
 	"encoding/binary"
 	"math/bits"
+	"unsafe"
 )
 
 // tuple is a packed IPv4 5-tuple: k0 = src<<32 | dst (exactly the eight bytes
@@ -67,8 +68,10 @@ func newIndex(entries int, seed0, seed1 uint64) index {
 	for size < entries*2 {
 		size <<= 1
 	}
+	ents := make([]ient, size)
+	adviseHuge(unsafe.Pointer(unsafe.SliceData(ents)), uintptr(size)*unsafe.Sizeof(ient{}))
 	return index{
-		ents:  make([]ient, size),
+		ents:  ents,
 		mask:  uint64(size - 1),
 		shift: uint(64 - bits.TrailingZeros(uint(size))),
 		seed0: seed0 | 1,

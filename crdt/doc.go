@@ -35,10 +35,14 @@
 // unsigned byte strings. The merge is commutative, associative and
 // idempotent, so replicas that hold the same fields hold byte-identical
 // state whatever the arrival order, duplicates or wall time. Each
-// author's counter is durable and strictly increasing (committed with the
-// edit it numbers), so an author never signs two fields with one counter,
-// even across a crash; receivers accept counters in any order, and only the
-// merge order decides a winner.
+// author's counter is durable and strictly increasing: counters are
+// reserved in the store (in blocks of 1024, one extra synced write per
+// block) before anything is signed with them, the edit commits with the
+// counter it used, and a restart continues past the whole reservation, so
+// an author never signs two fields with one counter, even across a crash or
+// a failed commit. A replica that merges its own author's field continues
+// past that field's counter too. Receivers accept counters in any order;
+// only the merge order decides a winner.
 //
 // A service is deleted by a permanent signed tombstone: a field with key
 // TombstoneKey and no value. It wins over every other field of the service
@@ -104,7 +108,7 @@
 // that need no disk store do not link pebble). A service record is the
 // service's snapshot encoding; the meta record is version u32 (1), network
 // [u8; 16], the Lamport high-water mark u64 and a vector of (author
-// [u8; 32], last counter u64) in author order; each record is followed by
+// [u8; 32], reserved counter u64) in author order; each record is followed by
 // its CRC-32C (Castagnoli, little endian). Open checks every record and
 // fails with ErrCorrupt or ErrUnknownVersion rather than reset anything.
 // Every change (merged services, Lamport mark, counters) is one synced

@@ -3,13 +3,15 @@ package crdt
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 )
 
 // Edit makes a local edit of one service: it signs one field per edit with
 // the replica's key, a Lamport clock one past everything seen and the
-// author's next durable counters, merges them, and commits the merged
-// snapshot with the new counter in one synced batch before returning. The
+// author's next counters (reserved durably before anything is signed),
+// merges them, and commits the merged snapshot with the author's counter
+// in one synced batch before returning. The
 // returned fields (and EncodedSnapshot) are then ready to publish.
 //
 // base is the service's revision the edit was drafted on: the edit fails
@@ -73,7 +75,7 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	closed := r.closed
 	s := r.services[id]
 	lamport := r.meta.lamport
-	counter := r.meta.counter[r.self]
+	counter := r.used
 	r.mu.RUnlock()
 	if closed {
 		return nil, ErrClosed
@@ -94,6 +96,14 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	if lamport >= MaxClock || counter > MaxClock-uint64(len(fields)) {
 		return nil, ErrLamportRange
 	}
+	if err := r.reserveCounters(ctx, counter+uint64(len(fields))); err != nil {
+		return nil, err
+	}
+	// From here on the counters are spent, whether or not the edit
+	// commits: a signature made with them is never repeated.
+	r.mu.Lock()
+	r.used = counter + uint64(len(fields))
+	r.mu.Unlock()
 	g := group{id: id, trusted: true}
 	for i := range fields {
 		f := &fields[i]
@@ -116,4 +126,31 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 		return nil, fmt.Errorf("crdt: edit of %s changed nothing", id)
 	}
 	return fields, nil
+}
+
+// counterBlock is how many counters one reservation sets aside, so that
+// only about one edit in counterBlock fields pays for an extra sync.
+const counterBlock = 1024
+
+// reserveCounters makes sure that counters up to upto are durably
+// reserved before anything is signed with them, committing a larger
+// reservation when needed. After a crash the replica continues past the
+// reservation, so no counter is ever used twice, even for a signature that
+// never left the process. Called with writeMu held.
+func (r *Replica) reserveCounters(ctx context.Context, upto uint64) error {
+	if upto <= r.meta.counter[r.self] {
+		return nil
+	}
+	m := meta{network: r.net, lamport: r.meta.lamport, counter: maps.Clone(r.meta.counter)}
+	if m.counter == nil {
+		m.counter = map[AuthorID]uint64{}
+	}
+	m.counter[r.self] = min(upto+counterBlock, MaxClock)
+	if err := r.commit(ctx, nil, nil, &m); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.meta = m
+	r.mu.Unlock()
+	return nil
 }

@@ -202,6 +202,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 	limitErrs := map[ServiceID]error{}
 	newMeta := meta{network: r.net, lamport: r.meta.lamport, counter: r.meta.counter}
 	metaChanged, countersCopied := false, false
+	var ownMax uint64
 	active, tombs := r.active, r.tombs
 	var errs []error
 	for gi := range groups {
@@ -280,6 +281,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			newMeta.lamport = lamport
 			metaChanged = true
 		}
+		ownMax = max(ownMax, own)
 		if r.signer != nil && own > newMeta.counter[r.self] {
 			if !countersCopied {
 				// r.meta stays untouched until publish.
@@ -300,7 +302,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 	if err := r.commit(ctx, pending, order, &newMeta); err != nil {
 		return MergeResult{}, err
 	}
-	r.publish(pending, order, &newMeta, active, tombs, limitErrs)
+	r.publish(pending, order, &newMeta, active, tombs, limitErrs, ownMax)
 	res.Changed = order
 	slices.SortFunc(res.Changed, func(a, b ServiceID) int { return bytes.Compare(a[:], b[:]) })
 	return res, errors.Join(errs...)
@@ -450,9 +452,13 @@ func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, or
 }
 
 // publish makes committed changes visible.
-func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error) {
+func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error, own uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.signer != nil && own > r.used {
+		// Our own field, signed before a lost store: never reuse its counter.
+		r.used = own
+	}
 	for _, id := range order {
 		ns := pending[id]
 		if old := r.services[id]; old != nil {

@@ -118,6 +118,9 @@ type Replica struct {
 	active   int
 	tombs    int
 	meta     meta
+	// used is the last counter the local author used; counters up to
+	// meta.counter[self] are reserved durably (see reserveCounters).
+	used uint64
 }
 
 // service is one held service. It is immutable once published except for
@@ -170,6 +173,9 @@ func Open(ctx context.Context, cfg Config) (*Replica, error) {
 	if err := r.load(ctx); err != nil {
 		return nil, fmt.Errorf("crdt: open: %w", err)
 	}
+	// Every reserved counter may have signed something before a crash:
+	// continue past all of them.
+	r.used = r.meta.counter[r.self]
 	return r, nil
 }
 
@@ -315,10 +321,15 @@ func (r *Replica) Lamport() uint64 {
 	return r.meta.lamport
 }
 
-// Counter returns the last durable counter used by author (0: none).
+// Counter returns the last counter used by the local author (0: none), or
+// for another author the highest counter of its own fields this replica
+// has recorded (only the local author's are tracked).
 func (r *Replica) Counter(author AuthorID) uint64 {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	if author == r.self && r.signer != nil {
+		return r.used
+	}
 	return r.meta.counter[author]
 }
 

@@ -216,7 +216,7 @@ const metaVersion = 1
 type meta struct {
 	network NetworkID
 	lamport uint64              // highest Lamport clock seen
-	counter map[AuthorID]uint64 // last counter used per local author
+	counter map[AuthorID]uint64 // counters reserved (used or not) per local author
 }
 
 // encodeMeta encodes m as a framed record: version u32, network [16],

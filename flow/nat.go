@@ -161,7 +161,7 @@ type NAT struct {
 	scratch   []byte
 	homes     [2][batchChunk]uint64 // per side: index home of each packet in a batch chunk
 	sink      uint64                // keeps the prefetching loads alive
-	reports   [2][]unreachReport // per side, delivered after the lock is released
+	reports   [2][]unreachReport    // per side, delivered after the lock is released
 
 	created, failovers, retargets, refused   uint64
 	reassembled, fragmented, icmpSent        uint64

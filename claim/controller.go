@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"errors"
@@ -100,11 +101,25 @@ type Controller struct {
 	lastRenew time.Time // when the last renewal etcd answered was sent; zero: none since start
 	dirty     bool      // keys must be read: start, watch event, not holding
 	stepping  bool
+	promoting bool                 // a Promote runs: the holder self-check must not fence
+	told      map[netip.Addr]toldClaim // the claim each peer answered last
+	verified  map[string]verifiedValue // per key: the last value found valid
 	started   bool
 	closed    bool
 	step      transport.Timer
 	drop      transport.Timer
 	stats     Stats
+}
+
+type verifiedValue struct {
+	raw  []byte
+	kept *PairRecord
+	c    *Claim
+}
+
+type toldClaim struct {
+	c    *Claim
+	took bool
 }
 
 // Stats counts what a Controller did.
@@ -438,6 +453,15 @@ func (c *Controller) tend() {
 	if need {
 		c.follow(ctx)
 	}
+	c.mu.Lock()
+	var pending *Claim
+	if c.carried {
+		pending = c.st.Held
+	}
+	c.mu.Unlock()
+	if pending != nil {
+		c.announce(ctx, pending)
+	}
 }
 
 func (c *Controller) call(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -554,6 +578,14 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 		if kv == nil {
 			return nil
 		}
+		// A value already verified (under the same kept record) is not
+		// verified again: followers read the same keys every step.
+		c.mu.Lock()
+		v, ok := c.verified[kv.Key]
+		c.mu.Unlock()
+		if ok && v.kept == kept && bytes.Equal(v.raw, kv.Value) {
+			return v.c
+		}
 		cl, err := ParseClaim(kv.Value)
 		if err == nil && cl.VIP != c.cfg.VIP {
 			err = fmt.Errorf("%w: key for %v holds %v", ErrPairMismatch, c.cfg.VIP, cl.VIP)
@@ -568,6 +600,12 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 			c.report(fmt.Errorf("claim: value of %s: %w", kv.Key, err))
 			return nil
 		}
+		c.mu.Lock()
+		if c.verified == nil {
+			c.verified = map[string]verifiedValue{}
+		}
+		c.verified[kv.Key] = verifiedValue{raw: cl.Encode(), kept: kept, c: cl}
+		c.mu.Unlock()
 		return cl
 	}
 	ks.counter = parse(ks.epochKV)
@@ -621,14 +659,22 @@ func (c *Controller) apply(ks keyState) bool {
 	if ks.holderAlive && ks.holder.Holder != self {
 		c.routeLocked(ks.holder.Holder)
 	}
+	mineKey := ks.holderAlive && ks.holder.Holder == self && c.st.Lease != 0 && ks.holderKV.Lease == c.st.Lease
 	if c.st.Role(self) == RoleHolder {
-		mine := ks.holderAlive && ks.holder.Holder == self && ks.holderKV.Lease == c.st.Lease && c.st.Held.Equal(ks.holder)
-		if mine {
+		if mineKey && c.st.Held.Equal(ks.holder) {
 			c.carryLocked()
-		} else if c.renewedLocked() || c.carried {
+		} else if !c.promoting && (c.renewedLocked() || c.carried) {
 			// The holder key is not ours on our live lease: we lost the VIP.
 			c.fenceLocked()
 		}
+		return false
+	}
+	if mineKey {
+		// Not the holder (fenced or released), yet the holder key hangs on
+		// our lease: stop renewing it, so the other member can fail over.
+		c.st.Abandoned, c.st.Lease = c.st.Lease, 0
+		c.lastRenew = time.Time{}
+		c.saveLocked()
 		return false
 	}
 	if c.cfg.Key == nil || c.st.Lease == 0 || !c.renewedLocked() {
@@ -699,6 +745,16 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 		if p == c.cfg.Self {
 			continue
 		}
+		c.mu.Lock()
+		prev, done := c.told[p]
+		c.mu.Unlock()
+		if done && prev.c.Equal(cl) {
+			if prev.took {
+				taken++
+			}
+			answered++
+			continue
+		}
 		cctx, cancel := c.call(ctx)
 		err := c.cfg.Channel.Announce(cctx, p, cl)
 		cancel()
@@ -711,6 +767,12 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 			answered++
 		}
 		c.mu.Lock()
+		if err == nil || ref != nil {
+			if c.told == nil {
+				c.told = map[netip.Addr]toldClaim{}
+			}
+			c.told[p] = toldClaim{c: cl, took: err == nil}
+		}
 		if err == nil {
 			c.stats.Announced++
 		} else {

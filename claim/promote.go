@@ -155,7 +155,13 @@ func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResu
 	}
 	c.st = c.st.Promote()
 	c.saveLocked()
+	c.promoting = true
 	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.promoting = false
+		c.mu.Unlock()
+	}()
 	if c.cfg.KV == nil {
 		return c.promoteNoKV(ctx, o)
 	}

@@ -35,6 +35,13 @@ type Manager interface {
 	Networks() []*Network
 }
 
+// NetworkSwitch is implemented by a Manager that can start and stop its
+// networks (the Daemon does); the API's up and down calls need it.
+type NetworkSwitch interface {
+	Up(ctx context.Context, name string) error
+	Down(name string) error
+}
+
 // API error codes: the JSON error body's "code", the CLI's exit status
 // (see ExitCode) and the HTTP status all follow from them.
 const (
@@ -138,6 +145,8 @@ type APIServer struct {
 func NewAPIServer(m Manager) *APIServer {
 	s := &APIServer{m: m, mux: http.NewServeMux(), maxBody: 1 << 20}
 	s.mux.HandleFunc("GET /v1/networks", s.listNetworks)
+	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
+	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips", s.create)
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips/{vip}", s.show)
@@ -245,6 +254,31 @@ func (s *APIServer) listNetworks(w http.ResponseWriter, r *http.Request) {
 		out = append(out, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *APIServer) upDown(up bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		n, err := s.network(r.PathValue("net"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		sw, ok := s.m.(NetworkSwitch)
+		if !ok {
+			writeErr(w, &APIError{Code: CodeInternal, Message: "tsng: this agent cannot start or stop networks"})
+			return
+		}
+		if up {
+			err = sw.Up(r.Context(), n.Name)
+		} else {
+			err = sw.Down(n.Name)
+		}
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
+	}
 }
 
 func (s *APIServer) listVIPs(w http.ResponseWriter, r *http.Request) {

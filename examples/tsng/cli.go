@@ -257,6 +257,11 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 func rootCommand() *command {
 	return &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.", sub: []*command{
 		vipCommand(),
+		{name: "network", short: "List, start and stop networks.", sub: []*command{
+			{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
+			{name: "up", args: "NET", short: "Start a network on this node.", min: 1, max: 1, run: runUpDown("up")},
+			{name: "down", args: "NET", short: "Stop a network on this node; its saved configuration stays readable.", min: 1, max: 1, run: runUpDown("down")},
+		}},
 		{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
 			flags: func(fs *flag.FlagSet, o *opts) {
 				fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
@@ -423,6 +428,43 @@ func runPortSet(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 		return err
 	}
 	return mutateDoc(ctx, c, http.MethodPatch, p, req)
+}
+
+func runNetworkList(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+	var all []NetworkSummary
+	if err := c.client.Do(ctx, http.MethodGet, "/v1/networks", nil, &all); err != nil {
+		return err
+	}
+	if c.json {
+		enc := json.NewEncoder(c.env.Stdout)
+		for _, n := range all {
+			if err := enc.Encode(n); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(c.env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NETWORK\tID\tSTATE\tVIPS")
+	for _, n := range all {
+		st := "down"
+		if n.Up {
+			st = "up"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", n.Name, n.ID[:12], st, n.Services)
+	}
+	return tw.Flush()
+}
+
+func runUpDown(verb string) func(context.Context, *cliCtx, *opts, []string) error {
+	return func(ctx context.Context, c *cliCtx, _ *opts, a []string) error {
+		var n NetworkSummary
+		if err := c.client.Do(ctx, http.MethodPost, "/v1/networks/"+url.PathEscape(a[0])+"/"+verb, nil, &n); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.env.Stdout, "network %s is %s\n", n.Name, map[bool]string{true: "up", false: "down"}[n.Up])
+		return nil
+	}
 }
 
 func runList(ctx context.Context, c *cliCtx, o *opts, a []string) error {

@@ -47,10 +47,11 @@ type Daemon struct {
 	log  *slog.Logger
 	nets []*netRuntime
 
-	apiLn   net.Listener
-	apiSrv  *http.Server
-	metrics *http.Server
-	wg      sync.WaitGroup
+	apiLn     net.Listener
+	apiSrv    *http.Server
+	metrics   *http.Server
+	metricsLn net.Listener
+	wg        sync.WaitGroup
 }
 
 // netRuntime is one network at this node.
@@ -127,11 +128,20 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			d.Close()
 			return nil, fmt.Errorf("tsng: metrics: %w", err)
 		}
+		d.metricsLn = ln
 		d.metrics = &http.Server{Handler: http.HandlerFunc(d.serveMetrics), ReadHeaderTimeout: 10 * time.Second}
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
 	}
 	return d, nil
+}
+
+// MetricsAddr returns the metrics listener's address ("" when off).
+func (d *Daemon) MetricsAddr() string {
+	if d.metricsLn == nil {
+		return ""
+	}
+	return d.metricsLn.Addr().String()
 }
 
 // Networks implements Manager.

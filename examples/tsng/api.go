@@ -148,15 +148,15 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
-	s.mux.HandleFunc("POST /v1/networks/{net}/vips", s.create)
+	s.mux.HandleFunc("POST /v1/networks/{net}/vips", mutation(s, http.StatusCreated, create))
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips/{vip}", s.show)
-	s.mux.HandleFunc("PUT /v1/networks/{net}/vips/{vip}", s.save)
+	s.mux.HandleFunc("PUT /v1/networks/{net}/vips/{vip}", mutation(s, http.StatusOK, save))
 	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}", s.remove)
-	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports", s.portAdd)
-	s.mux.HandleFunc("PATCH /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", s.portSet)
-	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", s.portRemove)
-	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends", s.backendAdd)
-	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}", s.backendRemove)
+	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports", mutation(s, http.StatusOK, portAdd))
+	s.mux.HandleFunc("PATCH /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", listenerMutation(s, portSet))
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", listenerMutation(s, portRemove))
+	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends", listenerMutation(s, backendAdd))
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}", listenerMutation(s, backendRemove))
 	return s
 }
 
@@ -308,47 +308,6 @@ func (s *APIServer) show(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.doc(n, v))
 }
 
-// CreateRequest is the body of POST /v1/networks/{net}/vips.
-type CreateRequest struct {
-	Name string `json:"name"`
-}
-
-func (s *APIServer) create(w http.ResponseWriter, r *http.Request) {
-	var req CreateRequest
-	if err := s.decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		return reg.Create(ctx, req.Name)
-	}, http.StatusCreated)
-}
-
-// SaveRequest is the body of PUT /v1/networks/{net}/vips/{vip}: a whole
-// draft and the revision it was read at.
-type SaveRequest struct {
-	Service  vip.Service  `json:"service"`
-	Revision vip.Revision `json:"revision"`
-}
-
-func (s *APIServer) save(w http.ResponseWriter, r *http.Request) {
-	var req SaveRequest
-	if err := s.decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		cur, err := reg.Get(r.PathValue("vip"))
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		if req.Service.ID != cur.ID {
-			return vip.ServiceView{}, &APIError{Code: CodeInvalid, Message: fmt.Sprintf("tsng: draft id %s is not the id of %s (%s); ids cannot change", req.Service.ID, cur.Name, cur.ID)}
-		}
-		return reg.Save(ctx, req.Service, req.Revision)
-	}, http.StatusOK)
-}
-
 func (s *APIServer) remove(w http.ResponseWriter, r *http.Request) {
 	n, err := s.upNetwork(r.PathValue("net"))
 	if err != nil {
@@ -362,33 +321,22 @@ func (s *APIServer) remove(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// CreateRequest is the body of POST /v1/networks/{net}/vips.
+type CreateRequest struct {
+	Name string `json:"name"`
+}
+
+// SaveRequest is the body of PUT /v1/networks/{net}/vips/{vip}: a whole
+// draft and the revision it was read at.
+type SaveRequest struct {
+	Service  vip.Service  `json:"service"`
+	Revision vip.Revision `json:"revision"`
+}
+
 // PortAddRequest is the body of POST .../ports.
 type PortAddRequest struct {
 	Listener string   `json:"listener"` // "tcp/443"
 	Backends []string `json:"backends"` // "NODE:PORT"
-}
-
-func (s *APIServer) portAdd(w http.ResponseWriter, r *http.Request) {
-	var req PortAddRequest
-	if err := s.decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		k, err := vip.ParsePortKey(req.Listener)
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		var bs []vip.Backend
-		for _, sel := range req.Backends {
-			b, err := reg.ResolveBackend(sel)
-			if err != nil {
-				return vip.ServiceView{}, err
-			}
-			bs = append(bs, b)
-		}
-		return reg.PortAdd(ctx, r.PathValue("vip"), k, bs)
-	}, http.StatusOK)
 }
 
 // PortSetRequest is the body of PATCH .../ports/{proto}/{port}; absent
@@ -414,85 +362,105 @@ func (p PortSetRequest) settings() vip.PortSettings {
 		Failures: p.Failures, Successes: p.Successes, IdleTimeout: ms(p.IdleTimeoutS, time.Second)}
 }
 
-func portKey(r *http.Request) (vip.PortKey, error) {
-	return vip.ParsePortKey(r.PathValue("proto") + "/" + r.PathValue("port"))
-}
-
-func (s *APIServer) portSet(w http.ResponseWriter, r *http.Request) {
-	var req PortSetRequest
-	if err := s.decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		k, err := portKey(r)
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		return reg.PortSet(ctx, r.PathValue("vip"), k, req.settings())
-	}, http.StatusOK)
-}
-
-func (s *APIServer) portRemove(w http.ResponseWriter, r *http.Request) {
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		k, err := portKey(r)
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		return reg.PortRemove(ctx, r.PathValue("vip"), k)
-	}, http.StatusOK)
-}
-
 // BackendRequest is the body of POST .../backends.
 type BackendRequest struct {
 	Backend string `json:"backend"` // "NODE:PORT"
 }
 
-func (s *APIServer) backendAdd(w http.ResponseWriter, r *http.Request) {
-	var req BackendRequest
-	if err := s.decode(r, &req); err != nil {
-		writeErr(w, err)
-		return
+// noBody is the request type of calls without a body.
+type noBody struct{}
+
+// mutation is the handler of a configuration update: it decodes the body
+// (unless Req is noBody), refuses a network that is not up, applies fn and
+// answers with the service.
+func mutation[Req any](s *APIServer, status int, fn func(ctx context.Context, reg *vip.Registry, r *http.Request, req Req) (vip.ServiceView, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if _, none := any(req).(noBody); !none {
+			if err := s.decode(r, &req); err != nil {
+				writeErr(w, err)
+				return
+			}
+		}
+		n, err := s.upNetwork(r.PathValue("net"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		v, err := fn(r.Context(), n.Registry, r, req)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, status, s.doc(n, v))
 	}
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		k, err := portKey(r)
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		b, err := reg.ResolveBackend(req.Backend)
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		return reg.BackendAdd(ctx, r.PathValue("vip"), k, b)
-	}, http.StatusOK)
 }
 
-func (s *APIServer) backendRemove(w http.ResponseWriter, r *http.Request) {
-	s.mutate(w, r, func(ctx context.Context, reg *vip.Registry) (vip.ServiceView, error) {
-		k, err := portKey(r)
+// listenerMutation is mutation for calls on one listener of a service
+// (.../ports/{proto}/{port}...).
+func listenerMutation[Req any](s *APIServer, fn func(ctx context.Context, reg *vip.Registry, r *http.Request, k vip.PortKey, req Req) (vip.ServiceView, error)) http.HandlerFunc {
+	return mutation(s, http.StatusOK, func(ctx context.Context, reg *vip.Registry, r *http.Request, req Req) (vip.ServiceView, error) {
+		k, err := vip.ParsePortKey(r.PathValue("proto") + "/" + r.PathValue("port"))
 		if err != nil {
 			return vip.ServiceView{}, err
 		}
-		b, err := reg.ResolveBackend(r.PathValue("backend"))
-		if err != nil {
-			return vip.ServiceView{}, err
-		}
-		return reg.BackendRemove(ctx, r.PathValue("vip"), k, b)
-	}, http.StatusOK)
+		return fn(ctx, reg, r, k, req)
+	})
 }
 
-func (s *APIServer) mutate(w http.ResponseWriter, r *http.Request, fn func(context.Context, *vip.Registry) (vip.ServiceView, error), status int) {
-	n, err := s.upNetwork(r.PathValue("net"))
+func create(ctx context.Context, reg *vip.Registry, _ *http.Request, req CreateRequest) (vip.ServiceView, error) {
+	return reg.Create(ctx, req.Name)
+}
+
+func save(ctx context.Context, reg *vip.Registry, r *http.Request, req SaveRequest) (vip.ServiceView, error) {
+	cur, err := reg.Get(r.PathValue("vip"))
 	if err != nil {
-		writeErr(w, err)
-		return
+		return vip.ServiceView{}, err
 	}
-	v, err := fn(r.Context(), n.Registry)
+	if req.Service.ID != cur.ID {
+		return vip.ServiceView{}, &APIError{Code: CodeInvalid, Message: fmt.Sprintf("tsng: draft id %s is not the id of %s (%s); ids cannot change", req.Service.ID, cur.Name, cur.ID)}
+	}
+	return reg.Save(ctx, req.Service, req.Revision)
+}
+
+func portAdd(ctx context.Context, reg *vip.Registry, r *http.Request, req PortAddRequest) (vip.ServiceView, error) {
+	k, err := vip.ParsePortKey(req.Listener)
 	if err != nil {
-		writeErr(w, err)
-		return
+		return vip.ServiceView{}, err
 	}
-	writeJSON(w, status, s.doc(n, v))
+	var bs []vip.Backend
+	for _, sel := range req.Backends {
+		b, err := reg.ResolveBackend(sel)
+		if err != nil {
+			return vip.ServiceView{}, err
+		}
+		bs = append(bs, b)
+	}
+	return reg.PortAdd(ctx, r.PathValue("vip"), k, bs)
+}
+
+func portSet(ctx context.Context, reg *vip.Registry, r *http.Request, k vip.PortKey, req PortSetRequest) (vip.ServiceView, error) {
+	return reg.PortSet(ctx, r.PathValue("vip"), k, req.settings())
+}
+
+func portRemove(ctx context.Context, reg *vip.Registry, r *http.Request, k vip.PortKey, _ noBody) (vip.ServiceView, error) {
+	return reg.PortRemove(ctx, r.PathValue("vip"), k)
+}
+
+func backendAdd(ctx context.Context, reg *vip.Registry, r *http.Request, k vip.PortKey, req BackendRequest) (vip.ServiceView, error) {
+	b, err := reg.ResolveBackend(req.Backend)
+	if err != nil {
+		return vip.ServiceView{}, err
+	}
+	return reg.BackendAdd(ctx, r.PathValue("vip"), k, b)
+}
+
+func backendRemove(ctx context.Context, reg *vip.Registry, r *http.Request, k vip.PortKey, _ noBody) (vip.ServiceView, error) {
+	b, err := reg.ResolveBackend(r.PathValue("backend"))
+	if err != nil {
+		return vip.ServiceView{}, err
+	}
+	return reg.BackendRemove(ctx, r.PathValue("vip"), k, b)
 }
 
 // ExitCode maps an API error code to the CLI's exit status (documented in

@@ -69,9 +69,11 @@ func (c *Claim) appendBody(b []byte) ([]byte, error) {
 func (c *Claim) Encode() []byte { return c.raw }
 
 // ParseClaim decodes a canonical claim and checks its signature under the key
-// it names, and its pair record's encoding. It does not consult a trust
-// store or any held state: Policy.Accept does that. Errors: ErrTooLarge,
-// ErrVersion, ErrMalformed, ErrBadSignature.
+// it names, and its pair record's encoding. The pair record's own
+// signatures, the trust store and the held state are Policy's business
+// (Policy.Accept and Verify check them, caching the pair record they have
+// verified): never act on a claim that only went through ParseClaim.
+// Errors: ErrTooLarge, ErrVersion, ErrMalformed, ErrBadSignature.
 func ParseClaim(b []byte) (*Claim, error) {
 	c, body, err := decodeClaim(b)
 	if err != nil {
@@ -99,7 +101,7 @@ func decodeClaim(b []byte) (*Claim, []byte, error) {
 	if r.bad || r.off != len(b) || c.Epoch == 0 {
 		return nil, nil, ErrMalformed
 	}
-	if c.Pair, err = ParsePairRecord(pr); err != nil {
+	if c.Pair, err = decodePairRecord(pr); err != nil {
 		return nil, nil, err
 	}
 	copy(c.sig[:], sig)

@@ -101,7 +101,7 @@ type Controller struct {
 	lastRenew time.Time // when the last renewal etcd answered was sent; zero: none since start
 	dirty     bool      // keys must be read: start, watch event, not holding
 	stepping  bool
-	promoting bool                 // a Promote runs: the holder self-check must not fence
+	promoting bool                     // a Promote runs: the holder self-check must not fence
 	told      map[netip.Addr]toldClaim // the claim each peer answered last
 	verified  map[string]verifiedValue // per key: the last value found valid
 	started   bool

@@ -124,6 +124,30 @@ func (p *PairRecord) Encode() ([]byte, error) {
 // or trust roots is Complete's business. Errors: ErrTooLarge, ErrVersion,
 // ErrMalformed, ErrVIPIsMember, ErrVIPOutsideRegion, ErrBadSignature.
 func ParsePairRecord(b []byte) (*PairRecord, error) {
+	p, err := decodePairRecord(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.verifySigs(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// verifySigs checks every signature under its signer key.
+func (p *PairRecord) verifySigs() error {
+	body := p.body()
+	for _, s := range p.Sigs {
+		if !s.Signer.verify(PairLabel, body, s.Sig[:]) {
+			return ErrBadSignature
+		}
+	}
+	return nil
+}
+
+// decodePairRecord decodes without checking signatures: ParseClaim leaves
+// that to Policy, which caches the records it has verified.
+func decodePairRecord(b []byte) (*PairRecord, error) {
 	r := reader{b: b}
 	mesh, vip, err := r.header(kindPair)
 	if err != nil {
@@ -133,7 +157,6 @@ func ParsePairRecord(b []byte) (*PairRecord, error) {
 	for i := range p.Members {
 		p.Members[i] = Member{Addr: r.addr(), Key: r.key()}
 	}
-	body := r.off
 	n := int(r.u8())
 	if r.bad || n == 0 || n > MaxPairSigs {
 		return nil, ErrMalformed
@@ -151,11 +174,6 @@ func ParsePairRecord(b []byte) (*PairRecord, error) {
 	}
 	if err := p.checkShape(); err != nil {
 		return nil, err
-	}
-	for _, s := range p.Sigs {
-		if !s.Signer.verify(PairLabel, b[:body], s.Sig[:]) {
-			return nil, ErrBadSignature
-		}
 	}
 	return p, nil
 }

@@ -109,6 +109,9 @@ func (p *Policy) completePair(pr *PairRecord) error {
 	if hit {
 		return nil
 	}
+	if err := pr.verifySigs(); err != nil {
+		return err
+	}
 	for _, m := range pr.Members {
 		k, ok := p.Trust.KeyByAddr(m.Addr)
 		if !ok {

@@ -29,15 +29,15 @@ import (
 type simEventKind int
 
 const (
-	evIsolate    simEventKind = iota // cut a member from everyone (etcd included)
-	evReplyLost                      // cut etcd → member only: requests apply, answers are lost
-	evEtcdCut                        // cut member ↔ etcd only; the channel still works
-	evHeal                           // heal every link
-	evCrash                          // stop a member's controller
-	evRestart                        // restart it from its state
-	evElection                       // etcd loses its leader for a while
-	evElectionEnd                    // a new leader: leases refreshed
-	evPromote                        // planned promote on a member
+	evIsolate     simEventKind = iota // cut a member from everyone (etcd included)
+	evReplyLost                       // cut etcd → member only: requests apply, answers are lost
+	evEtcdCut                         // cut member ↔ etcd only; the channel still works
+	evHeal                            // heal every link
+	evCrash                           // stop a member's controller
+	evRestart                         // restart it from its state
+	evElection                        // etcd loses its leader for a while
+	evElectionEnd                     // a new leader: leases refreshed
+	evPromote                         // planned promote on a member
 )
 
 var simEventNames = [...]string{"isolate", "reply-lost", "etcd-cut", "heal", "crash", "restart", "election", "election-end", "promote"}

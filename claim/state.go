@@ -195,7 +195,10 @@ func UnmarshalState(b []byte) (State, error) {
 		if err != nil {
 			return State{}, fmt.Errorf("%w: held: %v", ErrCorruptState, err)
 		}
-		if s.Held, err = ParseClaim(raw); err != nil {
+		if s.Held, err = ParseClaim(raw); err == nil {
+			err = s.Held.Pair.verifySigs()
+		}
+		if err != nil {
 			return State{}, fmt.Errorf("%w: held: %w", ErrCorruptState, err)
 		}
 	}

@@ -4,6 +4,10 @@ import "encoding/binary"
 
 // Fragment reassembly (before NAT) and fragmentation (after it).
 //
+// From the host, fragments to a VIP are reassembled; from peers, fragments
+// whose source is the address of a backend with bindings (others are not
+// NAT traffic and pass untouched).
+//
 // Incomplete datagrams are keyed by the side and authenticated sender they
 // came from plus (src, dst, protocol, id), so one peer can neither complete
 // nor disturb another's datagrams, and a NAT is one network. The cache is
@@ -109,6 +113,11 @@ func (fc *fragCache) poison(e *fragEntry, r DropReason) {
 // datagram, the datagram is translated and emitted.
 func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	ip := IPv4(pkt)
+	if s == sidePeer && n.beRefs[binary.BigEndian.Uint32(pkt[ipv4Src:])] == 0 {
+		// Not from a backend address with bindings: not NAT traffic, left
+		// for the host to reassemble.
+		return pass
+	}
 	hl := ip.HeaderLen()
 	off := ip.FragOffset()
 	data := pkt[hl:]

@@ -98,8 +98,9 @@ func TestFragmentLimits(t *testing.T) {
 		require.Equal(t, Consumed, f.host(fragment(bigUDP(5000, 3000, uint16(10+i)), 1200)[0]).Verdict)
 	}
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonFragLimit}, f.host(fragment(bigUDP(5000, 3000, 20), 1200)[0]))
-	// Another sender (a peer) still has room, scoped separately, until the
-	// global bound.
+	// Another sender (a peer, a backend with a binding) still has room,
+	// scoped separately, until the global bound.
+	require.Equal(t, Forward, f.host(udpTo(9, "x")).Verdict)
 	rep := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: 1, Dport: 2, Payload: make([]byte, 3000), ID: 10}.Build()
 	require.Equal(t, Consumed, f.peer(be1.Peer, fragment(rep, 1200)[0]).Verdict)
 	rep2 := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: 1, Dport: 2, Payload: make([]byte, 3000), ID: 11}.Build()
@@ -197,4 +198,18 @@ func TestFragmentOptionsCopied(t *testing.T) {
 	}
 	dg := reassemble(t, [][]byte{out[0].pkt, out[1].pkt})
 	requireSums(t, dg)
+}
+
+// Fragments from peers that are not backends of any binding are not NAT
+// traffic: they pass untouched, for the host to reassemble.
+func TestFragmentsFromOtherPeersPass(t *testing.T) {
+	f := newFixture(t)
+	setUDP(t, f, be1)
+	other := P{Src: be2.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: 1, Dport: 2, Payload: make([]byte, 3000), ID: 5}.Build()
+	for _, fr := range fragment(other, 1200) {
+		cp := append([]byte(nil), fr...)
+		require.Equal(t, Pass, f.peer(be2.Peer, fr).Verdict)
+		require.Equal(t, cp, fr)
+	}
+	require.Equal(t, 0, f.nat.Stats().FragPending)
 }

@@ -154,6 +154,7 @@ type NAT struct {
 	lisFree   []uint32
 	lmap      map[lkey]uint32
 	vipInfo   map[uint32]*vipInfo
+	beRefs    map[uint32]int // bindings per backend address: which peers' fragments to reassemble
 	bdrops    [][bindingDropSlots]uint32
 	frags     fragCache
 	timer     transport.Timer
@@ -183,6 +184,7 @@ func New(o Options) (*NAT, error) {
 		gran:    int64(o.SweepInterval),
 		lmap:    make(map[lkey]uint32),
 		vipInfo: make(map[uint32]*vipInfo),
+		beRefs:  make(map[uint32]int),
 	}
 	if n.res == nil {
 		n.res = NewMemReserver(MemReserverOptions{})
@@ -712,6 +714,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 	n.used++
 	n.created++
 	n.vipRefLocked(k.dst(), 0, +1)
+	n.beRefs[baddr]++
 	n.wheelLink(id)
 	n.armLocked()
 	return id, ReasonNone
@@ -975,6 +978,9 @@ func (n *NAT) freeLocked(id uint32) {
 	n.nquar--
 	n.used--
 	n.vipRefLocked(b.orig.dst(), 0, -1)
+	if n.beRefs[b.reply.src()]--; n.beRefs[b.reply.src()] <= 0 {
+		delete(n.beRefs, b.reply.src())
+	}
 	if ls.removed && ls.refs == 0 {
 		n.dropListenerLocked(ls)
 	}
@@ -1357,7 +1363,7 @@ func (n *NAT) Close() error {
 	n.idx.reset()
 	n.used, n.nquar = 0, 0
 	n.frags.reset()
-	n.lis, n.lmap, n.vipInfo = nil, map[lkey]uint32{}, map[uint32]*vipInfo{}
+	n.lis, n.lmap, n.vipInfo, n.beRefs = nil, map[lkey]uint32{}, map[uint32]*vipInfo{}, map[uint32]int{}
 	n.vips.Store(nil)
 	return nil
 }

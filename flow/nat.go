@@ -110,9 +110,10 @@ type unreachReport struct {
 // (SetListener, RemoveListener, RemoveBackend, RemoveVIP, HealthChanged,
 // stats) may be called at any time from any goroutine.
 //
-// Concurrency: FromHost and FromPeer may run concurrently with each other
-// and with the control methods, but each of them is called by one goroutine
-// at a time (like PacketIO.Read and Write). The table is guarded by one
+// Concurrency: the host side (FromHost, FromHostBatch) and the peer side
+// (FromPeer, FromPeerBatch) may run concurrently with each other and with
+// the control methods, but each side is driven by one goroutine at a time
+// (like PacketIO.Read and Write). The table is guarded by one
 // mutex held for a few tens of nanoseconds per packet; packets that are not
 // NAT traffic (not to a VIP from the host, not to LocalAddr from a peer) do
 // not take it.

@@ -20,24 +20,19 @@ import (
 	"github.com/vipkit/vipkit/transport/netstack"
 )
 
-// hostReserver is a PortReserver backed by a gVisor netstack host's own
-// port manager: shadow ports are reserved in the client's stack, so none
-// of its sockets can take one.
-type hostReserver struct {
-	h    *netstack.Host
-	addr netip.Addr
-}
-
-func (r hostReserver) Reserve(p Proto, _ netip.AddrPort) (uint16, error) {
-	port, err := r.h.ReservePort(p.String(), r.addr, 0)
-	if errors.Is(err, syscall.EAGAIN) {
-		return 0, errors.Join(ErrPortsExhausted, err)
+// hostReserver reserves shadow ports in a gVisor netstack host's own port
+// manager, so none of its sockets can take one.
+func hostReserver(h *netstack.Host, addr netip.Addr) PortReserver {
+	return FuncReserver{
+		ReserveFunc: func(p Proto, _ netip.AddrPort) (uint16, error) {
+			port, err := h.ReservePort(p.String(), addr, 0)
+			if errors.Is(err, syscall.EAGAIN) {
+				return 0, errors.Join(ErrPortsExhausted, err)
+			}
+			return port, err
+		},
+		ReleaseFunc: func(p Proto, _ netip.AddrPort, port uint16) { _ = h.ReleasePort(p.String(), addr, port) },
 	}
-	return port, err
-}
-
-func (r hostReserver) Release(p Proto, _ netip.AddrPort, port uint16) {
-	_ = r.h.ReleasePort(p.String(), r.addr, port)
 }
 
 // router moves packets between a client host and a backend host through a
@@ -120,7 +115,7 @@ func newNetstackEnv(t *testing.T) *netstackEnv {
 	n, err := New(Options{
 		LocalAddr: localAddr,
 		Selector:  &testSel{},
-		Reserver:  hostReserver{client, localAddr},
+		Reserver:  hostReserver(client, localAddr),
 		MTU:       1420,
 		Emit: func(d Direction, p []byte) {
 			if d == ToHost {

@@ -140,3 +140,26 @@ func (r *MemReserver) InUse() int {
 	defer r.mu.Unlock()
 	return r.inUse
 }
+
+// FuncReserver adapts two functions to a PortReserver: for example the port
+// manager of a gVisor netstack host (transport/netstack's Host.ReservePort
+// and ReleasePort on the client's address), so that shadow ports are
+// reserved in the userspace stack that owns the address. Reserve should
+// return an error matching ErrPortsExhausted when no port is free. Both
+// functions must be safe for concurrent use.
+type FuncReserver struct {
+	ReserveFunc func(proto Proto, backend netip.AddrPort) (uint16, error)
+	ReleaseFunc func(proto Proto, backend netip.AddrPort, port uint16)
+}
+
+var _ PortReserver = FuncReserver{}
+
+// Reserve calls ReserveFunc.
+func (f FuncReserver) Reserve(proto Proto, backend netip.AddrPort) (uint16, error) {
+	return f.ReserveFunc(proto, backend)
+}
+
+// Release calls ReleaseFunc.
+func (f FuncReserver) Release(proto Proto, backend netip.AddrPort, port uint16) {
+	f.ReleaseFunc(proto, backend, port)
+}

@@ -269,7 +269,11 @@ func reasonFor(err error) DropReason {
 
 // Counters are a binding's or listener's user traffic: IP packets and bytes
 // toward the backend (Out) and back toward the client (In), and drops by
-// reason. Probe traffic never matches a listener, so it is never counted here.
+// reason. A listener counts every drop it can be blamed for; a binding
+// counts the reasons that concern an existing binding (quarantined,
+// peer-mismatch, frag-needed, no-emit). Probe traffic never matches a
+// listener, so it is never counted here. Counters are cumulative and reset
+// only with the NAT.
 type Counters struct {
 	PacketsOut, BytesOut uint64
 	PacketsIn, BytesIn   uint64

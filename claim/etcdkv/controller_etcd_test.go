@@ -1,0 +1,387 @@
+package etcdkv_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/claim/claimtest"
+	"github.com/vipkit/vipkit/claim/etcdkv"
+	"github.com/vipkit/vipkit/transport"
+)
+
+// Timings scaled down for a test cluster whose minimum lease TTL is 1 s:
+// the same ratios as production (renew 2 s, drop 10 s, TTL 20 s).
+const (
+	tRenew = 200 * time.Millisecond
+	tDrop  = 1 * time.Second
+	tTTL   = 2 * time.Second
+	tElect = 500 * time.Millisecond
+)
+
+type etcdPair struct {
+	t     *testing.T
+	f     *claimtest.Fixture
+	mesh  string
+	hist  *claimtest.History
+	mu    sync.Mutex
+	nodes map[netip.Addr]*etcdNode
+}
+
+type etcdNode struct {
+	name    string
+	cfg     claim.Config
+	kv      *claimtest.CountingKV
+	carrier *claimtest.FakeCarrier
+	ctl     *claim.Controller
+	cut     bool
+}
+
+// newEtcdPair builds members a and b on the embedded etcd, in a mesh of
+// their own so tests do not share keys, with the real Linux clock.
+func newEtcdPair(t *testing.T) *etcdPair {
+	needEtcd(t)
+	f := claimtest.NewFixture()
+	p := &etcdPair{t: t, f: f, hist: new(claimtest.History), nodes: map[netip.Addr]*etcdNode{}}
+	// Every test has its own mesh name, so its own keys.
+	f.Mesh = fmt.Sprintf("t%d", prefixSeq.Add(1))
+	f.Pair = f.NewPair(f.VIP, f.A, f.B, f.A.Key, f.B.Key)
+	clock := claim.BootClock{}
+	for _, n := range []claimtest.Node{f.A, f.B} {
+		m := &etcdNode{name: n.Name, kv: claimtest.NewCountingKV(etcdkv.New(client)),
+			carrier: claimtest.NewFakeCarrier(n.Name, clock, p.hist)}
+		m.cfg = claim.Config{
+			Policy: f.Policy(), Self: n.Addr, Key: n.Key, VIP: f.VIP, Pair: f.Pair,
+			KV: m.kv, Carrier: m.carrier, Store: new(claim.MemStore), Clock: clock,
+			Channel: &etcdChannel{p: p, from: n.Addr}, Peers: []netip.Addr{f.A.Addr, f.B.Addr},
+			RenewInterval: tRenew, DropAfter: tDrop, LeaseTTL: tTTL, ElectionTimeout: tElect,
+			CallTimeout: time.Second,
+		}
+		p.nodes[n.Addr] = m
+	}
+	t.Cleanup(func() {
+		for _, m := range p.nodes {
+			if m.ctl != nil {
+				m.ctl.Close()
+			}
+		}
+	})
+	return p
+}
+
+func (p *etcdPair) m(name string) *etcdNode {
+	for _, m := range p.nodes {
+		if m.name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+func (p *etcdPair) start(name string) *claim.Controller {
+	m := p.m(name)
+	ctl, err := claim.NewController(m.cfg)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	m.ctl = ctl
+	p.mu.Unlock()
+	ctl.Start()
+	return ctl
+}
+
+func (p *etcdPair) stop(name string) {
+	m := p.m(name)
+	m.ctl.Close()
+	p.mu.Lock()
+	m.ctl = nil
+	p.mu.Unlock()
+}
+
+// cut takes a node off etcd and off the channel.
+func (p *etcdPair) cut(name string, v bool) {
+	m := p.m(name)
+	m.kv.SetDown(v)
+	p.mu.Lock()
+	m.cut = v
+	p.mu.Unlock()
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		transport.Sleep(transport.RealClock{}, 10*time.Millisecond, nil)
+	}
+}
+
+var errDown = errors.New("test: peer unreachable")
+
+type etcdChannel struct {
+	p    *etcdPair
+	from netip.Addr
+}
+
+func (c *etcdChannel) target(peer netip.Addr) (*claim.Controller, error) {
+	c.p.mu.Lock()
+	defer c.p.mu.Unlock()
+	m, from := c.p.nodes[peer], c.p.nodes[c.from]
+	if m == nil || m.ctl == nil || m.cut || from.cut {
+		return nil, errDown
+	}
+	return m.ctl, nil
+}
+
+func (c *etcdChannel) Announce(ctx context.Context, peer netip.Addr, cl *claim.Claim) error {
+	t, err := c.target(peer)
+	if err != nil {
+		return err
+	}
+	return claim.Refusal(t.HandleClaim(ctx, c.from, cl))
+}
+
+func (c *etcdChannel) Release(ctx context.Context, peer netip.Addr, r *claim.Release) (*claim.Claim, error) {
+	t, err := c.target(peer)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := t.HandleRelease(ctx, c.from, r)
+	return cl, claim.Refusal(err)
+}
+
+func (c *etcdChannel) Epoch(ctx context.Context, peer netip.Addr, vip netip.Addr) (*claim.Claim, error) {
+	t, err := c.target(peer)
+	if err != nil {
+		return nil, err
+	}
+	return t.HandleEpoch(ctx)
+}
+
+func (p *etcdPair) counter(t *testing.T) (*claim.Claim, int64) {
+	t.Helper()
+	keys := claim.KeysFor(p.f.Mesh, p.f.VIP)
+	r, err := etcdkv.New(client).Get(context.Background(), keys.Epoch, false)
+	if err != nil || len(r.KVs) != 1 {
+		t.Fatalf("counter: %v %d", err, len(r.KVs))
+	}
+	c, err := claim.ParseClaim(r.KVs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, r.KVs[0].ModRevision
+}
+
+func TestControllerOnEtcd(t *testing.T) {
+	p := newEtcdPair(t)
+	ctx := context.Background()
+	a, b := p.m("a"), p.m("b")
+	p.start("a")
+	p.start("b")
+	eventually(t, 5*time.Second, "both leases granted", func() bool {
+		return a.ctl.Status().Lease != 0 && b.ctl.Status().Lease != 0
+	})
+	// Claim: a promote bootstraps epoch 1.
+	res, err := a.ctl.Promote(ctx, claim.PromoteOptions{})
+	if err != nil || res.Claim.Epoch != 1 || !a.carrier.Carried(p.f.VIP) {
+		t.Fatalf("claim on etcd: %+v %v", res, err)
+	}
+	eventually(t, 5*time.Second, "b follows a", func() bool { return b.carrier.RoutedTo(p.f.VIP) == p.f.A.Addr })
+
+	// Renew: a steady holder makes exactly one round trip per renewal.
+	transport.Sleep(transport.RealClock{}, 3*tRenew, nil) // let the watch's wake-ups settle
+	before, r0 := a.kv.Counts(), a.ctl.Stats().Renewals
+	transport.Sleep(transport.RealClock{}, 10*tRenew, nil)
+	d, renewals := a.kv.Counts().Sub(before), a.ctl.Stats().Renewals-r0
+	if renewals < 5 || d.KeepAlive != renewals || d.Total()-d.Watch != renewals {
+		t.Fatalf("holder over %v: %d renewals, calls %+v; want exactly one round trip per renewal", 10*tRenew, renewals, d)
+	}
+	t.Logf("holder: %d renewals, %d round trips", renewals, d.Total()-d.Watch)
+	_, epochRev := p.counter(t)
+
+	// Expire and fail over: a dies; its lease expires; b claims with one
+	// read and one transaction, its lease granted ahead.
+	bBefore := b.kv.Counts()
+	stopped := time.Now()
+	p.stop("a")
+	eventually(t, tTTL+3*time.Second, "b carries after a's lease expired", func() bool { return b.carrier.Carried(p.f.VIP) })
+	took := time.Since(stopped)
+	bd := b.kv.Counts().Sub(bBefore)
+	if bd.Txn != 1 || bd.Grant != 0 {
+		t.Fatalf("failover calls %+v: want one transaction and no grant", bd)
+	}
+	if took < tTTL-tRenew {
+		t.Fatalf("b carried %v after a stopped, before a's %v lease could expire", took, tTTL)
+	}
+	c, rev := p.counter(t)
+	if c.Epoch != 2 || c.Holder != p.f.B.Addr {
+		t.Fatalf("counter after failover: %v", c)
+	}
+
+	// A stale claim: a claimant that read the counter before the failover
+	// loses the compare, and the counter is unchanged.
+	stale := p.f.Claim(p.f.A, 2)
+	keys := claim.KeysFor(p.f.Mesh, p.f.VIP)
+	r, err := a.kv.Txn(ctx, claim.Txn{
+		If: []claim.Compare{{Key: keys.Epoch, Target: claim.ModRevision, Revision: epochRev},
+			{Key: keys.Holder, Target: claim.CreateRevision}},
+		Then: []claim.Op{claim.Put(keys.Epoch, stale.Encode(), 0), claim.Put(keys.Holder, stale.Encode(), 0)},
+	})
+	if err != nil || r.Succeeded {
+		t.Fatalf("stale claim transaction: %+v %v", r, err)
+	}
+	c2, rev2 := p.counter(t)
+	if !c2.Equal(c) || rev2 != rev {
+		t.Fatalf("counter changed by a stale claim: %v@%d → %v@%d", c, rev, c2, rev2)
+	}
+	// The same stale claim on the members' channel is refused.
+	if err := b.ctl.HandleClaim(ctx, p.f.A.Addr, stale); !errors.Is(err, claim.ErrStale) {
+		t.Fatalf("stale claim on the channel: %v", err)
+	}
+	// The restarted old holder takes the newer claim, is fenced, and
+	// never carries.
+	p.start("a")
+	eventually(t, 5*time.Second, "restarted a takes epoch 2", func() bool { return a.ctl.Status().Epoch == 2 })
+	transport.Sleep(transport.RealClock{}, 2*tDrop, nil)
+	if a.carrier.Carried(p.f.VIP) {
+		t.Fatal("restarted old holder carries")
+	}
+}
+
+func TestPartitionedHolderOnEtcd(t *testing.T) {
+	p := newEtcdPair(t)
+	ctx := context.Background()
+	a, b := p.m("a"), p.m("b")
+	p.start("a")
+	p.start("b")
+	eventually(t, 5*time.Second, "leases", func() bool { return a.ctl.Status().Lease != 0 && b.ctl.Status().Lease != 0 })
+	if _, err := a.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "b takes epoch 1", func() bool { return b.ctl.Status().Epoch == 1 })
+	var mu sync.Mutex
+	var order []string
+	p.hist.OnEvent(func(ev claimtest.Event) {
+		if ev.Kind != claimtest.Route {
+			mu.Lock()
+			order = append(order, ev.Node+" "+ev.Kind.String())
+			mu.Unlock()
+		}
+	})
+	cutAt := time.Now()
+	p.cut("a", true)
+	eventually(t, tDrop+time.Second, "a drops", func() bool { return !a.carrier.Carried(p.f.VIP) })
+	if d := time.Since(cutAt); d > tDrop+200*time.Millisecond {
+		t.Fatalf("cut-off holder dropped %v after the cut", d)
+	}
+	eventually(t, tTTL+3*time.Second, "b carries", func() bool { return b.carrier.Carried(p.f.VIP) })
+	mu.Lock()
+	got := fmt.Sprint(order)
+	mu.Unlock()
+	if got != "[a drop b carry]" {
+		t.Fatalf("order %s", got)
+	}
+	if !a.ctl.Status().Fenced {
+		t.Fatal("a not fenced")
+	}
+	p.cut("a", false)
+	eventually(t, 5*time.Second, "healed a takes epoch 2", func() bool { return a.ctl.Status().Epoch == 2 })
+	if st := a.ctl.Status(); !st.Fenced || a.carrier.Carried(p.f.VIP) {
+		t.Fatalf("healed old primary: %+v", st)
+	}
+}
+
+func TestPromoteOldPrimaryGoneOnEtcd(t *testing.T) {
+	p := newEtcdPair(t)
+	ctx := context.Background()
+	a, b := p.m("a"), p.m("b")
+	// b runs no controller loop of its own here: its promote alone acts.
+	p.start("a")
+	eventually(t, 5*time.Second, "lease", func() bool { return a.ctl.Status().Lease != 0 })
+	if _, err := a.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctlB, err := claim.NewController(b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ctl = ctlB
+	// a is frozen off the network: the release gets no answer.
+	p.cut("a", true)
+	if _, err := ctlB.Promote(ctx, claim.PromoteOptions{}); !errors.Is(err, claim.ErrHolderUnreachable) {
+		t.Fatalf("promote with the holder unreachable: %v", err)
+	}
+	start := time.Now()
+	res, err := ctlB.Promote(ctx, claim.PromoteOptions{OldPrimaryGone: true})
+	if err != nil || res.Claim.Epoch != 2 || !b.carrier.Carried(p.f.VIP) {
+		t.Fatalf("promote with the old primary gone: %+v %v", res, err)
+	}
+	if waited := time.Since(start); waited < tDrop {
+		t.Fatalf("promote did not wait for the lease (%v)", waited)
+	}
+	if n := b.kv.Counts().Revoke; n != 0 {
+		t.Fatalf("promote revoked %d leases", n)
+	}
+}
+
+// BenchmarkEtcdRoundTrips measures a renewal and a claim against the
+// embedded etcd and reports the round trips each takes.
+func BenchmarkEtcdRoundTrips(b *testing.B) {
+	needEtcd(b)
+	ctx := context.Background()
+	kv := claimtest.NewCountingKV(etcdkv.New(client))
+	id, _, err := kv.Grant(ctx, 30*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kv.Revoke(ctx, id)
+	b.Run("renew", func(b *testing.B) {
+		b.ReportAllocs()
+		before := kv.Counts()
+		for b.Loop() {
+			if _, err := kv.KeepAliveOnce(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(kv.Counts().Sub(before).Total())/float64(b.N), "roundtrips/op")
+	})
+	b.Run("claim", func(b *testing.B) {
+		f := claimtest.NewFixture()
+		f.Mesh = fmt.Sprintf("bench%d", prefixSeq.Add(1))
+		f.Pair = f.NewPair(f.VIP, f.A, f.B, f.A.Key, f.B.Key)
+		keys := claim.KeysFor(f.Mesh, f.VIP)
+		b.ReportAllocs()
+		before := kv.Counts()
+		var epoch uint64
+		for b.Loop() {
+			g, err := kv.Get(ctx, keys.Prefix, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var rev int64
+			for _, x := range g.KVs {
+				if x.Key == keys.Epoch {
+					rev = x.ModRevision
+				}
+			}
+			epoch++
+			c := f.Claim(f.A, epoch)
+			r, err := kv.Txn(ctx, claim.Txn{
+				If:   []claim.Compare{{Key: keys.Epoch, Target: claim.ModRevision, Revision: rev}},
+				Then: []claim.Op{claim.Put(keys.Epoch, c.Encode(), 0), claim.Put(keys.Holder, c.Encode(), id)},
+			})
+			if err != nil || !r.Succeeded {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(kv.Counts().Sub(before).Total())/float64(b.N), "roundtrips/op")
+	})
+}

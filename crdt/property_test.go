@@ -114,7 +114,7 @@ func TestPropertyMergeLaws(t *testing.T) {
 	ctx := context.Background()
 	iters := 25
 	if testenv.Long() {
-		iters = 500
+		iters = 3000
 	}
 	for it := 0; it < iters; it++ {
 		a, b, c := pool(rng, 12, 0.05), pool(rng, 12, 0.05), pool(rng, 12, 0.05)
@@ -165,7 +165,7 @@ func TestPropertyConvergence(t *testing.T) {
 	ctx := context.Background()
 	iters := 8
 	if testenv.Long() {
-		iters = 200
+		iters = 1000
 	}
 	const n = 5
 	for it := 0; it < iters; it++ {
@@ -220,7 +220,11 @@ func TestPropertyConvergence(t *testing.T) {
 // state without any repair.
 func TestPropertyConvergenceShuffled(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testenv.Seed(t, 3), 0))
-	for it := 0; it < 10; it++ {
+	iters := 10
+	if testenv.Long() {
+		iters = 1000
+	}
+	for it := 0; it < iters; it++ {
 		fields := pool(rng, 30, 0.05)
 		var first [][]byte
 		for ri := 0; ri < 4; ri++ {
@@ -247,7 +251,11 @@ func TestPropertyConvergenceShuffled(t *testing.T) {
 func TestPropertyTombstoneWins(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testenv.Seed(t, 4), 0))
 	svc := testSvc(0)
-	for it := 0; it < 15; it++ {
+	iters := 15
+	if testenv.Long() {
+		iters = 2000
+	}
+	for it := 0; it < iters; it++ {
 		var fields []Field
 		for i := 0; i < 10; i++ {
 			fields = append(fields, mkField(rng.IntN(3), svc, fmt.Sprint("k", i%4), "v", uint64(1+rng.IntN(100)), uint64(i)))

@@ -1,0 +1,472 @@
+package vip
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/probe"
+	"github.com/vipkit/vipkit/transport"
+	"github.com/vipkit/vipkit/transport/transporttest"
+)
+
+// Node indexes of the three-node clusters: a and b serve, c is the client.
+const (
+	nA = 0
+	nB = 1
+	nC = 2
+)
+
+// fastProber is the fast profile: a probe every 250 ms, expiring after
+// 750 ms, so two expired probes exclude a dead peer within 1.5 s.
+var fastProber = probe.ProberConfig{Interval: 250 * time.Millisecond, Timeout: 750 * time.Millisecond}
+
+// closeLatency makes a the closer backend of c: c–a 2 ms, c–b 15 ms.
+var closeLatency = map[[2]int]time.Duration{{nC, nA}: 2 * time.Millisecond, {nC, nB}: 15 * time.Millisecond, {nA, nB}: 5 * time.Millisecond}
+
+// checkLeaks verifies, after every cleanup of t has run, that no goroutine
+// started during the test is left.
+func checkLeaks(t *testing.T) {
+	opt := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+}
+
+// apiService creates api.home with tcp/443 → a:8443, b:8443 on node c and
+// spreads it.
+func apiService(t *testing.T, c *cluster) ServiceView {
+	t.Helper()
+	ctx := context.Background()
+	cn := c.nodes[nC]
+	if _, err := cn.reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := cn.reg.PortAdd(ctx, "api", PortKey{TCP, 443}, []Backend{{c.nodes[nA].info.ID, 8443}, {c.nodes[nB].info.ID, 8443}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	return v
+}
+
+// failover runs the scenario of the issue: a client on c reaches
+// api.home:443, served by a and b, on the closer backend a; a dies; new
+// connections go to b within limit; the established one stays bound to a.
+func failover(t *testing.T, prober probe.ProberConfig, limit time.Duration) time.Duration {
+	c := newCluster(t, clusterOptions{prober: prober, latency: closeLatency})
+	serveName(t, c.nodes[nA], 8443)
+	serveName(t, c.nodes[nB], 8443)
+	apiService(t, c)
+	cn := c.nodes[nC]
+
+	vip, err := c.resolve(cn, "api.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first sample of each peer includes the WireGuard handshake; the
+	// EWMA (7/8 old + 1/8 new) then converges on the path RTT, and the
+	// closer backend wins.
+	pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
+		return rttsKnown(cn, "api", "tcp/443") && c.next(cn, "api", "tcp/443") == "a"
+	})
+	who, est, err := whoAt(t, cn, netip.AddrPortFrom(vip, 443), 10*time.Second)
+	if err != nil {
+		t.Fatalf("dial api.home:443 (%v): %v", vip, err)
+	}
+	if !strings.HasPrefix(who, "a ") {
+		t.Fatalf("connection reached %q, want a", who)
+	}
+	// Remote backends see the client's ordinary overlay address.
+	if want := cn.info.Addr.String(); !strings.Contains(who, want) {
+		t.Errorf("a saw %q, want source %s", who, want)
+	}
+	estPort := netip.MustParseAddrPort(est.LocalAddr().String())
+
+	start := time.Now()
+	c.net.Isolate(c.nodes[nA].bind.Node())
+	pollUntil(t, limit+5*time.Second, "selection to move to b", func() bool { return c.next(cn, "api", "tcp/443") == "b" })
+	moved := time.Since(start)
+	t.Logf("new connections move to b %v after a died (limit %v)", moved, limit)
+	if moved > limit {
+		t.Errorf("selection moved after %v, want within %v", moved, limit)
+	}
+	l, _ := listenerOf(cn, "api", "tcp/443")
+	if r := backendIn(l, c.nodes[nA]).Reason; r != "probe-timeout" && r != "check-failed" {
+		t.Errorf("a's reason = %q, want probe-timeout", r)
+	}
+	who, _, err = whoAt(t, cn, netip.AddrPortFrom(vip, 443), 10*time.Second)
+	if err != nil || !strings.HasPrefix(who, "b ") {
+		t.Fatalf("new connection after failover reached %q (%v), want b", who, err)
+	}
+	// The established connection was not migrated: its binding still
+	// points at a.
+	found := false
+	for _, b := range cn.engine().NAT().Bindings() {
+		if b.Client == estPort {
+			found = true
+			if b.Backend.Addr != c.nodes[nA].info.Addr {
+				t.Errorf("established connection's binding moved to %v", b.Backend.AddrPort())
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no binding for the established connection from %v", estPort)
+	}
+	return moved
+}
+
+// backendIn returns the status of nd's backend in l.
+func backendIn(l ListenerStatus, nd *cnode) BackendStatus {
+	for _, b := range l.Backends {
+		if b.Node == nd.info.ID {
+			return b
+		}
+	}
+	return BackendStatus{}
+}
+
+func TestEngineClosestBackendAndFastFailover(t *testing.T) {
+	checkLeaks(t)
+	failover(t, fastProber, 1500*time.Millisecond)
+}
+
+// The spec's default timings (a probe per second, expiring after 3 s, two
+// missing exclude): the last answered probe can have been sent up to one
+// interval before the death, so the bound is 1 + 1 + 3 = 5 s.
+func TestEngineFailoverDefaultTimings(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 s of real time")
+	}
+	failover(t, probe.ProberConfig{}, 5*time.Second)
+}
+
+func TestEngineUDPFailoverOnPortUnreachable(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
+	ctx := context.Background()
+	cn, a, b := c.nodes[nC], c.nodes[nA], c.nodes[nB]
+	// Only b serves udp/5353; a answers with ICMP port unreachable.
+	pc, err := b.host.ListenUDP(netip.AddrPortFrom(b.info.Addr, 5353))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("b:"), buf[:n]...), from)
+		}
+	}()
+	if _, err := cn.reg.Create(ctx, "dns"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cn.reg.PortAdd(ctx, "dns", PortKey{UDP, 53}, []Backend{{a.info.ID, 5353}, {b.info.ID, 5353}}); err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	vip, err := c.resolve(cn, "dns.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
+		return rttsKnown(cn, "dns", "udp/53") && c.next(cn, "dns", "udp/53") == "a"
+	})
+	conn, err := cn.host.DialUDP(netip.AddrPortFrom(cn.info.Addr, 0), netip.AddrPortFrom(vip, 53))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var reply string
+	pollUntil(t, 10*time.Second, "a reply from b", func() bool {
+		_, _ = conn.Write([]byte("ping"))
+		_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		buf := make([]byte, 64)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return false
+		}
+		reply = string(buf[:n])
+		return true
+	})
+	if reply != "b:ping" {
+		t.Fatalf("reply %q, want b:ping", reply)
+	}
+	l, _ := listenerOf(cn, "dns", "udp/53")
+	if l.Failovers < 1 {
+		t.Errorf("udp failovers = %d, want ≥ 1", l.Failovers)
+	}
+	if ba := backendIn(l, a); ba.Reason != "icmp-unreachable" || ba.UnreachableUntil == nil {
+		t.Errorf("a's reason = %q, want icmp-unreachable with an end", ba.Reason)
+	}
+	if c.next(cn, "dns", "udp/53") != "b" {
+		t.Errorf("next is not b while a is excluded")
+	}
+	if l.Active != 1 || l.PacketsIn == 0 || l.PacketsOut < 2 {
+		t.Errorf("listener counters: active %d, in %d, out %d", l.Active, l.PacketsIn, l.PacketsOut)
+	}
+}
+
+func TestEngineHairpinLocalBackendSeesVIP(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
+	ctx := context.Background()
+	cn := c.nodes[nC]
+	serveName(t, cn, 8080)
+	serveName(t, c.nodes[nB], 8080)
+	if _, err := cn.reg.Create(ctx, "web"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cn.reg.PortAdd(ctx, "web", PortKey{TCP, 80}, []Backend{{cn.info.ID, 8080}, {c.nodes[nB].info.ID, 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	vip, err := c.resolve(cn, "web.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The local backend has RTT 0: it is chosen at once.
+	if got := c.next(cn, "web", "tcp/80"); got != "c" {
+		t.Fatalf("next = %q, want the local c", got)
+	}
+	who, _, err := whoAt(t, cn, netip.AddrPortFrom(vip, 80), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(who)
+	if len(f) != 2 || f[0] != "c" {
+		t.Fatalf("greeting %q, want c's", who)
+	}
+	if src := netip.MustParseAddrPort(f[1]).Addr(); src != vip {
+		t.Errorf("local backend saw source %v, want the VIP %v", src, vip)
+	}
+	var hair bool
+	for _, b := range cn.engine().NAT().Bindings() {
+		hair = hair || b.Hairpin
+	}
+	if !hair {
+		t.Error("no hairpin binding")
+	}
+	l, _ := listenerOf(cn, "web", "tcp/80")
+	if bc := backendIn(l, cn); bc.RTTMillis != 0 || !bc.Local || !bc.RTTKnown {
+		t.Errorf("local backend status %+v", bc)
+	}
+	// Node c's peers see the VIP only through c: b may not send from it.
+	if st := c.nodes[nB].engine().Status(); st.Flow.Drops["vip-source"] != 0 {
+		t.Errorf("unexpected VIP-source drops at b: %v", st.Flow.Drops)
+	}
+}
+
+func TestEnginePartitionEditsMergeAndRoute(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
+	ctx := context.Background()
+	a, b, cn := c.nodes[nA], c.nodes[nB], c.nodes[nC]
+	serveName(t, a, 9000)
+	serveName(t, b, 9001)
+	if _, err := cn.reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	// Partition {a} | {b, c}: the data plane and the configuration.
+	c.net.Partition([]*transporttest.Node{a.bind.Node()}, []*transporttest.Node{b.bind.Node(), cn.bind.Node()})
+	if _, err := a.reg.PortAdd(ctx, "api", PortKey{TCP, 8000}, []Backend{{a.info.ID, 9000}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.reg.PortAdd(ctx, "api", PortKey{TCP, 8001}, []Backend{{b.info.ID, 9001}}); err != nil {
+		t.Fatal(err)
+	}
+	c.spread([]int{nA}, []int{nB, nC})
+	if _, ok := listenerOf(cn, "api", "tcp/8000"); ok {
+		t.Fatal("c routes a's edit during the partition")
+	}
+	c.net.Heal()
+	c.spread()
+	revs := map[Revision]bool{}
+	for _, nd := range c.nodes {
+		v, err := nd.reg.Get("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		revs[v.Revision] = true
+		if len(v.Listeners) != 2 {
+			t.Fatalf("%s holds %d listeners after the merge, want 2", nd.name, len(v.Listeners))
+		}
+	}
+	if len(revs) != 1 {
+		t.Errorf("revisions differ after the merge: %v", revs)
+	}
+	vip, err := c.resolve(cn, "api.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for port, want := range map[uint16]string{8000: "a", 8001: "b"} {
+		var who string
+		pollUntil(t, 20*time.Second, "a connection through the merged listener", func() bool {
+			var err error
+			who, _, err = whoAt(t, cn, netip.AddrPortFrom(vip, port), time.Second)
+			return err == nil
+		})
+		if !strings.HasPrefix(who, want+" ") {
+			t.Errorf("api.home:%d reached %q, want %s", port, who, want)
+		}
+	}
+}
+
+// A removed listener stops new bindings while its existing ones drain with
+// their original VIP address; a restarted engine drops bindings and keeps
+// the configuration.
+func TestEngineRemovalDrainsAndRestartKeepsConfig(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
+	ctx := context.Background()
+	cn := c.nodes[nC]
+	serveName(t, c.nodes[nA], 8443)
+	serveName(t, c.nodes[nB], 8443)
+	apiService(t, c)
+	vip, err := c.resolve(cn, "api.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conn net.Conn
+	pollUntil(t, 20*time.Second, "a first connection", func() bool {
+		_, conn, err = whoAt(t, cn, netip.AddrPortFrom(vip, 443), time.Second)
+		return err == nil
+	})
+	if _, err := cn.reg.PortRemove(ctx, "api", PortKey{TCP, 443}); err != nil {
+		t.Fatal(err)
+	}
+	st := cn.engine().Status()
+	if len(st.Draining) != 1 || st.Draining[0].VIP != vip || st.Draining[0].Active != 1 {
+		t.Fatalf("draining = %+v, want the removed listener with its binding", st.Draining)
+	}
+	// The existing connection still works through the draining binding.
+	if _, err := conn.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 10*time.Second, "bytes through the draining binding", func() bool {
+		st := cn.engine().Status()
+		return len(st.Draining) == 1 && st.Draining[0].BytesOut > 0 && st.Draining[0].PacketsOut >= 3
+	})
+	// New connections are refused (no listener): the dial fails.
+	if _, _, err := whoAt(t, cn, netip.AddrPortFrom(vip, 443), 300*time.Millisecond); err == nil {
+		t.Fatal("a new connection reached a removed listener")
+	}
+
+	// Restart c's engine: no bindings, same configuration.
+	if _, err := cn.reg.PortAdd(ctx, "api", PortKey{TCP, 443}, []Backend{{c.nodes[nB].info.ID, 8443}}); err != nil {
+		t.Fatal(err)
+	}
+	cn.stop()
+	if err := cn.engine().Apply(); !errors.Is(err, ErrEngineClosed) || !errors.Is(err, transport.ErrClosed) {
+		t.Errorf("Apply after Close = %v, want ErrEngineClosed", err)
+	}
+	cn.closed.Store(false)
+	c.start(cn, clusterOptions{prober: fastProber})
+	st = cn.engine().Status()
+	if st.Flow.Active != 0 || len(st.Draining) != 0 {
+		t.Errorf("restarted engine has bindings: %+v", st.Flow)
+	}
+	if l, ok := listenerOf(cn, "api", "tcp/443"); !ok || !l.Routed || len(l.Backends) != 1 {
+		t.Fatalf("restarted engine lost the configuration: %+v", l)
+	}
+	pollUntil(t, 20*time.Second, "a connection after the restart", func() bool {
+		who, _, err := whoAt(t, cn, netip.AddrPortFrom(vip, 443), time.Second)
+		return err == nil && strings.HasPrefix(who, "b ")
+	})
+}
+
+// Probes are answered inside the engine and counted apart from user
+// traffic; the status JSON carries configuration, revision, counters and
+// observations.
+func TestEngineStatusJSONAndProbeAccounting(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
+	serveName(t, c.nodes[nA], 8443)
+	serveName(t, c.nodes[nB], 8443)
+	v := apiService(t, c)
+	cn, a := c.nodes[nC], c.nodes[nA]
+	pollUntil(t, 20*time.Second, "RTT of both backends", func() bool { return rttsKnown(cn, "api", "tcp/443") })
+	sa := a.engine().Status()
+	if sa.Probe.Answered == 0 || sa.Probe.PacketsOut == 0 {
+		t.Errorf("a answered no probes: %+v", sa.Probe)
+	}
+	st := cn.engine().Status()
+	if st.Probe.PacketsIn == 0 || st.Probe.BytesIn != st.Probe.PacketsIn*probe.PacketLen {
+		t.Errorf("probe counters: %+v", st.Probe)
+	}
+	l, _ := listenerOf(cn, "api", "tcp/443")
+	if l.PacketsOut != 0 || l.PacketsIn != 0 {
+		t.Errorf("probe traffic counted as user traffic: %+v", l.Traffic)
+	}
+	raw := st.JSON()
+	var back map[string]any
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatalf("status JSON: %v\n%s", err, raw)
+	}
+	for _, want := range []string{`"revision": "` + string(v.Revision), `"rtt_ms"`, `"sample_age_ms"`, `"next"`, `"pass_through"`, `"probe"`, `"config"`, `"udp_failovers"`, `"reason": "ok"`} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("status JSON lacks %s:\n%s", want, raw)
+		}
+	}
+	if st.Services[0].Addr != v.Addr || !st.Services[0].Routable {
+		t.Errorf("service status %+v", st.Services[0])
+	}
+	ss, err := cn.engine().ServiceStatus("api")
+	if err != nil || ss.ID != v.ID {
+		t.Errorf("ServiceStatus(api) = %v, %v", ss.ID, err)
+	}
+}
+
+func TestEngineDNSOptions(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber})
+	v := apiService(t, c)
+	o := c.nodes[nA].engine().DNSOptions()
+	if o.Domain != "home" {
+		t.Errorf("domain %q", o.Domain)
+	}
+	if got, ok := o.Lookup("api"); !ok || got != v.Addr {
+		t.Errorf("Lookup(api) = %v, %v; want %v", got, ok, v.Addr)
+	}
+	if got, ok := o.Lookup("node-b"); !ok || got != c.nodes[nB].info.Addr {
+		t.Errorf("Lookup(node-b) = %v, %v", got, ok)
+	}
+	if _, ok := o.Lookup("nope"); ok {
+		t.Error("unknown name resolved")
+	}
+	if !o.Allow(netip.MustParseAddr("100.80.3.4")) || o.Allow(netip.MustParseAddr("192.0.2.1")) {
+		t.Error("Allow is not the overlay range")
+	}
+	if _, err := c.resolve(c.nodes[nA], "nope.home"); err == nil || !strings.Contains(err.Error(), "NXDOMAIN") {
+		t.Errorf("nope.home: %v, want NXDOMAIN", err)
+	}
+}
+
+func TestNewEngineRejectsBadOptions(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{n: 1})
+	nd := c.nodes[0]
+	for name, o := range map[string]EngineOptions{
+		"no registry":  {Host: nd.host, Self: nd.info.ID},
+		"no host":      {Registry: nd.reg, Self: nd.info.ID},
+		"not a member": {Registry: nd.reg, Host: nd.host},
+		"negative":     {Registry: nd.reg, Host: nd.host, Self: nd.info.ID, PathInterval: -1},
+		"bad prober":   {Registry: nd.reg, Host: nd.host, Self: nd.info.ID, Prober: probe.ProberConfig{Interval: -1}},
+		"bad flow":     {Registry: nd.reg, Host: nd.host, Self: nd.info.ID, Flow: func(o *flow.Options) { o.MTU = 1 }},
+	} {
+		if _, err := NewEngine(o); !errors.Is(err, ErrEngineOptions) {
+			t.Errorf("%s: err = %v, want ErrEngineOptions", name, err)
+		}
+	}
+}

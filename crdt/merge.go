@@ -52,7 +52,9 @@ func (r *Replica) MergeSnapshot(ctx context.Context, snap []byte) (MergeResult, 
 // rejects it too (and sets the service's error state when it is held).
 // Fields whose author is not a member are left out (ErrNotMember) while the
 // snapshot's other fields merge. Fields already held byte-identical are
-// not verified again; the others are verified in ZIP-215 batches.
+// not verified again; the others are verified in ZIP-215 batches of up to
+// 1024, spread over GOMAXPROCS goroutines when there are several hundred
+// (all of them have returned when the call does).
 //
 // The returned error joins one error per refused snapshot or field, each
 // wrapping a sentinel (errors.Is); MergeResult counts what was done. The

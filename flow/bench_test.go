@@ -221,6 +221,7 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 	b.ReportAllocs()
 	b.SetBytes(int64(size))
 	b.ResetTimer()
+	cpu := startCPU()
 	if in {
 		for range b.N {
 			peer := bt.header(pkt, j, true)
@@ -239,6 +240,7 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 		}
 	}
 	b.StopTimer()
+	cpu.report(b, b.N, "cpu-ns/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds()/1e6, "Mpps")
 	if bt.flows >= DefaultCapacity { // with one flow, fixed overhead dominates
 		b.ReportMetric(bt.bytesPerFlow, "B/flow")
@@ -276,6 +278,7 @@ func benchTranslateBatch(b *testing.B, bt *benchTable, size int, in bool) {
 	b.ReportAllocs()
 	b.SetBytes(int64(size))
 	b.ResetTimer()
+	cpu := startCPU()
 	for done := 0; done < b.N; done += batch {
 		if in {
 			peer := PeerID(1 + (j & 31))
@@ -303,6 +306,7 @@ func benchTranslateBatch(b *testing.B, bt *benchTable, size int, in bool) {
 		}
 	}
 	b.StopTimer()
+	cpu.report(b, b.N, "cpu-ns/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds()/1e6, "Mpps")
 	if bt.flows >= DefaultCapacity { // with one flow, fixed overhead dominates
 		b.ReportMetric(bt.bytesPerFlow, "B/flow")
@@ -332,6 +336,7 @@ func BenchmarkReassemble(b *testing.B) {
 	now := clock.Now()
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu := startCPU()
 	for i := range b.N {
 		for _, f := range frags {
 			p := buf[:len(f)]
@@ -345,6 +350,7 @@ func BenchmarkReassemble(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	cpu.report(b, b.N, "cpu-ns/op")
 	if emitted < b.N {
 		b.Fatalf("emitted %d for %d datagrams", emitted, b.N)
 	}

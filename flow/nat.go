@@ -329,6 +329,10 @@ func (n *NAT) FromPeer(pkt []byte, peer PeerID, now time.Time) Result {
 // batchChunk is how many packets a batch call prefetches at once.
 const batchChunk = 64
 
+// prefetchMinCapacity is the table size (bindings) above which batches
+// prefetch: below it (≤ 3 MiB of table) the table stays in cache.
+const prefetchMinCapacity = 16384
+
 // FromHostBatch handles pkts as FromHost would, writing each packet's
 // result to res[i] (len(res) ≥ len(pkts)). It takes the table lock once per
 // chunk of 64 packets and, before translating, issues the chunk's
@@ -451,6 +455,9 @@ func (n *NAT) FromPeerBatch(pkts [][]byte, peer PeerID, now time.Time, res []Res
 // depend on each other, so the CPU overlaps their misses; the translation
 // that follows then finds them in cache.
 func (n *NAT) prefetchLocked(s side, chunk [][]byte, out []Result) {
+	if n.o.Capacity <= prefetchMinCapacity {
+		return // the table fits in cache: prefetching would only cost
+	}
 	homes := &n.homes[s]
 	var sink uint64
 	for i, p := range chunk {

@@ -132,6 +132,14 @@ func TestMembershipLater(t *testing.T) {
 	if err != nil || res.Accepted != 1 || res.Identical != 1 || len(r.Fields(svc)) != 2 {
 		t.Fatalf("after membership: %+v %v", res, err)
 	}
+	// Removing a member keeps what is held but refuses its new fields.
+	r.SetMembers(testMembers(1))
+	if _, err := r.MergeFields(ctx, []Field{mkField(5, svc, "c", "3", 2, 2)}); !errors.Is(err, ErrNotMember) {
+		t.Fatalf("removed member: %v", err)
+	}
+	if len(r.Fields(svc)) != 2 {
+		t.Fatal("held fields dropped with the member")
+	}
 }
 
 func TestMergeOrder(t *testing.T) {

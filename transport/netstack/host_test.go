@@ -67,84 +67,7 @@ func TestTCPTransfer(t *testing.T) {
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
 			a, b := hostPair(t, []netip.Addr{f.a}, []netip.Addr{f.b}, nil)
-			ln, err := b.ListenTCP(netip.AddrPortFrom(f.b, 8080))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-
-			const size = 1 << 20
-			payload := make([]byte, size)
-			rng := rand.New(rand.NewPCG(seed, uint64(len(f.name))))
-			for i := range payload {
-				payload[i] = byte(rng.Uint32())
-			}
-			want := sha256.Sum256(payload)
-
-			// The server hashes what it receives and echoes it back.
-			type result struct {
-				sum [32]byte
-				n   int64
-				err error
-			}
-			srv := make(chan result, 1)
-			go func() {
-				c, err := ln.Accept()
-				if err != nil {
-					srv <- result{err: err}
-					return
-				}
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(testTimeout))
-				h := sha256.New()
-				n, err := io.Copy(io.MultiWriter(c, h), c)
-				if err == nil {
-					err = c.(interface{ CloseWrite() error }).CloseWrite()
-				}
-				var r result
-				copy(r.sum[:], h.Sum(nil))
-				r.n, r.err = n, err
-				srv <- r
-			}()
-
-			c, err := a.DialContext(ctxT(t), f.tcpNet, netip.AddrPortFrom(f.b, 8080).String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(testTimeout))
-			if got := c.RemoteAddr().String(); got != netip.AddrPortFrom(f.b, 8080).String() {
-				t.Errorf("RemoteAddr = %s", got)
-			}
-			if ap := netip.MustParseAddrPort(c.LocalAddr().String()); ap.Addr() != f.a {
-				t.Errorf("LocalAddr = %s, want address %v", c.LocalAddr(), f.a)
-			}
-			werr := make(chan error, 1)
-			go func() {
-				_, err := c.Write(payload)
-				if err == nil {
-					err = c.(interface{ CloseWrite() error }).CloseWrite()
-				}
-				werr <- err
-			}()
-			h := sha256.New()
-			n, err := io.Copy(h, c)
-			if err != nil {
-				t.Fatalf("client read after %d bytes: %v", n, err)
-			}
-			if err := <-werr; err != nil {
-				t.Fatalf("client write: %v", err)
-			}
-			r := <-srv
-			if r.err != nil {
-				t.Fatalf("server: %v", r.err)
-			}
-			if r.n != size || r.sum != want {
-				t.Errorf("server got %d bytes, hash %x; want %d, %x", r.n, r.sum, size, want)
-			}
-			if got := h.Sum(nil); n != size || !bytes.Equal(got, want[:]) {
-				t.Errorf("client got %d bytes back, hash %x; want %d, %x", n, got, size, want)
-			}
+			tcpEcho(t, a, b, f, 1<<20, seed)
 			// Every packet one side sent reaches the other (the last ACKs
 			// may still be in the pump).
 			var sa, sb netstack.Stats
@@ -152,10 +75,119 @@ func TestTCPTransfer(t *testing.T) {
 				sa, sb = a.Stats(), b.Stats()
 				return sa.OutPackets > 0 && sa.OutPackets == sb.InPackets && sb.OutPackets == sa.InPackets
 			})
-			if sa.OutBytes < size || sb.OutBytes < size {
+			if sa.OutBytes < 1<<20 || sb.OutBytes < 1<<20 {
 				t.Errorf("fewer bytes out than sent: a %d, b %d", sa.OutBytes, sb.OutBytes)
 			}
 		})
+	}
+}
+
+// TestTCPUnderLoss runs the 1 MiB echo over a pump that loses 2% of the
+// packets each way, and over hosts whose outbound queue overflows.
+func TestTCPUnderLoss(t *testing.T) {
+	seed := testenv.Seed(t, 7)
+	for _, f := range families {
+		t.Run(f.name+"/loss=2%", func(t *testing.T) {
+			a, b, p := lossyHostPair(t, []netip.Addr{f.a}, []netip.Addr{f.b}, nil, 0.02, seed)
+			tcpEcho(t, a, b, f, 1<<20, seed)
+			if p.dropped.Load() == 0 {
+				t.Error("the pump dropped nothing")
+			}
+			if r := a.Stack().Stats().TCP.Retransmits.Value() + b.Stack().Stats().TCP.Retransmits.Value(); r == 0 {
+				t.Error("no retransmissions under loss")
+			}
+		})
+		t.Run(f.name+"/queue=8", func(t *testing.T) {
+			a, b := hostPair(t, []netip.Addr{f.a}, []netip.Addr{f.b}, func(o *netstack.Options) { o.Queue = 8; o.BatchSize = 1 })
+			tcpEcho(t, a, b, f, 1<<20, seed)
+			if d := a.Stats().OutQueueFull + b.Stats().OutQueueFull; d == 0 {
+				t.Log("the 8-packet queue never overflowed") // possible on a fast pump
+			}
+		})
+	}
+}
+
+// tcpEcho connects a to an echo server on b, sends size seeded random
+// bytes, and checks what the server received and what came back with
+// SHA-256.
+func tcpEcho(t *testing.T, a, b *netstack.Host, f family, size int, seed uint64) {
+	t.Helper()
+	ln, err := b.ListenTCP(netip.AddrPortFrom(f.b, 8080))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	payload := make([]byte, size)
+	rng := rand.New(rand.NewPCG(seed, uint64(len(f.name))))
+	for i := range payload {
+		payload[i] = byte(rng.Uint32())
+	}
+	want := sha256.Sum256(payload)
+
+	// The server hashes what it receives and echoes it back.
+	type result struct {
+		sum [32]byte
+		n   int64
+		err error
+	}
+	srv := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			srv <- result{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(testTimeout))
+		h := sha256.New()
+		n, err := io.Copy(io.MultiWriter(c, h), c)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		var r result
+		copy(r.sum[:], h.Sum(nil))
+		r.n, r.err = n, err
+		srv <- r
+	}()
+
+	c, err := a.DialContext(ctxT(t), f.tcpNet, netip.AddrPortFrom(f.b, 8080).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(testTimeout))
+	if got := c.RemoteAddr().String(); got != netip.AddrPortFrom(f.b, 8080).String() {
+		t.Errorf("RemoteAddr = %s", got)
+	}
+	if ap := netip.MustParseAddrPort(c.LocalAddr().String()); ap.Addr() != f.a {
+		t.Errorf("LocalAddr = %s, want address %v", c.LocalAddr(), f.a)
+	}
+	werr := make(chan error, 1)
+	go func() {
+		_, err := c.Write(payload)
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		werr <- err
+	}()
+	h := sha256.New()
+	n, err := io.Copy(h, c)
+	if err != nil {
+		t.Fatalf("client read after %d bytes: %v", n, err)
+	}
+	if err := <-werr; err != nil {
+		t.Fatalf("client write: %v", err)
+	}
+	r := <-srv
+	if r.err != nil {
+		t.Fatalf("server: %v", r.err)
+	}
+	if r.n != int64(size) || r.sum != want {
+		t.Errorf("server got %d bytes, hash %x; want %d, %x", r.n, r.sum, size, want)
+	}
+	if got := h.Sum(nil); n != int64(size) || !bytes.Equal(got, want[:]) {
+		t.Errorf("client got %d bytes back, hash %x; want %d, %x", n, got, size, want)
 	}
 }
 

@@ -41,6 +41,11 @@ type link struct {
 
 type dispatcherBox struct{ d stack.NetworkDispatcher }
 
+// The link deliberately does not implement stack.GSOEndpoint. gVisor's
+// software GSO (GVisorGSOSupported) lets TCP build 64 KiB segments that it
+// splits just before the link; a TCP stall seen with it turned out to be
+// cubic's (see Options.CongestionControl), but its gain could not be shown
+// on the shared benchmark machine, so it stays off until it can.
 var _ stack.LinkEndpoint = (*link)(nil)
 
 func newLink(mtu, queue, batch int) *link {
@@ -55,7 +60,7 @@ func newLink(mtu, queue, batch int) *link {
 
 // WritePackets implements stack.LinkWriter: it queues the stack's outbound
 // packets for Read. It never blocks; packets that find the queue full are
-// dropped, counted, and reported to the stack as ErrNoBufferSpace.
+// dropped and counted in Stats.OutQueueFull, like a full qdisc.
 func (l *link) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	all := pkts.AsSlice()
 	l.mu.Lock()
@@ -89,11 +94,13 @@ func (l *link) WritePackets(pkts stack.PacketBufferList) (int, tcpip.Error) {
 	}
 	if dropped := len(all) - n; dropped > 0 {
 		l.outQueueFull.Add(uint64(dropped))
-		if n == 0 {
-			return 0, &tcpip.ErrNoBufferSpace{}
-		}
 	}
-	return n, nil
+	// Packets dropped for a full queue are reported as sent: to the stack
+	// they are lost on the wire, which TCP recovers from through its
+	// well-trodden loss paths (SACK, RACK, RTO). Reporting
+	// ErrNoBufferSpace instead sends gVisor's TCP down a rarely used error
+	// path that can leave a connection stalled with no timer armed.
+	return len(all), nil
 }
 
 // queued returns how many packets wait for Read.

@@ -45,3 +45,26 @@ func udpPacket(src, dst netip.AddrPort, ttl uint8, payload []byte) []byte {
 	u.SetChecksum(^u.CalculateChecksum(xsum))
 	return pkt
 }
+
+// tcpSYN builds a TCP SYN with correct checksums.
+func tcpSYN(src, dst netip.Addr, sport, dport uint16) []byte {
+	s := tcpip.AddrFromSlice(src.AsSlice())
+	d := tcpip.AddrFromSlice(dst.AsSlice())
+	hl := header.IPv4MinimumSize
+	if src.Is6() {
+		hl = header.IPv6MinimumSize
+	}
+	pkt := make([]byte, hl+header.TCPMinimumSize)
+	if src.Is4() {
+		ip := header.IPv4(pkt)
+		ip.Encode(&header.IPv4Fields{TotalLength: uint16(len(pkt)), TTL: 64, Protocol: uint8(header.TCPProtocolNumber), SrcAddr: s, DstAddr: d})
+		ip.SetChecksum(^ip.CalculateChecksum())
+	} else {
+		header.IPv6(pkt).Encode(&header.IPv6Fields{PayloadLength: header.TCPMinimumSize, TransportProtocol: header.TCPProtocolNumber, HopLimit: 64, SrcAddr: s, DstAddr: d})
+	}
+	tc := header.TCP(pkt[hl:])
+	tc.Encode(&header.TCPFields{SrcPort: sport, DstPort: dport, SeqNum: 1000, DataOffset: header.TCPMinimumSize, Flags: header.TCPFlagSyn, WindowSize: 65535})
+	xsum := header.PseudoHeaderChecksum(header.TCPProtocolNumber, s, d, header.TCPMinimumSize)
+	tc.SetChecksum(^tc.CalculateChecksum(xsum))
+	return pkt
+}

@@ -2,8 +2,10 @@ package netstack_test
 
 import (
 	"errors"
+	"math/rand/v2"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vipkit/vipkit/transport"
@@ -16,6 +18,12 @@ const pumpOffset = 16
 // pump copies packets between two PacketIOs in batches, in both directions,
 // until either side is closed. Wait returns when both directions stopped.
 type pump struct {
+	// loss is the probability that the pump drops a packet, and seed seeds
+	// the drop decisions (one RNG per direction).
+	loss    float64
+	seed    uint64
+	dropped atomic.Uint64
+
 	wg sync.WaitGroup
 	mu sync.Mutex
 	// errs records any error other than ErrClosed.
@@ -23,15 +31,21 @@ type pump struct {
 }
 
 func startPump(a, b transport.PacketIO) *pump {
-	p := &pump{}
+	return startLossyPump(a, b, 0, 0)
+}
+
+// startLossyPump is startPump with random loss in both directions.
+func startLossyPump(a, b transport.PacketIO, loss float64, seed uint64) *pump {
+	p := &pump{loss: loss, seed: seed}
 	p.wg.Add(2)
-	go p.run(a, b)
-	go p.run(b, a)
+	go p.run(a, b, 1)
+	go p.run(b, a, 2)
 	return p
 }
 
-func (p *pump) run(from, to transport.PacketIO) {
+func (p *pump) run(from, to transport.PacketIO, dir uint64) {
 	defer p.wg.Done()
+	rng := rand.New(rand.NewPCG(p.seed, dir))
 	batch := from.BatchSize()
 	bufs := make([][]byte, batch)
 	out := make([][]byte, batch)
@@ -45,10 +59,16 @@ func (p *pump) run(from, to transport.PacketIO) {
 			p.fail(err)
 			return
 		}
+		k := 0
 		for i := range n {
-			out[i] = bufs[i][:pumpOffset+sizes[i]]
+			if p.loss > 0 && rng.Float64() < p.loss {
+				p.dropped.Add(1)
+				continue
+			}
+			out[k] = bufs[i][:pumpOffset+sizes[i]]
+			k++
 		}
-		if _, err := to.Write(out[:n], pumpOffset); err != nil {
+		if _, err := to.Write(out[:k], pumpOffset); err != nil {
 			p.fail(err)
 			return
 		}
@@ -90,6 +110,14 @@ func newHost(t testing.TB, o netstack.Options) *netstack.Host {
 // addresses; everything is torn down when the test ends.
 func hostPair(t testing.TB, addrA, addrB []netip.Addr, tweak func(*netstack.Options)) (a, b *netstack.Host) {
 	t.Helper()
+	a, b, _ = lossyHostPair(t, addrA, addrB, tweak, 0, 0)
+	return a, b
+}
+
+// lossyHostPair is hostPair over a pump that drops packets with probability
+// loss in each direction.
+func lossyHostPair(t testing.TB, addrA, addrB []netip.Addr, tweak func(*netstack.Options), loss float64, seed uint64) (a, b *netstack.Host, p *pump) {
+	t.Helper()
 	oa := netstack.Options{Addrs: addrA}
 	ob := netstack.Options{Addrs: addrB}
 	if tweak != nil {
@@ -98,13 +126,13 @@ func hostPair(t testing.TB, addrA, addrB []netip.Addr, tweak func(*netstack.Opti
 	}
 	a = newHost(t, oa)
 	b = newHost(t, ob)
-	p := startPump(a, b)
+	p = startLossyPump(a, b, loss, seed)
 	t.Cleanup(func() {
 		a.Close()
 		b.Close()
 		p.Wait(t)
 	})
-	return a, b
+	return a, b, p
 }
 
 var (

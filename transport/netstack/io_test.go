@@ -406,3 +406,87 @@ func TestForwarding(t *testing.T) {
 		})
 	}
 }
+
+// TestConcurrentWriteRead has several goroutines Write into a host at once
+// while several goroutines Read from it, under the race detector: every
+// datagram injected reaches the socket, and every echo comes out exactly once.
+func TestConcurrentWriteRead(t *testing.T) {
+	h := newHost(t, netstack.Options{Addrs: []netip.Addr{v4A}, Queue: 4096})
+	pc, err := h.ListenUDP(netip.AddrPortFrom(v4A, 7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	const writers, perWriter = 4, 200
+	// Echo every datagram back to its sender: the echoes leave via Read.
+	go func() {
+		buf := make([]byte, 100)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+	seen := make(chan uint32, writers*perWriter)
+	readers := make(chan error, 2)
+	for range 2 {
+		go func() {
+			bufs := [][]byte{make([]byte, 200), make([]byte, 200), make([]byte, 200)}
+			sizes := make([]int, 3)
+			for {
+				n, err := h.Read(bufs, sizes, 0)
+				if err != nil {
+					readers <- err
+					return
+				}
+				for i := range n {
+					data := bufs[i][20+8 : sizes[i]] // IPv4 and UDP headers
+					seen <- uint32(data[0])<<8 | uint32(data[1])
+				}
+			}
+		}()
+	}
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for i := range perWriter {
+				id := w*perWriter + i
+				p := udpPacket(netip.AddrPortFrom(v4B, uint16(1000+w)), netip.AddrPortFrom(v4A, 7), 64, []byte{byte(id >> 8), byte(id)})
+				if _, err := h.Write([][]byte{p}, 0); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(map[uint32]bool)
+	deadline := time.After(testTimeout)
+	for len(got) < writers*perWriter {
+		select {
+		case id := <-seen:
+			if got[id] {
+				t.Fatalf("echo %d came out twice", id)
+			}
+			got[id] = true
+		case <-deadline:
+			t.Fatalf("%d of %d echoes came out; stats %+v", len(got), writers*perWriter, h.Stats())
+		}
+	}
+	if s := h.Stats(); s.InPackets != writers*perWriter || s.OutPackets != writers*perWriter {
+		t.Errorf("stats %+v", s)
+	}
+	h.Close()
+	for range 2 {
+		if err := <-readers; !errors.Is(err, transport.ErrClosed) {
+			t.Errorf("reader ended with %v", err)
+		}
+	}
+}

@@ -30,11 +30,8 @@ type pump struct {
 	errs []error
 }
 
-func startPump(a, b transport.PacketIO) *pump {
-	return startLossyPump(a, b, 0, 0)
-}
-
-// startLossyPump is startPump with random loss in both directions.
+// startLossyPump starts a pump that drops each packet with probability loss
+// (0 for none), with drop decisions seeded by seed.
 func startLossyPump(a, b transport.PacketIO, loss float64, seed uint64) *pump {
 	p := &pump{loss: loss, seed: seed}
 	p.wg.Add(2)

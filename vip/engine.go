@@ -201,6 +201,7 @@ type engineCounters struct {
 	tooBig                    atomic.Uint64 // packets larger than wireguard-go's buffer
 	unknownPeer               atomic.Uint64 // packets from a source that is no member's address
 	hostWriteErr              atomic.Uint64 // host writes that failed
+	malformed                 atomic.Uint64 // packets from peers that are neither IPv4 nor IPv6
 }
 
 // batch is one read from the host.
@@ -859,6 +860,10 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 			continue
 		}
 		pkt := buf[offset:]
+		if len(pkt) == 0 || (pkt[0]>>4 != 4 && pkt[0]>>4 != 6) {
+			e.c.malformed.Add(1) // wireguard-go drops these too; never hand them on
+			continue
+		}
 		peer := unknownPeer
 		if len(pkt) >= 20 && pkt[0]>>4 == 4 {
 			if id, ok := pt.byAddr[binary.BigEndian.Uint32(pkt[12:])]; ok {

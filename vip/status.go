@@ -38,7 +38,8 @@ type Status struct {
 	// Drops are the engine's own drops by reason: "queue-full" (engine-made
 	// packets beyond EngineOptions.Queue), "too-big" (a packet larger than
 	// wireguard-go's buffer), "unknown-peer" (a decrypted packet whose
-	// source is no member's address), "host-write" (failed host writes).
+	// source is no member's address), "host-write" (failed host writes),
+	// "malformed" (a packet from a peer that is neither IPv4 nor IPv6).
 	Drops map[string]uint64 `json:"drops,omitempty"`
 	// Error reports listeners the engine could not apply.
 	Error string `json:"error,omitempty"`
@@ -266,6 +267,7 @@ func (e *Engine) Status() Status {
 	for name, v := range map[string]uint64{
 		"queue-full": e.c.queueFull.Load(), "too-big": e.c.tooBig.Load(),
 		"unknown-peer": e.c.unknownPeer.Load(), "host-write": e.c.hostWriteErr.Load(),
+		"malformed": e.c.malformed.Load(),
 	} {
 		if v > 0 {
 			if st.Drops == nil {

@@ -1,0 +1,349 @@
+package vip
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/binary"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/probe"
+	"github.com/vipkit/vipkit/transport"
+	"github.com/vipkit/vipkit/transport/transporttest"
+)
+
+// unitEngine is one engine on a recording host and the manual clock: the
+// test plays both the host and wireguard-go (calling Read and Write).
+type unitEngine struct {
+	e     *Engine
+	reg   *Registry
+	clock *transporttest.ManualClock
+	host  *recHost
+	self  NodeInfo
+	peer  NodeInfo
+	svc   ServiceView
+}
+
+// recHost is a host PacketIO whose Read waits for Close (the test drives
+// the host path through fromHost) and whose Write hands every packet to
+// onWrite synchronously, without copying.
+type recHost struct {
+	onWrite func(pkt []byte)
+	done    chan struct{}
+	once    sync.Once
+}
+
+func (h *recHost) Read([][]byte, []int, int) (int, error) {
+	<-h.done
+	return 0, transport.ErrClosed
+}
+
+func (h *recHost) Write(bufs [][]byte, offset int) (int, error) {
+	for _, b := range bufs {
+		if h.onWrite != nil {
+			h.onWrite(b[offset:])
+		}
+	}
+	return len(bufs), nil
+}
+
+func (h *recHost) BatchSize() int { return 64 }
+func (h *recHost) MTU() int       { return 1420 }
+func (h *recHost) Close() error {
+	h.once.Do(func() { close(h.done) })
+	return nil
+}
+
+func newUnitEngine(t testing.TB, seed uint64) *unitEngine {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 3))
+	var keys []ed25519.PrivateKey
+	var nodes []NodeInfo
+	var members []crdt.AuthorID
+	for i := range 2 {
+		var s [32]byte
+		for j := range s {
+			s[j] = byte(rng.Uint32())
+		}
+		k := ed25519.NewKeyFromSeed(s[:])
+		var id NodeID
+		copy(id[:], k.Public().(ed25519.PublicKey))
+		keys = append(keys, k)
+		nodes = append(nodes, NodeInfo{ID: id, Name: []string{"self", "peer"}[i], Addr: netip.AddrFrom4([4]byte{100, 80, 0, byte(i + 1)})})
+		members = append(members, crdt.AuthorID(id))
+	}
+	var netID crdt.NetworkID
+	copy(netID[:], "engine-unit-net!")
+	rep, err := crdt.Open(context.Background(), crdt.Config{Network: netID, Signer: keys[0], Members: members, Store: crdt.NewMemStore(), Obsolete: Obsolete})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rep.Close() })
+	u := &unitEngine{clock: transporttest.NewManualClock(), self: nodes[0], peer: nodes[1]}
+	u.reg, err = NewRegistry(RegistryOptions{Network: "home", Prefix: netip.MustParsePrefix("100.80.0.0/16"), Replica: rep,
+		Nodes: func() []NodeInfo { return nodes }, Rand: rand.NewChaCha8([32]byte{byte(seed)}),
+		OnChange: func([]ServiceID, bool) {
+			if u.e != nil {
+				_ = u.e.Apply()
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.host = &recHost{done: make(chan struct{})}
+	off := false
+	u.e, err = NewEngine(EngineOptions{Registry: u.reg, Self: u.self.ID, Host: u.host, Clock: u.clock, Prober: probe.ProberConfig{Seed: probe.SeedFrom(seed)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.e.Close() })
+	ctx := context.Background()
+	if _, err := u.reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.reg.PortAdd(ctx, "api", PortKey{TCP, 443}, []Backend{{u.peer.ID, 8443}}); err != nil {
+		t.Fatal(err)
+	}
+	if u.svc, err = u.reg.PortSet(ctx, "api", PortKey{TCP, 443}, PortSettings{PortCheck: &off}); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// ipv4Packet builds an IPv4 packet with a TCP or UDP header and valid
+// checksums.
+func ipv4Packet(proto uint8, src, dst netip.AddrPort, flags uint8, payload []byte) []byte {
+	hl := 8
+	if proto == 6 {
+		hl = 20
+	}
+	p := make([]byte, 20+hl+len(payload))
+	p[0], p[8], p[9] = 0x45, 64, proto
+	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
+	s, d := src.Addr().As4(), dst.Addr().As4()
+	copy(p[12:], s[:])
+	copy(p[16:], d[:])
+	binary.BigEndian.PutUint16(p[10:], ^fold16(sum16(p[:20], 0)))
+	l4 := p[20:]
+	binary.BigEndian.PutUint16(l4[0:], src.Port())
+	binary.BigEndian.PutUint16(l4[2:], dst.Port())
+	if proto == 6 {
+		binary.BigEndian.PutUint32(l4[4:], 1000)
+		l4[12], l4[13] = 5<<4, flags
+		binary.BigEndian.PutUint16(l4[14:], 65535)
+	} else {
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+	}
+	copy(l4[hl:], payload)
+	pseudo := sum16(p[12:20], uint32(proto)+uint32(len(l4)))
+	ck := ^fold16(sum16(l4, pseudo))
+	if proto == 6 {
+		binary.BigEndian.PutUint16(l4[16:], ck)
+	} else {
+		binary.BigEndian.PutUint16(l4[6:], ck)
+	}
+	return p
+}
+
+func sum16(b []byte, acc uint32) uint32 {
+	for i := 0; i+1 < len(b); i += 2 {
+		acc += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		acc += uint32(b[len(b)-1]) << 8
+	}
+	return acc
+}
+
+func fold16(acc uint32) uint16 {
+	for acc > 0xffff {
+		acc = acc>>16 + acc&0xffff
+	}
+	return uint16(acc)
+}
+
+const (
+	tcpSYN = 0x02
+	tcpACK = 0x10
+)
+
+// hostBatch runs pkts through the engine's host path as one batch and
+// returns how many stayed for the overlay.
+func (u *unitEngine) hostBatch(b *batch, pkts ...[]byte) int {
+	for i, p := range pkts {
+		b.sizes[i] = copy(b.bufs[i], p)
+	}
+	u.e.fromHost(b, len(pkts))
+	return b.n
+}
+
+func newBatch(n, size int) *batch {
+	b := &batch{bufs: make([][]byte, n), sizes: make([]int, n)}
+	for i := range b.bufs {
+		b.bufs[i] = make([]byte, size)
+	}
+	return b
+}
+
+// The pass-through and established-flow paths allocate nothing, in both
+// directions.
+func TestEnginePacketPathZeroAlloc(t *testing.T) {
+	checkLeaks(t)
+	u := newUnitEngine(t, testenv.Seed(t, 1))
+	client := netip.AddrPortFrom(u.self.Addr, 40000)
+	vip := netip.AddrPortFrom(u.svc.Addr, 443)
+	b := newBatch(4, 2048)
+	if n := u.hostBatch(b, ipv4Packet(6, client, vip, tcpSYN, nil)); n != 1 {
+		t.Fatalf("SYN to the VIP: %d packets for the overlay, want 1", n)
+	}
+	binds := u.e.NAT().Bindings()
+	if len(binds) != 1 {
+		t.Fatalf("%d bindings after the SYN", len(binds))
+	}
+	shadow := binds[0].Shadow
+	backend := netip.AddrPortFrom(u.peer.Addr, 8443)
+	synack := ipv4Packet(6, backend, shadow, tcpSYN|tcpACK, nil)
+	ack := ipv4Packet(6, client, vip, tcpACK, make([]byte, 1000))
+	reply := ipv4Packet(6, backend, shadow, tcpACK, make([]byte, 1000))
+	passOut := ipv4Packet(17, client, netip.AddrPortFrom(u.peer.Addr, 53), 0, make([]byte, 100))
+	passIn := ipv4Packet(17, netip.AddrPortFrom(u.peer.Addr, 53), client, 0, make([]byte, 100))
+
+	var delivered [][]byte
+	u.host.onWrite = func(pkt []byte) { delivered = append(delivered, pkt) }
+	if _, err := u.e.Write([][]byte{synack}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(delivered) != 1 {
+		t.Fatalf("SYN-ACK did not reach the host: %d packets", len(delivered))
+	}
+	if got := netip.AddrFrom4([4]byte(delivered[0][12:16])); got != u.svc.Addr {
+		t.Fatalf("SYN-ACK source %v, want the VIP %v", got, u.svc.Addr)
+	}
+	got := 0
+	u.host.onWrite = func([]byte) { got++ }
+
+	wbufs := [][]byte{make([]byte, 2048), make([]byte, 2048)}
+	w := make([][]byte, 2)
+	allocs := testing.AllocsPerRun(200, func() {
+		if u.hostBatch(b, ack, passOut) != 2 {
+			t.Fatal("host batch lost a packet")
+		}
+		copy(wbufs[0][16:], reply)
+		copy(wbufs[1][16:], passIn)
+		w[0], w[1] = wbufs[0][:16+len(reply)], wbufs[1][:16+len(passIn)]
+		if _, err := u.e.Write(w, 16); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if got < 400 {
+		t.Errorf("%d packets reached the host, want 2 per round", got)
+	}
+	if allocs != 0 {
+		t.Errorf("packet path: %v allocations per round, want 0", allocs)
+	}
+	st := u.e.Status()
+	if st.PassThrough.PacketsOut < 200 || st.PassThrough.PacketsIn < 200 {
+		t.Errorf("pass-through counters %+v", st.PassThrough)
+	}
+	if l := st.Services[0].Listeners[0]; l.PacketsOut < 200 || l.PacketsIn < 200 || l.Active != 1 {
+		t.Errorf("listener counters %+v", l.Traffic)
+	}
+}
+
+// Probes from a peer are answered inside the engine (toward the overlay,
+// never the host) and counted apart; a peer cannot send from a VIP.
+func TestEngineAnswersProbesAndRefusesVIPSource(t *testing.T) {
+	checkLeaks(t)
+	u := newUnitEngine(t, testenv.Seed(t, 2))
+	var toHost [][]byte
+	u.host.onWrite = func(p []byte) { toHost = append(toHost, append([]byte(nil), p...)) }
+	var m probe.Message
+	m.Type = probe.TypeRequest
+	m.Session, m.Sequence, m.Nonce = 7, 1, 99
+	payload := m.Bytes()
+	req, err := probe.AppendIPv4UDP(nil, netip.AddrPortFrom(u.peer.Addr, probe.DefaultPort), netip.AddrPortFrom(u.self.Addr, probe.DefaultPort), 1, payload[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.e.Write([][]byte{req}, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The reply comes out of Read (toward wireguard-go), among the
+	// engine's own probes to the peer.
+	bufs, sizes := [][]byte{make([]byte, 2048), make([]byte, 2048)}, []int{0, 0}
+	var reply []byte
+	for reply == nil {
+		n, err := u.e.Read(bufs, sizes, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			_, dst, pl, err := probe.ParseIPv4UDP(bufs[i][:sizes[i]])
+			if err == nil && dst.Addr() == u.peer.Addr {
+				if got, err := probe.ParseMessage(pl); err == nil && got.Type == probe.TypeReply && got.Nonce == 99 {
+					reply = pl
+				}
+			}
+		}
+	}
+	spoof := ipv4Packet(17, netip.AddrPortFrom(u.svc.Addr, 443), netip.AddrPortFrom(u.self.Addr, 5000), 0, []byte("x"))
+	if _, err := u.e.Write([][]byte{spoof}, 0); err != nil {
+		t.Fatal(err)
+	}
+	st := u.e.Status()
+	if st.Probe.Answered != 1 || st.Probe.PacketsIn != 1 || st.PassThrough.PacketsIn != 0 {
+		t.Errorf("probe %+v, pass-through %+v", st.Probe, st.PassThrough)
+	}
+	if st.Flow.Drops["vip-source"] != 1 {
+		t.Errorf("drops %v, want one vip-source", st.Flow.Drops)
+	}
+	if len(toHost) != 0 {
+		t.Errorf("%d packets reached the host, want none", len(toHost))
+	}
+}
+
+// FuzzEngineWrite feeds arbitrary packets from a peer (what wireguard-go
+// decrypted) and from the host through the engine: it never panics and
+// never delivers a packet with a VIP source from a peer to the host.
+func FuzzEngineWrite(f *testing.F) {
+	u := newUnitEngine(f, 3)
+	client := netip.AddrPortFrom(u.self.Addr, 40000)
+	vip := netip.AddrPortFrom(u.svc.Addr, 443)
+	peer := netip.AddrPortFrom(u.peer.Addr, 8443)
+	f.Add(ipv4Packet(6, peer, client, tcpSYN|tcpACK, nil), false)
+	f.Add(ipv4Packet(6, client, vip, tcpSYN, nil), true)
+	f.Add(ipv4Packet(17, netip.AddrPortFrom(u.peer.Addr, probe.DefaultPort), netip.AddrPortFrom(u.self.Addr, probe.DefaultPort), 0, make([]byte, probe.MessageLen)), false)
+	f.Add(ipv4Packet(17, vip, client, 0, []byte("spoof")), false)
+	f.Add([]byte{0x45}, false)
+	f.Add([]byte("000000000000dP\x0f\x1f0000"), false) // version 3 with a VIP "source": found by the fuzzer
+	f.Add([]byte{}, true)
+	b := newBatch(1, 65536)
+	vip4 := u.svc.Addr.As4()
+	leaked := false
+	u.host.onWrite = func(p []byte) {
+		if len(p) >= 20 && [4]byte(p[12:16]) == vip4 {
+			leaked = true
+		}
+	}
+	f.Fuzz(func(t *testing.T, pkt []byte, fromHost bool) {
+		if fromHost {
+			if len(pkt) <= len(b.bufs[0]) {
+				u.hostBatch(b, pkt)
+			}
+			return
+		}
+		leaked = false
+		if _, err := u.e.Write([][]byte{append([]byte(nil), pkt...)}, 0); err != nil {
+			t.Fatal(err)
+		}
+		// Replies of bindings legitimately come out with the VIP as source;
+		// a packet that claimed the VIP itself must never get through.
+		if leaked && len(pkt) >= 20 && [4]byte(pkt[12:16]) == vip4 && pkt[0]>>4 != 6 {
+			t.Fatalf("a packet with a VIP source reached the host from a peer: % x", pkt)
+		}
+	})
+}

@@ -265,6 +265,9 @@ func adminHTTP(m *Mesh) *http.Client {
 }
 
 func notRunning(err error) error {
+	if err == nil {
+		return nil
+	}
 	var oe interface{ Timeout() bool }
 	if errors.Is(err, os.ErrNotExist) || errors.As(err, &oe) && strings.Contains(err.Error(), "dial") || strings.Contains(err.Error(), "connect:") {
 		return fmt.Errorf("%w: %v", ErrNotRunning, err)

@@ -90,24 +90,29 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "controller")
-	if !m.VIP.IsValid() {
-		<-ctx.Done() // an observer of no VIP: nothing to tend
+	if !m.Tended().IsValid() {
+		<-ctx.Done() // no VIP declared or observed: nothing to tend
 		return nil
 	}
 	pol, err := m.Policy()
 	if err != nil {
 		return err
 	}
-	pair, err := LoadPairFromDir(m)
-	if err != nil {
-		return err
+	var pair *claim.PairRecord
+	key := m.Self.SignKey
+	if m.VIP.IsValid() {
+		if pair, err = LoadPairFromDir(m); err != nil {
+			return err
+		}
+	} else {
+		key = nil // an observer: takes claims and routes, never claims
 	}
 	hc := &helperCarrier{
 		hc:    unixHTTP(filepath.Join(ctlDir(m), "helper.sock"), nil, 30*time.Second),
 		inner: &claim.FileStore{Path: filepath.Join(m.StateDir, "state.json")},
 	}
 	cfg := claim.Config{
-		Policy: pol, Self: m.Self.Addr, Key: m.Self.SignKey, VIP: m.VIP, Pair: pair,
+		Policy: pol, Self: m.Self.Addr, Key: key, VIP: m.Tended(), Pair: pair,
 		Carrier: hc, Store: hc,
 		Channel: &claim.Client{URL: func(p netip.Addr) string {
 			return "http://" + net.JoinHostPort(p.String(), strconv.Itoa(int(m.MembersPort))) + claim.MembersPath
@@ -124,7 +129,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 			return fmt.Errorf("keelvip: etcd: %w", err)
 		}
 		defer cli.Close()
-		cfg.KV = etcdkv.New(cli)
+		cfg.KV = &QuorumKV{KV: etcdkv.New(cli), Key: claim.KeysFor(m.ID, m.Tended()).Epoch}
 	}
 	ctl, err := claim.NewController(cfg)
 	if err != nil {
@@ -181,7 +186,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(l) }()
 	ctl.Start()
-	log.Info("controller started", "vip", m.VIP, "etcd", len(m.Etcd) > 0, "uid", os.Getuid())
+	log.Info("controller started", "vip", m.Tended(), "etcd", len(m.Etcd) > 0, "uid", os.Getuid())
 	select {
 	case <-ctx.Done():
 	case err = <-done:

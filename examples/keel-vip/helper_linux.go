@@ -149,7 +149,8 @@ type helper struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	newest   *claim.Claim // newest claim the helper checked
+	newest   *claim.Claim      // newest claim the helper checked
+	kept     *claim.PairRecord // an observer's: the first valid record seen
 	ctlPid   int
 	lisPid   int
 	ctlHTTP  *http.Client
@@ -312,7 +313,7 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	h.mu.Lock()
 	h.lisPid = lis.Process.Pid
 	h.mu.Unlock()
-	h.log.Info("tending", "vip", addrString(m.VIP), "controller_pid", ctl.Process.Pid, "listener_pid", lis.Process.Pid)
+	h.log.Info("tending", "vip", addrString(m.Tended()), "controller_pid", ctl.Process.Pid, "listener_pid", lis.Process.Pid)
 
 	exited := make(chan string, 2)
 	for name, c := range map[string]*exec.Cmd{"controller": ctl, "listener": lis} {
@@ -411,7 +412,7 @@ func (h *helper) stopChild(c *exec.Cmd) {
 // claim for the node's VIP under the pair record, and not older than the
 // newest the helper has seen.
 func (h *helper) verify(vip netip.Addr, raw string) (*claim.Claim, error) {
-	if h.pair == nil || vip != h.m.VIP {
+	if vip != h.m.Tended() {
 		return nil, fmt.Errorf("%w: %v", claim.ErrUnknownVIP, vip)
 	}
 	c, err := parseB64Claim(raw)
@@ -421,11 +422,18 @@ func (h *helper) verify(vip netip.Addr, raw string) (*claim.Claim, error) {
 	if c.VIP != vip {
 		return nil, fmt.Errorf("%w: claim for %v", claim.ErrPairMismatch, c.VIP)
 	}
-	if err := h.pol.Verify(h.pair, c, netip.Addr{}); err != nil {
-		return nil, err
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	kept := h.pair
+	if kept == nil {
+		kept = h.kept
+	}
+	if err := h.pol.Verify(kept, c, netip.Addr{}); err != nil {
+		return nil, err
+	}
+	if kept == nil {
+		h.kept = c.Pair
+	}
 	if h.newest != nil && h.newest.Newer(c) {
 		return nil, fmt.Errorf("%w: epoch %d, the helper saw %d", claim.ErrStale, c.Epoch, h.newest.Epoch)
 	}
@@ -464,14 +472,16 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch req.Op {
 	case "drop": // always allowed: dropping is the safe direction
-		if vip != h.m.VIP {
+		if vip != h.m.Tended() {
 			err = fmt.Errorf("%w: %v", claim.ErrUnknownVIP, vip)
 		} else {
 			err = h.carrier.Drop(ctx, vip)
 		}
 	case "carry":
 		var c *claim.Claim
-		if c, err = h.verify(vip, req.Claim); err == nil {
+		if h.pair == nil {
+			err = fmt.Errorf("%w: this node is not a member", claim.ErrNotHolder)
+		} else if c, err = h.verify(vip, req.Claim); err == nil {
 			if c.Holder != h.m.Self.Addr {
 				err = fmt.Errorf("%w: claim names %v, not this node", claim.ErrNotHolder, c.Holder)
 			} else {
@@ -480,7 +490,7 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		}
 	case "route":
 		if !holder.IsValid() || holder == h.m.Self.Addr {
-			if vip != h.m.VIP {
+			if vip != h.m.Tended() {
 				err = fmt.Errorf("%w: %v", claim.ErrUnknownVIP, vip)
 			} else {
 				err = h.carrier.Route(ctx, vip, netip.Addr{})
@@ -548,10 +558,16 @@ func (h *helper) checkMembers(body []byte, from netip.Addr) error {
 		if err != nil {
 			return err
 		}
-		if h.pair == nil || c.VIP != h.m.VIP {
+		if c.VIP != h.m.Tended() {
 			return fmt.Errorf("%w: %v", claim.ErrUnknownVIP, c.VIP)
 		}
-		return h.pol.Verify(h.pair, c, from)
+		h.mu.Lock()
+		kept := h.pair
+		if kept == nil {
+			kept = h.kept
+		}
+		h.mu.Unlock()
+		return h.pol.Verify(kept, c, from)
 	case "release":
 		raw, err := decodeB64(req.Release)
 		if err != nil {
@@ -561,8 +577,11 @@ func (h *helper) checkMembers(body []byte, from netip.Addr) error {
 		if err != nil {
 			return err
 		}
-		if h.pair == nil || rel.VIP != h.m.VIP {
+		if rel.VIP != h.m.Tended() {
 			return fmt.Errorf("%w: %v", claim.ErrUnknownVIP, rel.VIP)
+		}
+		if h.pair == nil {
+			return fmt.Errorf("%w: this node is not a member", claim.ErrNotHolder)
 		}
 		o, _ := h.pair.Other(h.m.Self.Addr)
 		if rel.From != o.Addr || rel.FromKey != o.Key {
@@ -615,9 +634,13 @@ func (h *helper) forward(w http.ResponseWriter, ctx context.Context, path string
 // interface.
 func (h *helper) status(ctx context.Context) (Status, error) {
 	m := h.m
-	s := Status{Mesh: m.ID, Node: m.Self.ID, VIP: addrString(m.VIP), Etcd: len(m.Etcd) > 0, RenewalAgeMs: -1, Role: claim.RoleReplica.String()}
-	if !m.VIP.IsValid() {
+	vip := m.Tended()
+	s := Status{Mesh: m.ID, Node: m.Self.ID, VIP: addrString(vip), Etcd: len(m.Etcd) > 0, RenewalAgeMs: -1, Role: claim.RoleReplica.String()}
+	if !vip.IsValid() {
 		return s, ErrNoVIP
+	}
+	if h.pair == nil {
+		s.Role = "observer"
 	}
 	var cs controlStatus
 	if hc := h.controller(); hc != nil {
@@ -625,15 +648,18 @@ func (h *helper) status(ctx context.Context) (Status, error) {
 			return s, fmt.Errorf("keelvip: controller status: %w", err)
 		}
 	}
-	s.Role, s.Epoch, s.Holder, s.Fenced, s.Released, s.Lease, s.RenewalAgeMs = cs.Role, cs.Epoch, cs.Holder, cs.Fenced, cs.Released, cs.Lease, cs.RenewalAgeMs
+	if h.pair != nil {
+		s.Role = cs.Role
+	}
+	s.Epoch, s.Holder, s.Fenced, s.Released, s.Lease, s.RenewalAgeMs = cs.Epoch, cs.Holder, cs.Fenced, cs.Released, cs.Lease, cs.RenewalAgeMs
 	if id, ok := h.nodeID(s.Holder); ok {
 		s.Holder = id
 	}
 	var err error
-	if s.Carried, err = h.carrier.Carried(m.VIP); err != nil {
+	if s.Carried, err = h.carrier.Carried(vip); err != nil {
 		return s, err
 	}
-	p, ok, err := h.carrier.RoutedTo(m.VIP)
+	p, ok, err := h.carrier.RoutedTo(vip)
 	if err != nil {
 		return s, err
 	}
@@ -644,7 +670,7 @@ func (h *helper) status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return s, err
 	}
-	s.Drift = m.Drift(live, m.VIP)
+	s.Drift = m.Drift(live, vip)
 	return s, nil
 }
 

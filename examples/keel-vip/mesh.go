@@ -71,6 +71,10 @@ type Mesh struct {
 	Peers   []Peer
 	// VIP is appliance.vip: the invalid Addr when the node declares none.
 	VIP netip.Addr
+	// Observe is the VIP of another pair that this node (a member of
+	// neither) follows and routes to its holder; the invalid Addr when
+	// none. A node declares a VIP or observes one, not both.
+	Observe netip.Addr
 	// PairFile is the path of the pair record (pair propose/sign write it).
 	PairFile string
 	// TrustRoots may sign a pair record in place of a member.
@@ -142,6 +146,7 @@ type meshFile struct {
 	Appliance  struct {
 		VIP      string `json:"vip,omitempty"`
 		PairFile string `json:"pair_file,omitempty"`
+		Observe  string `json:"observe,omitempty"`
 	} `json:"appliance"`
 	Etcd struct {
 		Endpoints []string `json:"endpoints,omitempty"`
@@ -366,6 +371,19 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 			return nil, bad("appliance.pair_file is required with appliance.vip")
 		}
 	}
+	if mf.Appliance.Observe != "" {
+		v, err := netip.ParseAddr(mf.Appliance.Observe)
+		if err != nil || !v.Is6() || v.Is4In6() || v.Zone() != "" || !m.Overlay.Contains(v) {
+			return nil, bad("appliance.observe %q: want an IPv6 address in the overlay", mf.Appliance.Observe)
+		}
+		if m.VIP.IsValid() {
+			return nil, bad("appliance.observe and appliance.vip are exclusive")
+		}
+		if v == m.Self.Addr || addrs[v] {
+			return nil, fmt.Errorf("%w: appliance.observe: %w: %v", ErrMesh, claim.ErrVIPIsMember, v)
+		}
+		m.Observe = v
+	}
 	for i, e := range mf.Etcd.Endpoints {
 		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") {
 			return nil, bad("etcd.endpoints[%d] %q: want an http(s) URL", i, e)
@@ -418,6 +436,15 @@ func orNobody(id uint32) uint32 {
 }
 
 func ms(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
+
+// Tended returns the VIP the node's controller tends: the declared VIP,
+// else the observed one, else the invalid Addr.
+func (m *Mesh) Tended() netip.Addr {
+	if m.VIP.IsValid() {
+		return m.VIP
+	}
+	return m.Observe
+}
 
 // PeerByAddr returns the peer whose overlay address is a.
 func (m *Mesh) PeerByAddr(a netip.Addr) (Peer, bool) {

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package keelvip_test
+
+func registerChildren() {}

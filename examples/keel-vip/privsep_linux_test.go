@@ -1,0 +1,213 @@
+//go:build linux
+
+package keelvip_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vipkit/vipkit/claim"
+	keelvip "github.com/vipkit/vipkit/examples/keel-vip"
+	"github.com/vipkit/vipkit/internal/testenv"
+)
+
+// procStatus returns the fields of /proc/pid/status.
+func procStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}
+
+// pidsOfUID returns the processes whose real uid is uid.
+func pidsOfUID(uid uint32) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" && f[1] == strconv.Itoa(int(uid)) {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+func checkMode(t *testing.T, path string, mode os.FileMode, uid uint32) {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Perm() != mode || st.Uid != uid {
+		t.Errorf("%s: mode %v uid %d, want %v uid %d", path, fi.Mode().Perm(), st.Uid, mode, uid)
+	}
+}
+
+// TestPrivilegeSplitNoEtcd runs the three processes of every node in three
+// namespaces without etcd, and checks the split from the kernel's side:
+// the controller and the listener run as their own unprivileged users
+// with no capabilities at all (CapEff, CapPrm, CapBnd 0) and no_new_privs;
+// the sockets are 0600 in 0700 directories; a process other than the
+// controller is refused on the helper's socket (SO_PEERCRED). Then the
+// no-etcd mode end to end: promote over the members' channel, C reaches
+// the VIP, a stale claim and a claim from the wrong sender are refused by
+// the helper's check, status and inspect, render with the holder, no
+// drift, and stopping tend drops the VIP.
+func TestPrivilegeSplitNoEtcd(t *testing.T) {
+	seed := testenv.Seed(t, 75)
+	c := newCluster(t, seed, false, nil, "a", "b", "c")
+	A, B, C := c.node("a"), c.node("b"), c.node("c")
+	c.start()
+	c.serveNames()
+
+	for _, n := range c.nodes {
+		for _, who := range []struct {
+			uid  uint32
+			name string
+		}{{n.ctlUID, "controller"}, {n.lisUID, "listener"}} {
+			var pids []int
+			waitFor(t, 30*time.Second, n.name+" "+who.name, func() bool { pids = pidsOfUID(who.uid); return len(pids) == 1 })
+			st := procStatus(t, pids[0])
+			uid := strconv.Itoa(int(who.uid))
+			if st["Uid"] != strings.Join([]string{uid, uid, uid, uid}, "\t") {
+				t.Errorf("%s %s: Uid %q, want %s everywhere", n.name, who.name, st["Uid"], uid)
+			}
+			for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+				if st[k] != "0000000000000000" {
+					t.Errorf("%s %s: %s %s, want 0", n.name, who.name, k, st[k])
+				}
+			}
+			if st["NoNewPrivs"] != "1" {
+				t.Errorf("%s %s: NoNewPrivs %q", n.name, who.name, st["NoNewPrivs"])
+			}
+			if st["Groups"] != "" {
+				t.Errorf("%s %s: supplementary groups %q", n.name, who.name, st["Groups"])
+			}
+		}
+		run := n.mesh.RunDir
+		checkMode(t, filepath.Join(run, "ctl"), 0o700, n.ctlUID)
+		checkMode(t, filepath.Join(run, "members"), 0o700, n.lisUID)
+		checkMode(t, filepath.Join(run, "ctl", "helper.sock"), 0o600, n.ctlUID)
+		checkMode(t, filepath.Join(run, "ctl", "control.sock"), 0o600, n.ctlUID)
+		checkMode(t, filepath.Join(run, "members", "members.sock"), 0o600, n.lisUID)
+		checkMode(t, keelvip.AdminSocket(n.mesh), 0o600, 0)
+	}
+
+	// The helper's socket refuses anyone but the controller's pid.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", filepath.Join(A.mesh.RunDir, "ctl", "helper.sock"))
+	}}}
+	resp, err := hc.Post("http://helper/carrier", "application/json", strings.NewReader(`{"op":"drop","vip":"`+testVIP.String()+`"}`))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("helper answered a process that is not its controller: %s", resp.Status)
+	}
+
+	// No etcd: promote A over the members' channel.
+	waitFor(t, 30*time.Second, "promote A", func() bool {
+		out, err := c.promote(A, false)
+		if err != nil {
+			t.Logf("promote a: %v", err)
+		}
+		return err == nil && strings.Contains(out, "epoch 1")
+	})
+	waitFor(t, 20*time.Second, "C reaches the VIP at A", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "a" })
+	for _, n := range []*node{B, C} {
+		st, err := c.status(n)
+		if err != nil || st.RoutedTo != "a" || st.Holder != "a" || st.Epoch != 1 || len(st.Drift) != 0 || st.Carried {
+			t.Errorf("%s status %+v %v: want routed to a, epoch 1, no drift", n.name, st, err)
+		}
+	}
+	stA, err := c.status(A)
+	if err != nil || stA.Role != "primary" || !stA.Carried || stA.RoutedTo != "" || stA.Etcd {
+		t.Errorf("a status %+v %v", stA, err)
+	}
+	var out, errb bytes.Buffer
+	if code := keelvip.Main(context.Background(), []string{"inspect", "--mesh", C.meshPath}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "role=observer epoch=1 holder=a fenced=no carried=no routed-to=a") {
+		t.Errorf("inspect on c: %d %q %s", code, out.String(), errb.String())
+	}
+	out.Reset()
+	if code := keelvip.Main(context.Background(), []string{"render", "--mesh", C.meshPath}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), A.addr.String()+"/128, "+testVIP.String()+"/128") {
+		t.Errorf("render on c does not route the VIP to a: %s", out.String())
+	}
+
+	// Planned promote to B (release, take, announce), then a stale claim
+	// of A (epoch 1 < 2) is refused by C, and a claim posted from the wrong
+	// address is refused by C's helper before the controller sees it.
+	if _, err := c.promote(B, false); err != nil {
+		t.Fatalf("promote b: %v", err)
+	}
+	waitFor(t, 20*time.Second, "C reaches the VIP at B", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "b" })
+	stale, err := claim.NewClaim(A.sign, A.addr, 1, c.pair)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.postClaim(A, C, stale); !errors.Is(err, claim.ErrStale) {
+		t.Errorf("stale claim: %v, want ErrStale", err)
+	}
+	fresh, err := claim.NewClaim(A.sign, A.addr, 3, c.pair)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.postClaim(B, C, fresh); !errors.Is(err, claim.ErrWrongSender) {
+		t.Errorf("claim of a posted from b: %v, want ErrWrongSender", err)
+	}
+	if st, _ := c.status(C); st.Epoch != 2 || st.RoutedTo != "b" {
+		t.Errorf("c after the refusals: %+v", st)
+	}
+
+	// Stopping tend on B drops the VIP.
+	if !carriesAddr(B.h, testVIP) {
+		t.Fatal("b does not carry the VIP")
+	}
+	if err := B.tend.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = B.tend.Wait(ctx)
+	if _, err := os.Stat(fmt.Sprintf("/sys/class/net/wg0")); err == nil {
+		_ = err // wg0 of the test's own namespace is not B's; the check is below
+	}
+	if carriesAddr(B.h, testVIP) {
+		t.Errorf("b still carries the VIP after tend stopped")
+	}
+	es := c.events()
+	if len(es) == 0 || es[len(es)-1].Node != "b" || es[len(es)-1].Add {
+		t.Errorf("last event %+v, want b's remove", es[len(es)-1:])
+	}
+	if err := checkTimeline(es); err != nil {
+		t.Error(err)
+	}
+}

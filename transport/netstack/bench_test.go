@@ -1,8 +1,8 @@
 package netstack_test
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -40,43 +40,11 @@ func benchTCP(b *testing.B, batch, size int) {
 		b.Fatal(err)
 	}
 	defer ln.Close()
-	want := int64(b.N) * int64(size)
-	done := make(chan error, 1)
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			done <- err
-			return
-		}
-		defer conn.Close()
-		n, err := io.CopyN(io.Discard, conn, want)
-		if err == nil && n != want {
-			err = fmt.Errorf("received %d of %d bytes", n, want)
-		}
-		done <- err
-	}()
-	conn, err := a.DialTCP(ctxT(b), netip.AddrPortFrom(v4B, 5001))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	buf := make([]byte, size)
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		if _, err := conn.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	b.StopTimer()
+	benchTCPConn(b, ln, func(ctx context.Context) (net.Conn, error) {
+		return a.DialTCP(ctx, netip.AddrPortFrom(v4B, 5001))
+	}, size)
 	s := a.Stats()
 	b.ReportMetric(float64(s.OutPackets)/b.Elapsed().Seconds(), "pkts/s")
-	ts := a.Stack().Stats().TCP
-	b.Logf("N=%d a=%+v c=%+v retrans=%d timeouts=%d", b.N, s, c.Stats(), ts.Retransmits.Value(), ts.Timeouts.Value())
 }
 
 func benchUDP(b *testing.B, batch, size int) {
@@ -127,5 +95,4 @@ func benchUDP(b *testing.B, batch, size int) {
 	b.ReportMetric(100*float64(int64(b.N)-n)/float64(b.N), "loss-%")
 	srv.Close()
 	<-stopped
-	_ = net.ErrClosed
 }

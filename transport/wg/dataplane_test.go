@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -652,3 +653,64 @@ func TestUDPBindDeviceCloseNoLeak(t *testing.T) {
 	}()
 	goleak.VerifyNone(t, base)
 }
+
+// TestConfigurePortInUse: a listen port that cannot be bound fails with
+// ErrDevice, and the device keeps its previous port and peers.
+func TestConfigurePortInUse(t *testing.T) {
+	busy, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	port := uint16(busy.LocalAddr().(*net.UDPAddr).Port)
+	a := newUDPNode(t, "a", "10.0.0.1", NewUDPBind(UDPBindOptions{}))
+	connect(t, a, &node{name: "b", key: GeneratePrivateKey(), addr: netip.MustParseAddr("10.0.0.2"), endpoint: netip.MustParseAddrPort("127.0.0.1:9")})
+	before, _ := a.dev.Config()
+	want := before.Clone()
+	want.ListenPort = port
+	if err := a.dev.Configure(want); !errors.Is(err, ErrDevice) {
+		t.Fatalf("Configure(port in use) = %v", err)
+	}
+	after, err := a.dev.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ListenPort != before.ListenPort || len(after.Peers) != 1 {
+		t.Fatalf("after a failed rebind: %+v, before %+v", after, before)
+	}
+	if _, err := NewDevice(newHost(t, netip.MustParseAddr("10.0.0.3")), Config{PrivateKey: GeneratePrivateKey(), ListenPort: port}, Options{Bind: NewUDPBind(UDPBindOptions{})}); !errors.Is(err, ErrDevice) {
+		t.Fatalf("NewDevice(port in use) = %v", err)
+	}
+}
+
+// TestDeviceLogger: wireguard-go's log lines go to the slog.Logger given,
+// never to stdout.
+func TestDeviceLogger(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	h := &recordHandler{add: func(s string) { mu.Lock(); lines = append(lines, s); mu.Unlock() }}
+	n := transporttest.NewNetwork(nil, 1)
+	defer n.Close()
+	io, host := transporttest.NewChanPair(transporttest.ChanPairOptions{})
+	defer host.Close()
+	d, err := NewDevice(io, Config{PrivateKey: GeneratePrivateKey()}, Options{Bind: NewSimBind(n, "a"), Logger: slog.New(h)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) == 0 {
+		t.Fatal("nothing logged")
+	}
+}
+
+type recordHandler struct{ add func(string) }
+
+func (h *recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.add(r.Level.String() + " " + r.Message)
+	return nil
+}
+func (h *recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordHandler) WithGroup(string) slog.Handler      { return h }

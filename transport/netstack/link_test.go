@@ -132,4 +132,3 @@ func TestLinkQueueModel(t *testing.T) {
 		t.Errorf("the run did not exercise every path: full %d, too big %d, out %d", modelQueueFull, modelTooBig, modelOut)
 	}
 }
-

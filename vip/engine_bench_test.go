@@ -1,0 +1,141 @@
+package vip
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ackSink accepts connections on nd's port; for every chunk bytes it reads
+// it writes one byte back, so the sender can time whole chunks.
+func ackSink(t testing.TB, nd *cnode, port uint16, chunk int) {
+	t.Helper()
+	ln, err := nd.host.ListenTCP(netip.AddrPortFrom(nd.info.Addr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 64<<10)
+				got := 0
+				for {
+					n, err := c.Read(buf)
+					got += n
+					for got >= chunk {
+						got -= chunk
+						if _, err := c.Write([]byte{1}); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+// BenchmarkVIPThroughput compares, in one run and over the same
+// wireguard-go/netstack pair, TCP through a VIP (the engine's NAT path)
+// with TCP straight to the backend's overlay address (the engine's
+// pass-through). Each iteration sends one chunk on each connection,
+// alternating which goes first, and waits for the receiver's
+// acknowledgement of the whole chunk.
+func BenchmarkVIPThroughput(b *testing.B) {
+	for _, chunk := range []int{256 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("chunk=%dKiB", chunk>>10), func(b *testing.B) {
+			c := newCluster(b, clusterOptions{n: 2, prober: fastProber})
+			srv, cli := c.nodes[0], c.nodes[1]
+			ackSink(b, srv, 8443, chunk)
+			ctx := context.Background()
+			if _, err := cli.reg.Create(ctx, "api"); err != nil {
+				b.Fatal(err)
+			}
+			v, err := cli.reg.PortAdd(ctx, "api", PortKey{TCP, 443}, []Backend{{srv.info.ID, 8443}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			dial := func(addr netip.AddrPort) net.Conn {
+				var conn net.Conn
+				pollUntil(b, 20*time.Second, "a connection to "+addr.String(), func() bool {
+					dctx, cancel := context.WithTimeout(ctx, time.Second)
+					defer cancel()
+					conn, err = cli.host.DialContext(dctx, "tcp", addr.String())
+					return err == nil
+				})
+				b.Cleanup(func() { conn.Close() })
+				return conn
+			}
+			viaVIP := dial(netip.AddrPortFrom(v.Addr, 443))
+			direct := dial(netip.AddrPortFrom(srv.info.Addr, 8443))
+			data := make([]byte, chunk)
+			ack := make([]byte, 1)
+			send := func(conn net.Conn) time.Duration {
+				start := time.Now()
+				if _, err := conn.Write(data); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(conn, ack); err != nil {
+					b.Fatal(err)
+				}
+				return time.Since(start)
+			}
+			send(viaVIP) // warm up both paths (windows, buffers)
+			send(direct)
+			var tVIP, tDirect time.Duration
+			b.ReportAllocs()
+			b.SetBytes(int64(2 * chunk))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if i%2 == 0 {
+					tVIP += send(viaVIP)
+					tDirect += send(direct)
+				} else {
+					tDirect += send(direct)
+					tVIP += send(viaVIP)
+				}
+			}
+			b.StopTimer()
+			mb := float64(b.N) * float64(chunk) / 1e6
+			vipRate, directRate := mb/tVIP.Seconds(), mb/tDirect.Seconds()
+			b.ReportMetric(vipRate, "vip-MB/s")
+			b.ReportMetric(directRate, "direct-MB/s")
+			b.ReportMetric(vipRate/directRate, "ratio")
+			if l, ok := listenerOf(cli, "api", "tcp/443"); !ok || l.BytesOut < uint64(b.N*chunk) {
+				b.Fatalf("the VIP listener did not carry the traffic: %+v", l.Traffic)
+			}
+		})
+	}
+}

@@ -132,10 +132,12 @@ func (p PeerConfig) Clone() PeerConfig {
 	return p
 }
 
-// Normalize sorts c's peers by public key and each peer's allowed IPs, in
-// place, and returns c: the order in which Device.Config reports them.
-// Two normalized configurations are equal when they configure the same
-// device.
+// Normalize puts c in the form Device.Config reports, and returns it: the
+// private key clamped (as WireGuard stores it; the public key is the same),
+// peers sorted by public key, each peer's allowed IPs sorted, empty lists
+// nil. Peers and allowed IPs are sorted in place (Clone first to keep c).
+// Two normalized configurations are equal (reflect.DeepEqual) when they
+// configure the same device.
 func (c Config) Normalize() Config {
 	c.PrivateKey = c.PrivateKey.clamped()
 	slices.SortFunc(c.Peers, func(a, b PeerConfig) int { return a.PublicKey.compare(b.PublicKey) })

@@ -110,14 +110,17 @@ func closedErr(err error) error {
 
 // PacketIOFromTUN returns t as a transport.PacketIO, so that a kernel TUN
 // (tun.CreateTUN) can stand wherever a PacketIO does. MTU reports the TUN's
-// MTU, following its EventMTUUpdate events; BatchSize is t's.
+// MTU, following its EventMTUUpdate events (1420 if t cannot tell);
+// BatchSize is t's. A tun.Device made by TUNFromPacketIO is unwrapped to its
+// PacketIO.
 //
 // A goroutine consumes t's events (a kernel TUN blocks its netlink listener
 // when nobody reads them); it ends when t closes its events channel, which
-// Close waits for. Write accepts any offset: a kernel TUN with offloads
-// needs at least tunWriteHeadroom bytes of headroom, and packets written
-// with less are copied into a buffer that has it (the slow path; wireguard-go
-// and netstack always leave enough). Close closes t and is idempotent.
+// Close waits for. Write accepts any offset: a Linux TUN with offloads needs
+// headroom in front of each packet for its virtio header, so packets written
+// with less than 16 bytes of offset are copied into a buffer that has it
+// (the slow path; wireguard-go always leaves 16). Read and Write may be
+// called concurrently with each other; Close closes t and is idempotent.
 func PacketIOFromTUN(t tun.Device) transport.PacketIO {
 	if a, ok := t.(*tunAdapter); ok {
 		return a.io

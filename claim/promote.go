@@ -168,12 +168,6 @@ func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResu
 	return c.promoteKV(ctx, o)
 }
 
-func (c *Controller) other() (Member, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.st.Pair.Other(c.cfg.Self)
-}
-
 // askRelease asks the holder to release for next. It returns nil when the
 // holder released, a *RefusalError when it refused, ErrHolderUnreachable
 // (wrapping the cause) when it did not answer.

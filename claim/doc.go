@@ -1,0 +1,66 @@
+// Package claim moves one IPv6 /128 service VIP between the two members of
+// an appliance pair on an overlay mesh, so that at every instant at most one
+// node carries it.
+//
+// # The pieces
+//
+//   - Claim: the holder's signed statement (label "keel vip 1\n") that it
+//     carries the VIP at an epoch. Epochs only grow; equal epochs go to the
+//     lower public key (Claim.Newer). The encoding is canonical and
+//     versioned (encoding.go documents it; testdata/golden.txt holds golden
+//     vectors).
+//   - PairRecord: the VIP and both members' keys, signed by both members (or
+//     by a trust root in place of a member). Every claim carries it.
+//   - TrustStore: node id and overlay address → Ed25519 key, and the trust
+//     roots (Trust, LoadTrustFile).
+//   - Policy: the acceptance rules. A node takes a claim only if it is newer
+//     than the one it holds, at most MaxEpochJump ahead, for this mesh,
+//     signed by the trust store's key for the holder, sent from the address
+//     it names, and consistent with the kept pair record. A release is taken
+//     only from the other member. Each refusal is its own sentinel error and,
+//     on the members' channel, a 409 with a reason.
+//   - State: the pure state machine (holder, replica, fenced, released),
+//     kept by a StateStore (FileStore writes atomically). There is no role
+//     field: the primary is the member with the newest claim that is neither
+//     fenced nor released. Nothing about the last renewal is persisted.
+//   - KV: the slice of etcd that claims need. claim/etcdkv is etcd (clientv3),
+//     claim/memkv keeps etcd's semantics in memory on a transport.Clock, and
+//     claim/kvtest is the contract suite both pass.
+//   - Controller: "tend". With etcd, a claim is one transaction writing
+//     /keel/<mesh>/vip/<vip>/epoch (the counter, kept for good) and
+//     /keel/<mesh>/vip/<vip>/holder (on the holder's lease), requiring the
+//     counter at the revision read and the holder key absent. The holder
+//     renews every 2 s (one round trip), the lease's TTL is 20 s, and the
+//     holder drops the VIP 10 s after the last renewal etcd answered,
+//     counted from when that renewal was sent, and is then fenced. Since
+//     etcd cannot expire the lease sooner than 20 s after that renewal,
+//     the holder has dropped at least 10 s before anyone can claim. The
+//     other member claims once the holder's lease has expired, if it took
+//     the counter's claim and is not fenced. A fenced node never claims
+//     again by itself; only Promote clears the fence. The renewal's age is
+//     timed on the Clock, which in production is BootClock
+//     (CLOCK_BOOTTIME), so a holder waking from suspend drops at once.
+//   - Promote: the operator's move, with or without etcd (see
+//     Controller.Promote).
+//   - The members' channel: HTTP POST /v1/vip for claims, releases and epoch
+//     queries (Server, Client), with body limits and timeouts.
+//   - Carrier: the seam to the OS: add or drop the /128 (preferred_lft 0)
+//     and route it to the holder in WireGuard's allowed IPs. The reference
+//     controller implements it with netlink and wireguard-go;
+//     claim/claimtest has a recording fake.
+//
+// # Use
+//
+//	policy := &claim.Policy{Mesh: "home", Trust: trust, Overlay: overlay}
+//	ctl, err := claim.NewController(claim.Config{
+//		Policy: policy, Self: self, Key: key, VIP: vip, Pair: pair,
+//		KV: etcdkv.New(cli), Carrier: carrier,
+//		Store: &claim.FileStore{Path: "/var/lib/keel/vip/state.json"},
+//		Channel: &claim.Client{}, Peers: peers,
+//	})
+//	ctl.Start()
+//	defer ctl.Close()
+//	http.Handle(claim.MembersPath, claim.NewServer(ctl))
+//
+// claim imports only transport; etcd is confined to claim/etcdkv.
+package claim

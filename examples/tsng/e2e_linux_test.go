@@ -232,6 +232,9 @@ func TestE2ETUN(t *testing.T) {
 
 	// HTTP by name, through the agent's DNS and the VIP.
 	res := runHTTPClient(ctx, t, cl, httpPort, "-n", "4")
+	if len(res.replies) > 0 {
+		t.Logf("last reply from %s", res.replies[len(res.replies)-1].node)
+	}
 	if res.resolved != vipAddr.String() {
 		t.Fatalf("client resolved api.%s to %q, want the VIP %v", e2eNet, res.resolved, vipAddr)
 	}
@@ -252,11 +255,11 @@ func TestE2ETUN(t *testing.T) {
 	// A local backend has zero path RTT, so the client's own backend wins
 	// over a measured remote one; the request is injected into the same
 	// kernel TUN with the VIP as source, and the reply reverse-translated.
-	res = runHTTPClient(ctx, t, cl, localPort, "-n", "3")
-	if len(res.replies) != 3 || len(res.errors) != 0 {
-		t.Fatalf("HTTP to the local backend through the VIP: want 3 replies, got %d (errors %q)", len(res.replies), res.errors)
+	local := runHTTPClient(ctx, t, cl, localPort, "-n", "3")
+	if len(local.replies) != 3 || len(local.errors) != 0 {
+		t.Fatalf("HTTP to the local backend through the VIP: want 3 replies, got %d (errors %q)", len(local.replies), local.errors)
 	}
-	for _, r := range res.replies {
+	for _, r := range local.replies {
 		if r.node != cl.name || r.peer.Addr() != vipAddr {
 			t.Fatalf("tcp/%d: want the local backend (%s), seeing the VIP %v as source; got %s seeing %v", localPort, cl.name, vipAddr, r.node, r.peer)
 		}
@@ -267,11 +270,19 @@ func TestE2ETUN(t *testing.T) {
 	// selected backend stops (ICMP port unreachable).
 	testUDPFailover(ctx, t, bin, cl, udpApps, step)
 
-	// Kill the agent of the backend that answered last; new connections go
-	// to the other one.
+	// Kill the agent of the backend the client selects for new connections
+	// now; new connections go to the other one.
+	st, raw, err := statusVIP(ctx, bin, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
 	victim, other := s1, s2
-	if res.replies[len(res.replies)-1].node == "server2" {
+	switch next := nextBackend(st, fmt.Sprintf("tcp/%d", httpPort)); next {
+	case "server1":
+	case "server2":
 		victim, other = s2, s1
+	default:
+		t.Fatalf("client status: tcp/%d selects %q, want server1 or server2\n%s", httpPort, next, raw)
 	}
 	killedAt := time.Now()
 	victim.kill(t)
@@ -299,15 +310,22 @@ func TestE2ETUN(t *testing.T) {
 	if moved > failoverBound {
 		t.Errorf("failover took %v after the kill, want ≤ %v (spec defaults: probe exclusion %v, attempt %v, margin)", moved, failoverBound, probeExclusion, attemptTimeout)
 	}
-	st, raw, err := statusVIP(ctx, bin, cl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := findBackend(st, fmt.Sprintf("tcp/%d", httpPort), victim.name); b == nil || b.Eligible {
-		t.Errorf("client status: want %s's tcp backend excluded, got %+v\n%s", victim.name, b, raw)
-	} else {
-		step("client: %s's backend excluded (%s)", victim.name, b.Reason)
-	}
+	// The client's status shows the dead backend excluded, within the same
+	// bound from the kill.
+	reason := ""
+	eventually(ctx, t, max(time.Until(killedAt.Add(failoverBound)), time.Second), victim.name+" excluded at the client", func() (bool, string) {
+		st, raw, err := statusVIP(ctx, bin, cl)
+		if err != nil {
+			return false, err.Error()
+		}
+		b := findBackend(st, fmt.Sprintf("tcp/%d", httpPort), victim.name)
+		if b == nil || b.Eligible {
+			return false, raw
+		}
+		reason = b.Reason
+		return true, ""
+	})
+	step("client: %s's backend excluded (%s) %v after the kill", victim.name, reason, time.Since(killedAt).Round(time.Millisecond))
 	step("failover: new connections reach %s %v after the kill (%d attempts failed meanwhile, bound %v)", other.name, moved.Round(time.Millisecond), len(res.errors), failoverBound)
 
 	// Restart the killed agent on the same data directory: its saved
@@ -332,6 +350,48 @@ func TestE2ETUN(t *testing.T) {
 		return b != nil && b.Eligible, raw
 	})
 	step("client: %s eligible again", victim.name)
+
+	// Network down on the client: the TUN goes, saved configuration stays
+	// readable, updates are refused with the network-down status; up
+	// again, names resolve and connections go through.
+	mustCLI(ctx, t, bin, cl, "network", "down", e2eNet)
+	if ifs, err := cl.host.Interfaces(); err != nil || slices.Contains(ifs, "tsng-"+e2eNet) {
+		t.Fatalf("after network down the client still has its TUN: %v %v", ifs, err)
+	}
+	if d, err := showVIP(ctx, bin, cl); err != nil || d.Revision != rev {
+		t.Fatalf("vip show while the network is down: %v, revision %s, want %s", err, d.Revision, rev)
+	}
+	if _, errOut, code, err := cli(ctx, bin, cl, "vip", "create", e2eNet, "other"); err != nil || code != tsng.ExitNetworkDown {
+		t.Fatalf("vip create while the network is down: exit %d %v, want %d\n%s", code, err, tsng.ExitNetworkDown, errOut)
+	}
+	mustCLI(ctx, t, bin, cl, "network", "up", e2eNet)
+	eventually(ctx, t, 20*time.Second, "every backend eligible at the client after network up", func() (bool, string) {
+		st, raw, err := statusVIP(ctx, bin, cl)
+		if err != nil {
+			return false, err.Error()
+		}
+		return allEligible(st, 3), raw
+	})
+	res = runHTTPClient(ctx, t, cl, httpPort, "-n", "2")
+	if res.resolved != vipAddr.String() || len(res.replies) != 2 || len(res.errors) != 0 {
+		t.Fatalf("after network up: resolved %q, %d replies, errors %q", res.resolved, len(res.replies), res.errors)
+	}
+	step("client: network down (TUN removed, config readable, create refused with exit %d) and up again (%s)", tsng.ExitNetworkDown, res.summary())
+
+	// SIGTERM: every agent shuts down cleanly (TUN, wireguard-go, sockets,
+	// store) and exits 0.
+	for _, n := range nodes {
+		n.mu.Lock()
+		p := n.proc
+		n.mu.Unlock()
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := p.Stop(sctx)
+		cancel()
+		if err != nil || p.ExitCode() != 0 {
+			t.Errorf("agent %s on SIGTERM: %v (exit %d), want a clean exit within 15 s", n.name, err, p.ExitCode())
+		}
+	}
+	step("SIGTERM: every agent exited 0")
 }
 
 // testUDPFailover opens one UDP session (one source port) to the VIP by
@@ -662,6 +722,18 @@ func allEligible(st vip.Status, listeners int) bool {
 		}
 	}
 	return n == listeners
+}
+
+// nextBackend returns the node a new flow of listener would be bound to.
+func nextBackend(st vip.Status, listener string) string {
+	for _, s := range st.Services {
+		for _, l := range s.Listeners {
+			if l.Listener == listener && l.Next != nil {
+				return l.Next.NodeName
+			}
+		}
+	}
+	return ""
 }
 
 func findBackend(st vip.Status, listener, node string) *vip.BackendStatus {

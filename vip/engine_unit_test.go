@@ -26,6 +26,15 @@ type unitEngine struct {
 	self  NodeInfo
 	peer  NodeInfo
 	svc   ServiceView
+
+	mu    sync.Mutex
+	nodes []NodeInfo // the membership Registry.Nodes reports
+}
+
+func (u *unitEngine) nodeList() []NodeInfo {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]NodeInfo(nil), u.nodes...)
 }
 
 // recHost is a host PacketIO whose Read waits for Close (the test drives
@@ -83,9 +92,9 @@ func newUnitEngine(t testing.TB, seed uint64) *unitEngine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rep.Close() })
-	u := &unitEngine{clock: transporttest.NewManualClock(), self: nodes[0], peer: nodes[1]}
+	u := &unitEngine{clock: transporttest.NewManualClock(), self: nodes[0], peer: nodes[1], nodes: nodes}
 	u.reg, err = NewRegistry(RegistryOptions{Network: "home", Prefix: netip.MustParsePrefix("100.80.0.0/16"), Replica: rep,
-		Nodes: func() []NodeInfo { return nodes }, Rand: rand.NewChaCha8([32]byte{byte(seed)}),
+		Nodes: u.nodeList, Rand: rand.NewChaCha8([32]byte{byte(seed)}),
 		OnChange: func([]ServiceID, bool) {
 			if u.e != nil {
 				_ = u.e.Apply()
@@ -346,4 +355,86 @@ func FuzzEngineWrite(f *testing.F) {
 			t.Fatalf("a packet with a VIP source reached the host from a peer: % x", pkt)
 		}
 	})
+}
+
+// Removing a backend stops new bindings to it while the existing binding
+// keeps forwarding; when the VIP's effective address moves (a node took
+// it), the old listener drains with the original VIP address and the new
+// address takes new flows.
+func TestEngineRemovedBackendAndMovedVIPDrain(t *testing.T) {
+	checkLeaks(t)
+	u := newUnitEngine(t, testenv.Seed(t, 4))
+	ctx := context.Background()
+	client := netip.AddrPortFrom(u.self.Addr, 40000)
+	oldVIP := netip.AddrPortFrom(u.svc.Addr, 443)
+	b := newBatch(2, 2048)
+	if u.hostBatch(b, ipv4Packet(6, client, oldVIP, tcpSYN, nil)) != 1 {
+		t.Fatal("SYN not forwarded")
+	}
+	k := PortKey{TCP, 443}
+	if _, err := u.reg.BackendAdd(ctx, "api", k, Backend{u.peer.ID, 9443}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.reg.BackendRemove(ctx, "api", k, Backend{u.peer.ID, 8443}); err != nil {
+		t.Fatal(err)
+	}
+	// The old flow keeps its backend; a new one gets the remaining backend.
+	if u.hostBatch(b, ipv4Packet(6, client, oldVIP, tcpACK, []byte("more"))) != 1 {
+		t.Fatal("established flow stopped after its backend was removed")
+	}
+	if got := binary.BigEndian.Uint16(b.bufs[0][22:]); got != 8443 {
+		t.Errorf("established flow now goes to port %d, want 8443", got)
+	}
+	client2 := netip.AddrPortFrom(u.self.Addr, 40001)
+	if u.hostBatch(b, ipv4Packet(6, client2, oldVIP, tcpSYN, nil)) != 1 {
+		t.Fatal("new SYN not forwarded")
+	}
+	if got := binary.BigEndian.Uint16(b.bufs[0][22:]); got != 9443 {
+		t.Errorf("new flow goes to port %d, want 9443", got)
+	}
+
+	// A new member takes the VIP's address: node addresses win, so the
+	// service moves; the engine drains the old listener.
+	u.mu.Lock()
+	u.nodes = append(u.nodes, NodeInfo{ID: NodeID{1}, Name: "squatter", Addr: u.svc.Addr})
+	u.mu.Unlock()
+	u.reg.Refresh()
+	if err := u.e.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := u.reg.Get("api")
+	if !v.AddrMoved || v.Addr == u.svc.Addr {
+		t.Fatalf("VIP did not move: %v (moved %v)", v.Addr, v.AddrMoved)
+	}
+	st := u.e.Status()
+	if len(st.Draining) != 1 || st.Draining[0].VIP != u.svc.Addr || st.Draining[0].Active != 2 || st.Draining[0].Next != nil {
+		t.Fatalf("draining %+v, want the old VIP with its 2 bindings", st.Draining)
+	}
+	if l := st.Services[0].Listeners[0]; l.VIP != v.Addr || !l.Routed || l.Next == nil {
+		t.Fatalf("listener at the new address: %+v", l)
+	}
+	if u.hostBatch(b, ipv4Packet(6, client, oldVIP, tcpACK, []byte("still"))) != 1 {
+		t.Error("existing binding stopped when the VIP moved")
+	}
+	if u.hostBatch(b, ipv4Packet(6, netip.AddrPortFrom(u.self.Addr, 40002), oldVIP, tcpSYN, nil)) != 0 {
+		t.Error("a new flow to the old VIP address was accepted")
+	}
+	if u.hostBatch(b, ipv4Packet(6, netip.AddrPortFrom(u.self.Addr, 40002), netip.AddrPortFrom(v.Addr, 443), tcpSYN, nil)) != 1 {
+		t.Error("a new flow to the new VIP address was refused")
+	}
+	// A backend whose node has no overlay address is reported, not routed.
+	u.mu.Lock()
+	u.nodes = append(u.nodes, NodeInfo{ID: NodeID{2}, Name: "noaddr"})
+	u.mu.Unlock()
+	if _, err := u.reg.BackendAdd(ctx, "api", k, Backend{NodeID{2}, 7000}); err != nil {
+		t.Fatal(err)
+	}
+	l := u.e.Status().Services[0].Listeners[0]
+	var reasons []string
+	for _, b := range l.Backends {
+		reasons = append(reasons, b.Reason)
+	}
+	if len(l.Backends) != 2 || reasons[1] != "unknown-node" {
+		t.Errorf("backend reasons %v, want the address-less node reported as unknown-node", reasons)
+	}
 }

@@ -1,6 +1,7 @@
 package claim_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -341,5 +342,61 @@ func TestPromoteWithoutKVMajorityRefuses(t *testing.T) {
 	}
 	if a.carrier.Carried(e.f.VIP) || !b.carrier.Carried(e.f.VIP) {
 		t.Fatalf("carriers after a refused promote: %v", e.carriers())
+	}
+}
+
+func TestPromoteReportsOwnControllerClaim(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	b := e.m("b")
+	// Between the release and the promote's transaction, b's own controller
+	// steps: it sees the holder key gone and claims first.
+	e.afterRelease = func() {
+		e.afterRelease = nil
+		e.clock.Advance(claim.DefaultRenewInterval)
+	}
+	res, err := b.ctl.Promote(context.Background(), claim.PromoteOptions{})
+	if err != nil || !res.ByController || res.Claim == nil || res.Claim.Holder != e.f.B.Addr {
+		t.Fatalf("promote raced by its own controller: %+v %v", res, err)
+	}
+	if !b.carrier.Carried(e.f.VIP) || e.m("a").carrier.Carried(e.f.VIP) {
+		t.Fatalf("carriers %v", e.carriers())
+	}
+}
+
+func TestFencedHolderRefusesRelease(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	a := e.m("a")
+	a.kv.SetDown(true)
+	e.advance(11 * time.Second)
+	r, _ := claim.NewRelease(e.f.B.Key, e.f.Mesh, e.f.VIP, e.f.B.Addr, 2)
+	if _, err := a.ctl.HandleRelease(context.Background(), e.f.B.Addr, r); !errors.Is(err, claim.ErrFenced) {
+		t.Fatalf("release asked of a fenced holder: %v", err)
+	}
+}
+
+func TestInvalidHolderValueDoesNotBlockFailover(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	b := e.m("b")
+	e.stop("a")
+	// Someone with etcd access overwrites the holder key with a value that
+	// is not a valid claim, on no lease: it would never expire.
+	keys := claim.KeysFor(e.f.Mesh, e.f.VIP)
+	tampered := bytes.Clone(e.f.Claim(e.f.A, 1).Encode())
+	tampered[len(tampered)-1] ^= 1
+	if _, err := e.kv.Txn(context.Background(), claim.Txn{Then: []claim.Op{claim.Put(keys.Holder, tampered, 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(3 * time.Second)
+	if !b.carrier.Carried(e.f.VIP) {
+		t.Fatal("an invalid holder value blocked the failover")
+	}
+	if b.ctl.Stats().BadValues == 0 {
+		t.Fatal("the invalid value was not counted")
+	}
+	if st := b.ctl.Status(); st.Epoch != 2 {
+		t.Fatalf("b after failover: %+v", st)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/claim/claimtest"
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 func golden(t testing.TB) map[string][]byte {
@@ -280,4 +282,34 @@ func FuzzUnmarshalState(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// TestNewerIsTotalOrder checks Newer against a naive model: sorting by
+// (epoch descending, key ascending).
+func TestNewerIsTotalOrder(t *testing.T) {
+	f := claimtest.NewFixture()
+	seed := testenv.Seed(t, 9)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var cs []*claim.Claim
+	for i := 0; i < 40; i++ {
+		n := []claimtest.Node{f.A, f.B}[rng.IntN(2)]
+		cs = append(cs, f.Claim(n, 1+uint64(rng.IntN(8))))
+	}
+	model := func(x, y *claim.Claim) bool {
+		if x.Epoch != y.Epoch {
+			return x.Epoch > y.Epoch
+		}
+		kx, ky := x.HolderKey, y.HolderKey
+		return bytes.Compare(kx[:], ky[:]) < 0
+	}
+	for _, x := range cs {
+		for _, y := range cs {
+			if x.Newer(y) != model(x, y) {
+				t.Fatalf("Newer(%v, %v) = %v, model %v", x, y, x.Newer(y), model(x, y))
+			}
+			if x.Newer(y) && y.Newer(x) {
+				t.Fatal("Newer is not antisymmetric")
+			}
+		}
+	}
 }

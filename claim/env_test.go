@@ -29,6 +29,9 @@ type env struct {
 	cut   map[[2]netip.Addr]bool
 	// noEpoch drops the epoch queries a node sends (their answers lost).
 	noEpoch map[netip.Addr]bool
+	// afterRelease runs after a release was answered, before the
+	// requester goes on.
+	afterRelease func()
 }
 
 type member struct {
@@ -176,6 +179,9 @@ func (d *directChannel) Release(ctx context.Context, peer netip.Addr, r *claim.R
 		return nil, err
 	}
 	c, err := t.HandleRelease(ctx, d.from, r)
+	if err == nil && d.e.afterRelease != nil {
+		d.e.afterRelease()
+	}
 	return c, claim.Refusal(err)
 }
 

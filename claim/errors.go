@@ -54,7 +54,8 @@ var (
 	// ErrNotHolder is returned when a node is asked to release a VIP it does
 	// not hold.
 	ErrNotHolder = errors.New("claim: not the holder")
-	// ErrFenced is returned when a fenced node is asked to claim.
+	// ErrFenced is returned when a fenced node is asked to release a VIP
+	// its newest claim names it for: it has already dropped it.
 	ErrFenced = errors.New("claim: node is fenced")
 )
 

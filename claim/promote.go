@@ -75,6 +75,10 @@ func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Rele
 		c.mu.Unlock()
 		return held, nil
 	}
+	if c.st.Fenced && held != nil && held.Holder == c.cfg.Self {
+		c.mu.Unlock()
+		return nil, ErrFenced
+	}
 	if c.st.Role(c.cfg.Self) != RoleHolder {
 		c.mu.Unlock()
 		return nil, ErrNotHolder

@@ -56,10 +56,14 @@ func ParseKey(s string) (Key, error) {
 	if len(s) != base64.StdEncoding.EncodedLen(KeyLen) {
 		return Key{}, fmt.Errorf("%w: base64 key has %d characters, want %d", ErrBadKey, len(s), base64.StdEncoding.EncodedLen(KeyLen))
 	}
-	n, err := base64.StdEncoding.Decode(k[:], []byte(s))
+	// 44 characters can hold 33 bytes (no padding): decode into room for
+	// that, then insist on exactly 32.
+	var buf [KeyLen + 1]byte
+	n, err := base64.StdEncoding.Decode(buf[:], []byte(s))
 	if err != nil || n != KeyLen {
 		return Key{}, fmt.Errorf("%w: %q is not base64 of 32 bytes", ErrBadKey, s)
 	}
+	copy(k[:], buf[:KeyLen])
 	return k, nil
 }
 

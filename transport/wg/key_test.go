@@ -47,6 +47,7 @@ var parseKeyTable = []struct {
 	{"dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LC!=", ErrBadKey},  // bad character
 	{"dwdtCnMYpX08FsFyUbJmRd9ML4frwJkqsXf7pR25LCo==", ErrBadKey}, // too long
 	{"77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a", ErrBadKey},
+	{"00000000000000000000000000000000000000000000", ErrBadKey}, // 33 bytes, no padding (found by fuzzing)
 }
 
 func TestParseKey(t *testing.T) {

@@ -156,9 +156,3 @@ func (x *index) remove(t tuple) bool {
 	x.n--
 	return true
 }
-
-// reset empties the index.
-func (x *index) reset() {
-	clear(x.ents)
-	x.n = 0
-}

@@ -455,7 +455,7 @@ func (n *NAT) FromPeerBatch(pkts [][]byte, peer PeerID, now time.Time, res []Res
 // depend on each other, so the CPU overlaps their misses; the translation
 // that follows then finds them in cache.
 func (n *NAT) prefetchLocked(s side, chunk [][]byte, out []Result) {
-	if n.o.Capacity <= prefetchMinCapacity {
+	if n.o.Capacity <= prefetchMinCapacity || n.closed {
 		return // the table fits in cache: prefetching would only cost
 	}
 	homes := &n.homes[s]
@@ -1368,7 +1368,10 @@ func (n *NAT) Close() error {
 		*b = binding{}
 		n.bdrops[id] = [bindingDropSlots]uint32{}
 	}
-	n.idx.reset()
+	// Drop the table itself: a million-flow table is ~200 MB.
+	n.idx = index{}
+	n.slots, n.bdrops, n.free = nil, nil, nil
+	n.wheel = nil
 	n.used, n.nquar = 0, 0
 	n.frags.reset()
 	n.lis, n.lmap, n.vipInfo, n.beRefs = nil, map[lkey]uint32{}, map[uint32]*vipInfo{}, map[uint32]int{}

@@ -414,10 +414,11 @@ func (e *Engine) isClosed() bool {
 // Registry.List. Listeners, backends and VIP addresses that went away stop
 // taking new bindings; their existing bindings drain until idle expiry with
 // their original VIP address. Connect-check subscriptions and probed peers
-// follow the backends in use. Apply matches the signature of
-// RegistryOptions.OnChange's body: call it from there (it does not call the
-// Registry's mutating methods). It returns the problems of listeners the
-// NAT refused (also reported in Status), or ErrEngineClosed.
+// follow the backends in use. Call it from RegistryOptions.OnChange (it
+// reads the Registry and never calls its mutating methods) and after
+// membership changes. It returns the problems of listeners the NAT or the
+// checker refused (also reported in Status), or ErrEngineClosed after
+// Close.
 func (e *Engine) Apply() error {
 	e.cfgMu.Lock()
 	defer e.cfgMu.Unlock()
@@ -910,6 +911,10 @@ func (e *Engine) handleProbe(pkt []byte, pt *peerTable, peer flow.PeerID, now ti
 	}
 	switch probe.MessageType(payload[3]) {
 	case probe.TypeRequest:
+		if peer == unknownPeer { // only members are answered
+			e.c.probeBad.Add(1)
+			return
+		}
 		reply, err := e.responder.RespondIPv4(pkt, make([]byte, 0, probe.PacketLen))
 		if err != nil {
 			e.c.probeBad.Add(1)

@@ -29,8 +29,28 @@ const (
 // 750 ms, so two expired probes exclude a dead peer within 1.5 s.
 var fastProber = probe.ProberConfig{Interval: 250 * time.Millisecond, Timeout: 750 * time.Millisecond}
 
-// closeLatency makes a the closer backend of c: c–a 2 ms, c–b 15 ms.
-var closeLatency = map[[2]int]time.Duration{{nC, nA}: 2 * time.Millisecond, {nC, nB}: 15 * time.Millisecond, {nA, nB}: 5 * time.Millisecond}
+// closeLatency makes a the closer backend of c: c–a 2 ms, c–b 60 ms one
+// way, a gap that scheduling noise under the race detector cannot close.
+var closeLatency = map[[2]int]time.Duration{{nC, nA}: 2 * time.Millisecond, {nC, nB}: 60 * time.Millisecond, {nA, nB}: 5 * time.Millisecond}
+
+// settledOn reports whether the listener's next backend is want's and its
+// RTT is known and lower than every other backend's by at least gap.
+func (c *cluster) settledOn(nd *cnode, name, key string, want *cnode, gap time.Duration) bool {
+	l, ok := listenerOf(nd, name, key)
+	if !ok || l.Next == nil || l.Next.Node != want.info.ID {
+		return false
+	}
+	w := backendIn(l, want)
+	for _, b := range l.Backends {
+		if !b.RTTKnown || !b.Eligible {
+			return false
+		}
+		if b.Node != want.info.ID && b.RTTMillis-w.RTTMillis < float64(gap)/float64(time.Millisecond) {
+			return false
+		}
+	}
+	return true
+}
 
 // checkLeaks verifies, after every cleanup of t has run, that no goroutine
 // started during the test is left.
@@ -74,7 +94,7 @@ func failover(t *testing.T, prober probe.ProberConfig, limit time.Duration) time
 	// EWMA (7/8 old + 1/8 new) then converges on the path RTT, and the
 	// closer backend wins.
 	pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
-		return rttsKnown(cn, "api", "tcp/443") && c.next(cn, "api", "tcp/443") == "a"
+		return c.settledOn(cn, "api", "tcp/443", c.nodes[nA], 50*time.Millisecond)
 	})
 	who, est, err := whoAt(t, cn, netip.AddrPortFrom(vip, 443), 10*time.Second)
 	if err != nil {
@@ -187,7 +207,7 @@ func TestEngineUDPFailoverOnPortUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
-		return rttsKnown(cn, "dns", "udp/53") && c.next(cn, "dns", "udp/53") == "a"
+		return c.settledOn(cn, "dns", "udp/53", a, 50*time.Millisecond)
 	})
 	conn, err := cn.host.DialUDP(netip.AddrPortFrom(cn.info.Addr, 0), netip.AddrPortFrom(vip, 53))
 	if err != nil {

@@ -8,12 +8,14 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -118,15 +120,16 @@ func TestE2ETUN(t *testing.T) {
 	testenv.NeedRoot(t)
 	testenv.NeedBinary(t, "ip")
 	goBin := testenv.NeedBinary(t, "go")
-	ctx, cancel := context.WithTimeout(t.Context(), 170*time.Second)
-	defer cancel()
 	start := time.Now()
 	step := func(format string, a ...any) {
 		t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), fmt.Sprintf(format, a...))
 	}
-
-	bin := buildAgent(ctx, t, goBin)
+	bin := buildAgent(t.Context(), t, goBin)
 	step("built %s", bin)
+	// The scenario's budget (about 40 s on an idle machine, 2 min under
+	// -race on a loaded one), apart from the build.
+	ctx, cancel := context.WithTimeout(t.Context(), 150*time.Second)
+	defer cancel()
 
 	// Three namespaces on one bridged LAN: the underlay.
 	nodes := []*e2eNode{
@@ -265,6 +268,29 @@ func TestE2ETUN(t *testing.T) {
 		}
 	}
 	step("HTTP api.%s:%d → the client's own backend (hairpin through the TUN), source seen: the VIP", e2eNet, localPort)
+
+	// Bulk transfers both ways, through a remote and the local backend: the
+	// kernel's segmentation offloads on the TUN meet the NAT's rewrites.
+	for _, port := range []uint16{httpPort, localPort} {
+		const size = 4 << 20
+		res := runHTTPClient(ctx, t, cl, port, "-n", "1", "-big", strconv.Itoa(size), "-attempt", "60s")
+		if len(res.replies) != 2 || len(res.errors) != 0 {
+			t.Fatalf("%d bytes each way through api.%s:%d: %d transfers passed, errors %q", size, e2eNet, port, len(res.replies), res.errors)
+		}
+		step("4 MiB down and up through api.%s:%d, intact (%s)", e2eNet, port, res.summary())
+	}
+	// The client's IP forwarding counters saw them (cumulative, both ways).
+	st0, raw0, err := statusVIP(ctx, bin, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, port := range []uint16{httpPort, localPort} {
+		l := findListener(st0, fmt.Sprintf("tcp/%d", port))
+		if l == nil || l.BytesOut < 4<<20 || l.BytesIn < 4<<20 {
+			t.Fatalf("client status of tcp/%d: want ≥ 4 MiB counted each way, got %+v\n%s", port, l, raw0)
+		}
+		step("client counters tcp/%d: %d packets / %d bytes out, %d packets / %d bytes in", port, l.PacketsOut, l.BytesOut, l.PacketsIn, l.BytesIn)
+	}
 
 	// UDP: a session answers, and fails over when the application on the
 	// selected backend stops (ICMP port unreachable).
@@ -724,6 +750,17 @@ func allEligible(st vip.Status, listeners int) bool {
 	return n == listeners
 }
 
+func findListener(st vip.Status, listener string) *vip.ListenerStatus {
+	for _, s := range st.Services {
+		for i := range s.Listeners {
+			if s.Listeners[i].Listener == listener {
+				return &s.Listeners[i]
+			}
+		}
+	}
+	return nil
+}
+
 // nextBackend returns the node a new flow of listener would be bound to.
 func nextBackend(st vip.Status, listener string) string {
 	for _, s := range st.Services {
@@ -766,15 +803,98 @@ func serveHTTP(ctx context.Context, t *testing.T, n *e2eNode) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s\n", n.name, r.RemoteAddr)
-	})}
+	})
+	// GET /big?n=N sends N bytes of e2ePattern; POST /big answers with the
+	// length and SHA-256 of what it received. Both name the backend in
+	// X-Backend.
+	mux.HandleFunc("GET /big", func(w http.ResponseWriter, r *http.Request) {
+		size, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil || size < 0 || size > maxBig {
+			http.Error(w, "bad n", http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("X-Backend", n.name+" "+r.RemoteAddr)
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		_, _ = w.Write(e2ePattern(size))
+	})
+	mux.HandleFunc("POST /big", func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		k, err := io.Copy(h, io.LimitReader(r.Body, maxBig+1))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("X-Backend", n.name+" "+r.RemoteAddr)
+		fmt.Fprintf(w, "%d %x\n", k, h.Sum(nil))
+	})
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: mux}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
 	t.Cleanup(func() {
 		srv.Close()
 		<-done
 	})
+}
+
+// maxBig bounds the bulk transfers (bytes).
+const maxBig = 64 << 20
+
+// e2ePattern returns n bytes in which a lost, duplicated or misplaced
+// segment shows.
+func e2ePattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*31) ^ byte(i>>9) ^ byte(i>>17)
+	}
+	return b
+}
+
+// bigExchange downloads and uploads size bytes through url (GET and POST
+// /big on fresh connections) and checks both; it returns the backend that
+// served each.
+func bigExchange(hc *http.Client, url string, size int) ([2]string, error) {
+	var who [2]string
+	want := e2ePattern(size)
+	resp, err := hc.Get(fmt.Sprintf("%sbig?n=%d", url, size))
+	if err != nil {
+		return who, err
+	}
+	got, err := io.ReadAll(io.LimitReader(resp.Body, maxBig+1))
+	resp.Body.Close()
+	if err != nil {
+		return who, fmt.Errorf("download: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(got, want) {
+		return who, fmt.Errorf("download: status %s, %d bytes, want %d bytes of the pattern (first difference at %d)", resp.Status, len(got), size, firstDiff(got, want))
+	}
+	who[0] = resp.Header.Get("X-Backend")
+	resp, err = hc.Post(url+"big", "application/octet-stream", bytes.NewReader(want))
+	if err != nil {
+		return who, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	resp.Body.Close()
+	if err != nil {
+		return who, fmt.Errorf("upload: %w", err)
+	}
+	sum := sha256.Sum256(want)
+	if exp := fmt.Sprintf("%d %x\n", size, sum); resp.StatusCode != http.StatusOK || string(body) != exp {
+		return who, fmt.Errorf("upload: status %s, backend got %q, want %q", resp.Status, body, exp)
+	}
+	who[1] = resp.Header.Get("X-Backend")
+	return who, nil
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }
 
 // udpApp is a UDP server on a backend's kernel stack that answers
@@ -846,7 +966,7 @@ func (r httpResult) summary() string {
 		count[x.node]++
 	}
 	var parts []string
-	for _, k := range []string{"server1", "server2"} {
+	for _, k := range slices.Sorted(maps.Keys(count)) {
 		parts = append(parts, fmt.Sprintf("%s %d", k, count[k]))
 	}
 	return strings.Join(parts, ", ")
@@ -909,6 +1029,7 @@ func e2eHTTPClient(args []string, out io.Writer) error {
 	deadline := fs.Duration("deadline", 30*time.Second, "give up waiting for -want after")
 	attempt := fs.Duration("attempt", 2*time.Second, "timeout of one attempt")
 	since := fs.Int64("since", 0, "report times from this Unix time in ns (0: now)")
+	big := fs.Int("big", 0, "instead, download and upload this many bytes per attempt (two replies)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -937,6 +1058,19 @@ func e2eHTTPClient(args []string, out io.Writer) error {
 		}
 		tr := &http.Transport{DisableKeepAlives: true}
 		hc := &http.Client{Transport: tr, Timeout: *attempt}
+		if *big > 0 {
+			who, err := bigExchange(hc, *rawURL, *big)
+			tr.CloseIdleConnections()
+			if err != nil {
+				fmt.Fprintln(out, "error", ms(), strings.ReplaceAll(err.Error(), "\n", " "))
+			} else {
+				for _, w := range who {
+					fmt.Fprintln(out, "reply", ms(), w)
+				}
+			}
+			left--
+			continue
+		}
 		resp, err := hc.Get(*rawURL)
 		var body []byte
 		if err == nil {

@@ -35,6 +35,11 @@ type Manager interface {
 	Networks() []*Network
 }
 
+// UIProvider is implemented by a Manager that serves the VIP editor.
+type UIProvider interface {
+	UIURL() string
+}
+
 // NetworkSwitch is implemented by a Manager that can start and stop its
 // networks (the Daemon does); the API's up and down calls need it.
 type NetworkSwitch interface {
@@ -145,8 +150,10 @@ type APIServer struct {
 func NewAPIServer(m Manager) *APIServer {
 	s := &APIServer{m: m, mux: http.NewServeMux(), maxBody: 1 << 20}
 	s.mux.HandleFunc("GET /v1/networks", s.listNetworks)
+	s.mux.HandleFunc("GET /v1/ui", s.ui)
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
+	s.mux.HandleFunc("GET /v1/networks/{net}/nodes", s.listNodes)
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips", mutation(s, http.StatusCreated, create))
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips/{vip}", s.show)
@@ -256,6 +263,15 @@ func (s *APIServer) listNetworks(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+func (s *APIServer) ui(w http.ResponseWriter, _ *http.Request) {
+	p, ok := s.m.(UIProvider)
+	if !ok || p.UIURL() == "" {
+		writeErr(w, &APIError{Code: CodeNotFound, Message: "tsng: this agent does not serve the editor (config \"ui\": \"off\")"})
+		return
+	}
+	writeJSON(w, http.StatusOK, uiInfo{URL: p.UIURL()})
+}
+
 func (s *APIServer) upDown(up bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		n, err := s.network(r.PathValue("net"))
@@ -279,6 +295,26 @@ func (s *APIServer) upDown(up bool) http.HandlerFunc {
 		}
 		writeJSON(w, http.StatusOK, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
 	}
+}
+
+// NodeDoc is a member of a network as the API lists it.
+type NodeDoc struct {
+	ID   vip.NodeID `json:"id"`
+	Name string     `json:"name"`
+	Addr string     `json:"addr"`
+}
+
+func (s *APIServer) listNodes(w http.ResponseWriter, r *http.Request) {
+	n, err := s.network(r.PathValue("net"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := []NodeDoc{}
+	for _, m := range n.Registry.Nodes() {
+		out = append(out, NodeDoc{ID: m.ID, Name: m.Name, Addr: m.Addr.String()})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *APIServer) listVIPs(w http.ResponseWriter, r *http.Request) {

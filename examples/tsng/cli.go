@@ -51,7 +51,8 @@ type Env struct {
 	// Daemon, Demo and UI run the long-lived commands; cmd/tsng wires them.
 	Daemon func(ctx context.Context, configPath string) error
 	Demo   func(ctx context.Context, out io.Writer) error
-	UI     func(ctx context.Context, client *Client, open bool) error
+	// OpenBrowser opens a URL in the user's browser; nil only prints it.
+	OpenBrowser func(url string) error
 }
 
 type cliCtx struct {
@@ -280,13 +281,8 @@ func rootCommand() *command {
 				return c.env.Demo(ctx, c.env.Stdout)
 			}},
 		{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
-			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.open, "open", true, "open a browser") },
-			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
-				if c.env.UI == nil {
-					return errors.New("tsng: ui is not available in this build")
-				}
-				return c.env.UI(ctx, c.client, o.open)
-			}},
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address") },
+			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
 		{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
 			run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {
 				return completion(c.env.Stdout, args[0])

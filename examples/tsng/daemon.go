@@ -51,6 +51,7 @@ type Daemon struct {
 	apiSrv    *http.Server
 	metrics   *http.Server
 	metricsLn net.Listener
+	ui        *UIServer
 	wg        sync.WaitGroup
 }
 
@@ -122,6 +123,14 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); _ = d.apiSrv.Serve(ln) }()
 	}
+	if cfg.UI != "off" {
+		ui, err := NewUIServer(d, cfg.UI)
+		if err != nil {
+			d.Close()
+			return nil, err
+		}
+		d.ui = ui
+	}
 	if cfg.Metrics != "" {
 		ln, err := net.Listen("tcp", cfg.Metrics)
 		if err != nil {
@@ -134,6 +143,15 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
 	}
 	return d, nil
+}
+
+// UIURL returns the editor's address with this start's token ("" when
+// off). It implements UIProvider.
+func (d *Daemon) UIURL() string {
+	if d.ui == nil {
+		return ""
+	}
+	return d.ui.URL()
 }
 
 // MetricsAddr returns the metrics listener's address ("" when off).
@@ -190,6 +208,9 @@ func (d *Daemon) Close() error {
 	}
 	if d.metrics != nil {
 		d.metrics.Close()
+	}
+	if d.ui != nil {
+		d.ui.Close()
 	}
 	d.wg.Wait()
 	var errs []error

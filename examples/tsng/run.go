@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 )
@@ -36,5 +37,11 @@ func RunDaemon(ctx context.Context, configPath string) error {
 
 // DefaultEnv is the environment of the real command.
 func DefaultEnv() *Env {
-	return &Env{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, Getenv: os.Getenv, Daemon: RunDaemon, Demo: Demo}
+	return &Env{Stdout: os.Stdout, Stderr: os.Stderr, Stdin: os.Stdin, Getenv: os.Getenv, Daemon: RunDaemon, Demo: Demo,
+		OpenBrowser: func(url string) error {
+			if os.Getenv("DISPLAY") == "" && os.Getenv("WAYLAND_DISPLAY") == "" {
+				return nil // no desktop: the printed address is the answer
+			}
+			return exec.Command("xdg-open", url).Start()
+		}}
 }

@@ -1,0 +1,399 @@
+// tsng VIP editor. Plain JavaScript, no build step, served from the
+// agent's binary. Every edit stays a draft until Save; status refreshes never
+// replace a dirty draft; a save conflict keeps the draft and offers
+// Discard / reload; closing a dirty window asks first.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const el = (tag, attrs = {}, ...kids) => {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const kid of kids) if (kid !== null && kid !== undefined) e.append(kid);
+  return e;
+};
+
+async function api(method, path, body) {
+  const opts = { method, headers: {} };
+  if (body !== undefined) {
+    opts.headers["Content-Type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  const r = await fetch("/api" + path, opts);
+  const text = await r.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!r.ok) {
+    const err = new Error((data && data.error) || r.statusText);
+    err.code = data && data.code;
+    err.current = data && data.current_revision;
+    err.status = r.status;
+    throw err;
+  }
+  return data;
+}
+
+// Go durations ("3s", "1.5s", "250ms", "2h0m0s") to milliseconds.
+function durMs(d) {
+  if (typeof d === "number") return d * 1000;
+  if (!d) return 0;
+  let ms = 0;
+  const re = /([\d.]+)(h|ms|m|s|us|µs|ns)/g;
+  let m;
+  while ((m = re.exec(d))) {
+    const v = parseFloat(m[1]);
+    ms += v * { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3, "µs": 1e-3, ns: 1e-6 }[m[2]];
+  }
+  return ms;
+}
+const clone = (v) => JSON.parse(JSON.stringify(v));
+
+// The editor's state: one VIP window at a time.
+const state = {
+  net: null,       // network name
+  id: null,        // service id of the open VIP window
+  loaded: null,    // {service, revision} as last read or saved
+  draft: null,     // the service being edited
+  nodes: [],       // the network's members
+  conflict: null,  // current revision after a refused save
+  pendingNav: null,
+  statusTimer: null,
+  lastCounters: null,
+};
+
+// Canonical form of a service for dirty checks: what Save would send.
+function canon(svc) {
+  const s = clone(svc);
+  for (const l of s.listeners || []) {
+    l.backends = (l.backends || []).map((b) => b.node + ":" + b.port).sort();
+    l.idle_timeout = durMs(l.idle_timeout);
+    const c = l.check || {};
+    l.check = [c.port_check === false ? "off" : "on", durMs(c.interval), durMs(c.timeout), c.failures || 0, c.successes || 0];
+  }
+  (s.listeners || []).sort((a, b) => (a.proto + a.port).localeCompare(b.proto + b.port));
+  return JSON.stringify({ name: s.name, listeners: s.listeners || [] });
+}
+const dirty = () => state.draft !== null && canon(state.draft) !== canon(state.loaded.service);
+
+function markDirty() {
+  const d = dirty();
+  const mark = $("#dirty");
+  if (mark) mark.textContent = d ? "● unsaved draft" : "";
+  const save = $("#save");
+  if (save) save.disabled = !d;
+  window.onbeforeunload = d ? (e) => { e.preventDefault(); e.returnValue = ""; return ""; } : null;
+}
+
+// Navigation inside the app goes through here so that a dirty draft is
+// never dropped silently.
+function navigate(hash) {
+  if (location.hash === hash) return;
+  if (state.id && dirty()) {
+    state.pendingNav = hash;
+    $("#close-dialog").showModal();
+    return;
+  }
+  location.hash = hash;
+}
+
+document.addEventListener("click", (e) => {
+  const a = e.target.closest("a[data-nav]");
+  if (!a) return;
+  e.preventDefault();
+  navigate(a.getAttribute("href"));
+});
+
+$("#dialog-keep").addEventListener("click", () => {
+  state.pendingNav = null;
+  $("#close-dialog").close();
+});
+$("#dialog-discard").addEventListener("click", () => {
+  const to = state.pendingNav || "#/n/" + encodeURIComponent(state.net);
+  state.pendingNav = null;
+  state.draft = clone(state.loaded.service); // discard
+  markDirty();
+  $("#close-dialog").close();
+  location.hash = to;
+});
+
+let lastHash = location.hash;
+window.addEventListener("hashchange", () => {
+  // The browser's back button: stay if the draft is dirty, and ask.
+  if (state.id && dirty() && !location.hash.startsWith("#/n/" + encodeURIComponent(state.net) + "/v/" + state.id)) {
+    state.pendingNav = location.hash;
+    history.replaceState(null, "", lastHash);
+    $("#close-dialog").showModal();
+    return;
+  }
+  lastHash = location.hash;
+  route();
+});
+
+async function route() {
+  clearInterval(state.statusTimer);
+  state.statusTimer = null;
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  try {
+    const nets = await api("GET", "/v1/networks");
+    renderNetworkLinks(nets || []);
+    if (parts[0] === "n" && parts[1]) {
+      state.net = parts[1];
+      if (parts[2] === "v" && parts[3]) return await openVIP(parts[1], parts[3]);
+      state.id = null;
+      state.draft = null;
+      return await showNetwork(parts[1]);
+    }
+    state.id = null;
+    state.draft = null;
+    if (nets && nets.length) return navigate("#/n/" + encodeURIComponent(nets[0].name));
+    $("#main").replaceChildren(el("p", { class: "muted", text: "No networks configured." }));
+  } catch (err) {
+    $("#main").replaceChildren(el("div", { class: "banner error", text: err.message }));
+  }
+}
+
+function renderNetworkLinks(nets) {
+  $("#networks").replaceChildren(...nets.map((n) =>
+    el("a", { href: "#/n/" + encodeURIComponent(n.name), "data-nav": true, text: n.name + (n.up ? "" : " (down)") })));
+}
+
+// ---- Network page ----
+
+function health(doc) {
+  if (!doc.status) return { text: doc.routable ? "no observation" : "not routed", cls: "muted" };
+  let ok = 0, all = 0;
+  for (const l of doc.status.listeners || []) for (const b of l.backends || []) { all++; if (b.eligible) ok++; }
+  if (doc.error) return { text: "error: " + doc.error, cls: "bad" };
+  if (all === 0) return { text: "no backends", cls: "muted" };
+  return { text: ok + "/" + all + " backends eligible", cls: ok === all ? "ok" : ok ? "warn" : "bad" };
+}
+
+async function showNetwork(net) {
+  const docs = await api("GET", "/v1/networks/" + encodeURIComponent(net) + "/vips");
+  const rows = (docs || []).map((d) => {
+    const h = health(d);
+    return el("tr", { "data-vip": d.name },
+      el("td", {}, el("a", { href: "#/n/" + encodeURIComponent(net) + "/v/" + d.id, "data-nav": true, class: "vip-link", text: d.name + "." + net })),
+      el("td", { text: (d.listeners || []).map((l) => l.proto + "/" + l.port).join(", ") || "—" }),
+      el("td", { class: "health " + h.cls, text: h.text }));
+  });
+  const name = el("input", { id: "new-name", placeholder: "name, e.g. api" });
+  const msg = el("div");
+  const create = el("button", { id: "create", class: "primary", text: "New VIP", onclick: async () => {
+    try {
+      const d = await api("POST", "/v1/networks/" + encodeURIComponent(net) + "/vips", { name: name.value.trim() });
+      navigate("#/n/" + encodeURIComponent(net) + "/v/" + d.id);
+    } catch (err) {
+      msg.replaceChildren(el("div", { class: "banner error", text: err.message }));
+    }
+  } });
+  $("#main").replaceChildren(
+    el("h1", { text: "Network " + net }),
+    el("table", { id: "vip-table" }, el("thead", {}, el("tr", {}, el("th", { text: "VIP" }), el("th", { text: "Listeners" }), el("th", { text: "Health" }))), el("tbody", {}, ...rows)),
+    el("div", { class: "toolbar" }, name, create), msg);
+  state.statusTimer = setInterval(async () => {
+    if (location.hash !== "#/n/" + encodeURIComponent(net)) return;
+    try {
+      const fresh = await api("GET", "/v1/networks/" + encodeURIComponent(net) + "/vips");
+      for (const d of fresh || []) {
+        const cell = $(`tr[data-vip="${CSS.escape(d.name)}"] .health`);
+        if (cell) { const h = health(d); cell.textContent = h.text; cell.className = "health " + h.cls; }
+      }
+    } catch (_) { /* the next tick retries */ }
+  }, 1000);
+}
+
+// ---- VIP window ----
+
+async function openVIP(net, id) {
+  if (state.id !== id || !state.draft) {
+    const [doc, nodes] = await Promise.all([
+      api("GET", "/v1/networks/" + encodeURIComponent(net) + "/vips/" + id),
+      api("GET", "/v1/networks/" + encodeURIComponent(net) + "/nodes"),
+    ]);
+    state.id = id;
+    state.nodes = nodes || [];
+    state.loaded = { service: doc, revision: doc.revision, doc };
+    state.draft = clone(serviceOf(doc));
+    state.loaded.service = serviceOf(doc);
+    state.conflict = null;
+    state.lastCounters = null;
+  }
+  renderVIP();
+  state.statusTimer = setInterval(refreshStatus, 1000);
+}
+
+function serviceOf(doc) {
+  return { id: doc.id, name: doc.name, network: doc.network, listeners: clone(doc.listeners || []) };
+}
+
+function nodeName(id) {
+  const n = state.nodes.find((x) => x.id === id);
+  return n ? n.name : id.slice(0, 12);
+}
+
+function numberInput(attrs, value, onchange) {
+  return el("input", Object.assign({ type: "number", min: 0, value: value || "" }, attrs, { oninput: (e) => onchange(e.target.value) }));
+}
+
+function renderVIP() {
+  const d = state.draft, doc = state.loaded.doc, net = state.net;
+  const main = $("#main");
+  const listeners = (d.listeners || []).map((l, i) => renderListener(l, i));
+  const conflict = state.conflict ? el("div", { id: "conflict", class: "banner conflict" },
+    el("strong", { text: "This VIP was changed elsewhere (now at revision " + state.conflict + "). " }),
+    el("span", { text: "Your draft is kept. " }),
+    el("button", { id: "discard-reload", onclick: discardReload, text: "Discard / reload" })) : null;
+  main.replaceChildren(...[
+    el("div", { class: "toolbar" },
+      el("h1", { class: "title", text: "VIP " + (d.name || "") + "." + net }),
+      el("span", { id: "dirty", class: "dirty-mark" })),
+    conflict,
+    el("div", { id: "error" }),
+    el("div", { class: "row" }, el("label", { text: "Name " }, el("input", { id: "vip-name", value: d.name, oninput: (e) => { d.name = e.target.value; markDirty(); } }))),
+    el("h2", { text: "Listeners" }),
+    ...listeners,
+    el("div", { class: "toolbar" },
+      el("button", { id: "add-listener", text: "Add listener", onclick: () => {
+        d.listeners = d.listeners || [];
+        d.listeners.push({ proto: "tcp", port: 0, generation: 0, backends: [], check: {}, idle_timeout: "0s" });
+        renderVIP();
+      } })),
+    el("div", { class: "toolbar" },
+      el("button", { id: "save", class: "primary", text: "Save", onclick: save }),
+      el("button", { id: "close", text: "Close", onclick: () => navigate("#/n/" + encodeURIComponent(net)) })),
+    el("h2", { text: "Live status" }),
+    el("div", { id: "status" }, el("p", { class: "muted", text: "waiting for the first sample…" })),
+    el("details", { id: "ids" }, el("summary", { text: "Addresses and ids" }),
+      el("p", {}, "Service id ", el("code", { id: "service-id", text: doc.id })),
+      el("p", {}, "Address ", el("code", { id: "service-addr", text: doc.addr || "—" }), doc.addr_moved ? el("span", { class: "warn", text: " (moved after a collision)" }) : null),
+      el("p", {}, "Revision ", el("code", { id: "revision", text: state.loaded.revision })),
+      el("p", { text: "Backend nodes:" }),
+      el("ul", {}, ...state.nodes.map((n) => el("li", {}, n.name + " ", el("code", { text: n.addr + " " + n.id })))))].filter((x) => x));
+  markDirty();
+  if (state.loaded.doc.status) renderStatus(state.loaded.doc);
+}
+
+function renderListener(l, i) {
+  const d = state.draft;
+  const c = l.check || (l.check = {});
+  const set = (fn) => (v) => { fn(v); markDirty(); };
+  const backends = (l.backends || []).map((b, j) => el("tr", { class: "backend" },
+    el("td", {}, el("select", { class: "backend-node", onchange: (e) => { b.node = e.target.value; markDirty(); } },
+      ...state.nodes.map((n) => el("option", { value: n.id, selected: n.id === b.node, text: n.name })))),
+    el("td", {}, numberInput({ class: "backend-port", max: 65535 }, b.port, set((v) => { b.port = parseInt(v, 10) || 0; }))),
+    el("td", {}, el("button", { class: "remove-backend danger", text: "Remove", onclick: () => { l.backends.splice(j, 1); renderVIP(); } }))));
+  return el("div", { class: "card listener", "data-listener": i },
+    el("div", { class: "row" },
+      el("select", { class: "proto", onchange: (e) => { l.proto = e.target.value; markDirty(); } },
+        el("option", { value: "tcp", selected: l.proto === "tcp", text: "tcp" }), el("option", { value: "udp", selected: l.proto === "udp", text: "udp" })),
+      el("span", { text: "/" }),
+      numberInput({ class: "port", max: 65535, placeholder: "port" }, l.port, set((v) => { l.port = parseInt(v, 10) || 0; })),
+      el("span", { class: "muted", text: l.generation ? "generation " + l.generation : "new" }),
+      el("button", { class: "remove-listener danger", text: "Delete listener", onclick: () => { d.listeners.splice(i, 1); renderVIP(); } })),
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", { text: "Backend node" }), el("th", { text: "Port" }), el("th"))), el("tbody", {}, ...backends)),
+    el("div", { class: "row" },
+      el("button", { class: "add-backend", text: "Add backend", onclick: () => {
+        l.backends = l.backends || [];
+        l.backends.push({ node: state.nodes.length ? state.nodes[0].id : "", port: 0 });
+        renderVIP();
+      } })),
+    el("div", { class: "row" },
+      el("label", {}, el("input", { type: "checkbox", class: "port-check", checked: c.port_check !== false && l.proto === "tcp", disabled: l.proto !== "tcp",
+        onchange: (e) => { c.port_check = e.target.checked; markDirty(); } }), " TCP connect checks"),
+      el("label", {}, "interval ms ", numberInput({ class: "check-interval", placeholder: "3000" }, durMs(c.interval) || "", set((v) => { c.interval = v ? v / 1000 : undefined; }))),
+      el("label", {}, "timeout ms ", numberInput({ class: "check-timeout", placeholder: "2000" }, durMs(c.timeout) || "", set((v) => { c.timeout = v ? v / 1000 : undefined; }))),
+      el("label", {}, "failures ", numberInput({ class: "check-failures", placeholder: "2" }, c.failures, set((v) => { c.failures = parseInt(v, 10) || 0; }))),
+      el("label", {}, "successes ", numberInput({ class: "check-successes", placeholder: "1" }, c.successes, set((v) => { c.successes = parseInt(v, 10) || 0; }))),
+      el("label", {}, "flow idle timeout s ", numberInput({ class: "idle-timeout", placeholder: l.proto === "udp" ? "120" : "7200" }, durMs(l.idle_timeout) / 1000 || "", set((v) => { l.idle_timeout = v ? parseFloat(v) : 0; })))));
+}
+
+async function save() {
+  const net = state.net;
+  $("#error").replaceChildren();
+  try {
+    const doc = await api("PUT", "/v1/networks/" + encodeURIComponent(net) + "/vips/" + state.id, { service: state.draft, revision: state.loaded.revision });
+    state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
+    state.draft = clone(state.loaded.service);
+    state.conflict = null;
+    renderVIP();
+  } catch (err) {
+    if (err.code === "conflict") {
+      state.conflict = err.current || "?";
+      renderVIP(); // the draft stays as it is
+    } else {
+      $("#error").replaceChildren(el("div", { class: "banner error", id: "save-error", text: err.message }));
+    }
+  }
+}
+
+async function discardReload() {
+  const doc = await api("GET", "/v1/networks/" + encodeURIComponent(state.net) + "/vips/" + state.id);
+  state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
+  state.draft = clone(state.loaded.service);
+  state.conflict = null;
+  renderVIP();
+}
+
+async function refreshStatus() {
+  if (!state.id) return;
+  let doc;
+  try {
+    doc = await api("GET", "/v1/networks/" + encodeURIComponent(state.net) + "/vips/" + state.id);
+  } catch (_) { return; }
+  if (doc.revision !== state.loaded.revision && !dirty() && !state.conflict) {
+    // A clean window follows the saved configuration.
+    state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
+    state.draft = clone(state.loaded.service);
+    renderVIP();
+    return;
+  }
+  state.loaded.doc.status = doc.status;
+  renderStatus(doc); // never touches the draft
+}
+
+function fmtRate(v) {
+  if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
+  if (v >= 1e3) return (v / 1e3).toFixed(1) + "k";
+  return v.toFixed(1);
+}
+
+function renderStatus(doc) {
+  const box = $("#status");
+  if (!box) return;
+  const st = doc.status;
+  if (!st) { box.replaceChildren(el("p", { class: "muted", text: "no observation (network down or VIP not routed)" })); return; }
+  const now = Date.now();
+  const counters = {};
+  const rows = [];
+  for (const l of st.listeners || []) {
+    for (const b of l.backends || []) {
+      const key = l.listener + " " + b.node + ":" + b.port;
+      counters[key] = { p: (b.packets_out || 0) + (b.packets_in || 0), b: (b.bytes_out || 0) + (b.bytes_in || 0) };
+      let rate = "—";
+      const prev = state.lastCounters && state.lastCounters.c[key];
+      if (prev) {
+        const dt = (now - state.lastCounters.t) / 1000;
+        rate = fmtRate(Math.max(0, counters[key].p - prev.p) / dt) + " pkt/s, " + fmtRate(Math.max(0, counters[key].b - prev.b) / dt) + " B/s";
+      }
+      const next = l.next && l.next.node === b.node && l.next.port === b.port;
+      rows.push(el("tr", { class: "status-row", "data-backend": nodeName(b.node) + ":" + b.port },
+        el("td", { text: l.listener }),
+        el("td", { text: (b.node_name || nodeName(b.node)) + ":" + b.port + (next ? "  ← next" : "") }),
+        el("td", { class: "reason " + (b.eligible ? "ok" : "bad"), text: b.reason + (b.check_error ? " (" + b.check_error + ")" : "") }),
+        el("td", { class: "status-cell rtt", text: b.rtt_known ? b.rtt_ms.toFixed(2) + " ms" : "unknown" }),
+        el("td", { class: "status-cell bindings", text: String(b.active_bindings || 0) }),
+        el("td", { class: "status-cell rate", text: rate })));
+    }
+  }
+  state.lastCounters = { t: now, c: counters };
+  box.replaceChildren(el("table", { id: "status-table" },
+    el("thead", {}, el("tr", {}, ...["Listener", "Backend", "Health", "RTT", "Bindings", "Rate"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...rows)),
+    el("p", { class: "muted", id: "status-at", text: "observed " + new Date(st.at || Date.now()).toLocaleTimeString() }));
+}
+
+route();

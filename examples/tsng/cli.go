@@ -281,7 +281,9 @@ func rootCommand() *command {
 				return c.env.Demo(ctx, c.env.Stdout)
 			}},
 		{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
-			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address") },
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address")
+			},
 			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
 		{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
 			run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {

@@ -35,9 +35,9 @@ import (
 //	  }]
 //	}
 type Config struct {
-	DataDir  string          `json:"data_dir"`
-	Socket   string          `json:"socket,omitempty"`
-	Metrics  string          `json:"metrics,omitempty"` // Prometheus listen address (loopback); empty: off
+	DataDir string `json:"data_dir"`
+	Socket  string `json:"socket,omitempty"`
+	Metrics string `json:"metrics,omitempty"` // Prometheus listen address (loopback); empty: off
 	// UI is the editor's loopback address; empty means 127.0.0.1 on a free
 	// port, "off" turns it off.
 	UI       string          `json:"ui,omitempty"`

@@ -200,7 +200,10 @@ func TestControllerOnEtcd(t *testing.T) {
 	before, r0 := a.kv.Counts(), a.ctl.Stats().Renewals
 	transport.Sleep(transport.RealClock{}, 10*tRenew, nil)
 	d, renewals := a.kv.Counts().Sub(before), a.ctl.Stats().Renewals-r0
-	if renewals < 5 || d.KeepAlive != renewals || d.Total()-d.Watch != renewals {
+	// A renewal in flight at either end of the window is counted by the
+	// KV when sent and by the controller when answered: allow one.
+	diff := int64(d.KeepAlive) - int64(renewals)
+	if renewals < 5 || diff < -1 || diff > 1 || d.Total()-d.Watch != d.KeepAlive {
 		t.Fatalf("holder over %v: %d renewals, calls %+v; want exactly one round trip per renewal", 10*tRenew, renewals, d)
 	}
 	t.Logf("holder: %d renewals, %d round trips", renewals, d.Total()-d.Watch)

@@ -326,8 +326,8 @@ func testKeepAlive(t *testing.T, h Harness) {
 func collect(t *testing.T, ch <-chan claim.WatchResponse, n int) []claim.WatchEvent {
 	t.Helper()
 	var evs []claim.WatchEvent
-	timeout := time.NewTimer(10 * time.Second)
-	defer timeout.Stop()
+	wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	for len(evs) < n {
 		select {
 		case r, ok := <-ch:
@@ -338,7 +338,7 @@ func collect(t *testing.T, ch <-chan claim.WatchResponse, n int) []claim.WatchEv
 				t.Fatalf("watch error: %v", r.Err)
 			}
 			evs = append(evs, r.Events...)
-		case <-timeout.C:
+		case <-wait.Done():
 			t.Fatalf("watch: %d of %d events after 10 s", len(evs), n)
 		}
 	}
@@ -373,15 +373,15 @@ func testWatch(t *testing.T, h Harness) {
 		t.Fatalf("live event %+v, want %s at %d", live[0], p+"c", rev)
 	}
 	cancel()
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
+	wait, cancelWait := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelWait()
 	for {
 		select {
 		case _, ok := <-ch:
 			if !ok {
 				return
 			}
-		case <-deadline.C:
+		case <-wait.Done():
 			t.Fatal("watch channel not closed 10 s after its context ended")
 		}
 	}

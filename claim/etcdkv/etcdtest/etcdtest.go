@@ -7,7 +7,6 @@ package etcdtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -107,10 +106,7 @@ func start(ctx context.Context, dir string, o Options) (*Server, error) {
 		return nil, err
 	case <-ctx.Done():
 		e.Close()
-		return nil, ctx.Err()
-	case <-time.After(30 * time.Second):
-		e.Close()
-		return nil, errors.New("not ready after 30 s")
+		return nil, fmt.Errorf("not ready: %w", ctx.Err())
 	}
 	return &Server{Endpoint: cu.String(), etcd: e, dir: dir}, nil
 }

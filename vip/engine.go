@@ -483,6 +483,14 @@ func (e *Engine) Apply() error {
 	// Publish the new selection state first, so that the NAT's next Select
 	// sees the new backends' health inputs, then the listeners.
 	e.routes.Store(&routeTable{m: desired})
+	// Remove first, so that a listener replaced on the same VIP never
+	// counts twice against the per-VIP listener limit.
+	for fl, r := range e.applied {
+		if _, ok := desired[fl]; !ok {
+			e.nat.RemoveListener(fl)
+			e.draining[fl] = r
+		}
+	}
 	for fl, r := range desired {
 		if err := e.nat.SetListener(fl, flow.ListenerConfig{Backends: r.backends, IdleTimeout: r.idle}); err != nil {
 			r.err = errors.Join(r.err, err)
@@ -491,12 +499,6 @@ func (e *Engine) Apply() error {
 			errs = append(errs, fmt.Errorf("vip: %s %s: %w", r.name, r.key, r.err))
 		}
 		delete(e.draining, fl)
-	}
-	for fl, r := range e.applied {
-		if _, ok := desired[fl]; !ok {
-			e.nat.RemoveListener(fl)
-			e.draining[fl] = r
-		}
 	}
 	e.applied = desired
 	for k, s := range e.subs {
@@ -722,11 +724,11 @@ func (e *Engine) pump() {
 			e.free <- b
 		}
 		if err != nil {
-			if e.isClosed() || errors.Is(err, transport.ErrClosed) {
-				e.hostErr.Store(&err)
-				e.deadOnce.Do(func() { close(e.hostDead) })
-				return
-			}
+			// Like wireguard-go's TUN reader, a read error ends the
+			// pump: Read then reports it.
+			e.hostErr.Store(&err)
+			e.deadOnce.Do(func() { close(e.hostDead) })
+			return
 		}
 	}
 }

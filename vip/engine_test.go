@@ -497,3 +497,43 @@ func TestNewEngineRejectsBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TCP connect checks run through the host's stack and the tunnel with the
+// listener's settings: a backend whose port refuses connections is
+// excluded (check-failed) although its path is fine, and returns when the
+// port accepts again.
+func TestEngineConnectCheckExcludesAndRecovers(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
+	ctx := context.Background()
+	a, b, cn := c.nodes[nA], c.nodes[nB], c.nodes[nC]
+	serveName(t, b, 8443) // a does not listen yet
+	apiService(t, c)
+	interval, timeout := Duration(250*time.Millisecond), Duration(200*time.Millisecond)
+	fails, succ := 2, 1
+	if _, err := cn.reg.PortSet(ctx, "api", PortKey{TCP, 443}, PortSettings{Interval: &interval, Timeout: &timeout, Failures: &fails, Successes: &succ}); err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	pollUntil(t, 20*time.Second, "a to fail its connect check", func() bool {
+		l, _ := listenerOf(cn, "api", "tcp/443")
+		ba := backendIn(l, a)
+		return ba.Reason == "check-failed" && ba.CheckError != "" && c.next(cn, "api", "tcp/443") == "b"
+	})
+	vip, err := c.resolve(cn, "api.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	who, _, err := whoAt(t, cn, netip.AddrPortFrom(vip, 443), 10*time.Second)
+	if err != nil || !strings.HasPrefix(who, "b ") {
+		t.Fatalf("connection while a fails its check reached %q (%v), want b", who, err)
+	}
+	serveName(t, a, 8443)
+	pollUntil(t, 20*time.Second, "a to recover", func() bool {
+		return c.settledOn(cn, "api", "tcp/443", a, 50*time.Millisecond)
+	})
+	who, _, err = whoAt(t, cn, netip.AddrPortFrom(vip, 443), 10*time.Second)
+	if err != nil || !strings.HasPrefix(who, "a ") {
+		t.Fatalf("connection after a recovered reached %q (%v), want a", who, err)
+	}
+}

@@ -445,7 +445,9 @@ func (c *Controller) tend() {
 	c.checkAgeLocked()
 	c.mu.Unlock()
 
-	c.renew(ctx)
+	if c.cfg.Key != nil { // an observer holds no lease
+		c.renew(ctx)
+	}
 
 	c.mu.Lock()
 	need := c.dirty || !c.carried

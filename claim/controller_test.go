@@ -400,3 +400,26 @@ func TestInvalidHolderValueDoesNotBlockFailover(t *testing.T) {
 		t.Fatalf("b after failover: %+v", st)
 	}
 }
+
+func TestObserverFollowsKeysWithoutLease(t *testing.T) {
+	e := newEnv(t, true)
+	c := e.m("c")
+	kv := claimtest.NewCountingKV(e.kv)
+	c.cfg.KV = kv
+	e.bootstrap()
+	e.advance(3 * time.Second)
+	if got := c.carrier.RoutedTo(e.f.VIP); got != e.f.A.Addr {
+		t.Fatalf("observer routes to %v", got)
+	}
+	e.stop("a")
+	e.advance(25 * time.Second)
+	if got := c.carrier.RoutedTo(e.f.VIP); got != e.f.B.Addr {
+		t.Fatalf("observer routes to %v after the failover", got)
+	}
+	if n := kv.Counts(); n.Grant != 0 || n.KeepAlive != 0 || n.Txn != 0 {
+		t.Fatalf("observer wrote to the kv: %+v", n)
+	}
+	if e.kv.Leases() != 1 {
+		t.Fatalf("%d leases, want b's only", e.kv.Leases())
+	}
+}

@@ -18,10 +18,10 @@ import (
 // Timings scaled down for a test cluster whose minimum lease TTL is 1 s:
 // the same ratios as production (renew 2 s, drop 10 s, TTL 20 s).
 const (
-	tRenew = 200 * time.Millisecond
-	tDrop  = 1 * time.Second
-	tTTL   = 2 * time.Second
-	tElect = 500 * time.Millisecond
+	tRenew = 400 * time.Millisecond
+	tDrop  = 2 * time.Second
+	tTTL   = 4 * time.Second
+	tElect = 1 * time.Second
 )
 
 type etcdPair struct {
@@ -59,7 +59,7 @@ func newEtcdPair(t *testing.T) *etcdPair {
 			KV: m.kv, Carrier: m.carrier, Store: new(claim.MemStore), Clock: clock,
 			Channel: &etcdChannel{p: p, from: n.Addr}, Peers: []netip.Addr{f.A.Addr, f.B.Addr},
 			RenewInterval: tRenew, DropAfter: tDrop, LeaseTTL: tTTL, ElectionTimeout: tElect,
-			CallTimeout: time.Second,
+			CallTimeout: tRenew,
 		}
 		p.nodes[n.Addr] = m
 	}

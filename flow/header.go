@@ -364,17 +364,15 @@ const (
 
 // ICMPv4 types and codes the packet path produces or translates.
 const (
-	ICMPEchoReply         = 0
-	ICMPDestUnreachable   = 3
-	ICMPEchoRequest       = 8
-	ICMPTimeExceeded      = 11
-	ICMPParameterProblem  = 12
-	ICMPCodePortUnreach   = 3
-	ICMPCodeFragNeeded    = 4
-	ICMPCodeTTLExceeded   = 0
-	icmpMinQuotedL4       = 8 // "64 bits of original data"
-	icmpQuoteLimit        = 576 - IPv4MinHeaderLen - ICMPv4HeaderLen
-	icmpGeneratedQuoteLen = IPv4MinHeaderLen + icmpMinQuotedL4
+	ICMPEchoReply        = 0
+	ICMPDestUnreachable  = 3
+	ICMPEchoRequest      = 8
+	ICMPTimeExceeded     = 11
+	ICMPParameterProblem = 12
+	ICMPCodePortUnreach  = 3
+	ICMPCodeFragNeeded   = 4
+	ICMPCodeTTLExceeded  = 0
+	icmpMinQuotedL4      = 8 // "64 bits of original data"
 )
 
 // Validate checks the header length. It returns nil or ErrTruncated.

@@ -220,7 +220,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if h, err = netip.ParseAddr(*holder); err != nil {
 				return fail(fmt.Errorf("%w: --holder: %v", ErrMesh, err))
 			}
-		} else if m.VIP.IsValid() {
+		} else if m.Tended().IsValid() {
 			if s, err := adminStatus(ctx, m); err == nil && s.Holder != "" {
 				h = m.addrOfID(s.Holder)
 			}
@@ -230,7 +230,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if *out != "" {
 			w = &sb
 		}
-		if err := m.Render(w, m.VIP, h); err != nil {
+		if err := m.Render(w, m.Tended(), h); err != nil {
 			return fail(err)
 		}
 		if *out != "" {
@@ -261,7 +261,9 @@ func exitOf(fail func(error) int, err error) int {
 }
 
 func adminHTTP(m *Mesh) *http.Client {
-	return unixHTTP(AdminSocket(m), nil, 5*time.Minute)
+	hc := unixHTTP(AdminSocket(m), nil, 5*time.Minute)
+	hc.Transport.(*http.Transport).DisableKeepAlives = true // one call per command
+	return hc
 }
 
 func notRunning(err error) error {

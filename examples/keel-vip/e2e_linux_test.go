@@ -174,7 +174,7 @@ func (c *cluster) meshJSON(n *node, impair map[string]any) []byte {
 	m := map[string]any{
 		"mesh": "e2e", "overlay": overlay.String(),
 		"node": map[string]any{"id": n.name, "addr": n.addr.String(),
-			"wg_private_key": base64.StdEncoding.EncodeToString(n.wgKey[:]),
+			"wg_private_key":   base64.StdEncoding.EncodeToString(n.wgKey[:]),
 			"sign_private_key": base64.StdEncoding.EncodeToString(n.sign.Seed())},
 		"run_dir": filepath.Join(n.dir, "run"), "state_dir": filepath.Join(n.dir, "state"),
 		"event_log": filepath.Join(c.base, "events-"+n.name+".log"),
@@ -222,8 +222,9 @@ func (c *cluster) start() {
 	}
 	for _, n := range c.nodes {
 		waitFor(c.t, 60*time.Second, "helper of "+n.name, func() bool {
-			_, err := os.Stat(keelvip.AdminSocket(n.mesh))
-			return err == nil && carriesAddr(n.h, n.addr)
+			_, err1 := os.Stat(keelvip.AdminSocket(n.mesh))
+			_, err2 := os.Stat(filepath.Join(n.mesh.RunDir, "ctl", "control.sock"))
+			return err1 == nil && err2 == nil && carriesAddr(n.h, n.addr)
 		})
 	}
 }
@@ -416,6 +417,103 @@ func (c *cluster) serveNames() {
 	}
 }
 
+// pinger sends a UDP ping to the VIP every 50 ms from a node and records
+// which were answered (by the echo of whichever member carries it).
+type pinger struct {
+	conn net.PacketConn
+	mu   sync.Mutex
+	sent []time.Time
+	ok   []bool
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+func (c *cluster) startPings(from *node) *pinger {
+	for _, n := range c.nodes[:2] {
+		pc, err := n.h.ListenPacket(context.Background(), "udp", "[::]:7002")
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				k, a, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = pc.WriteTo(buf[:k], a)
+			}
+		}()
+	}
+	conn, err := from.h.ListenPacket(context.Background(), "udp", netip.AddrPortFrom(from.addr, 0).String())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	p := &pinger{conn: conn, quit: make(chan struct{})}
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		buf := make([]byte, 64)
+		for {
+			k, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if k >= 8 {
+				i := binary.BigEndian.Uint64(buf)
+				p.mu.Lock()
+				if i < uint64(len(p.ok)) {
+					p.ok[i] = true
+				}
+				p.mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		defer p.wg.Done()
+		dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(testVIP, 7002))
+		tk := time.NewTicker(50 * time.Millisecond)
+		defer tk.Stop()
+		for i := uint64(0); ; i++ {
+			select {
+			case <-p.quit:
+				return
+			case <-tk.C:
+			}
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], i)
+			p.mu.Lock()
+			p.sent = append(p.sent, time.Now())
+			p.ok = append(p.ok, false)
+			p.mu.Unlock()
+			_, _ = conn.WriteTo(b[:], dst)
+		}
+	}()
+	return p
+}
+
+// stop ends the pings (answers get 1 s more) and returns the longest gap
+// between the send times of two answered pings.
+func (p *pinger) stop() time.Duration {
+	close(p.quit)
+	time.Sleep(time.Second)
+	p.conn.Close()
+	p.wg.Wait()
+	var gap time.Duration
+	var last time.Time
+	for i, ok := range p.ok {
+		if !ok {
+			continue
+		}
+		if !last.IsZero() && p.sent[i].Sub(last) > gap {
+			gap = p.sent[i].Sub(last)
+		}
+		last = p.sent[i]
+	}
+	return gap
+}
+
 // reach connects from n to the VIP and returns the name that answers.
 func reach(n *node, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -493,12 +591,6 @@ func (s *sampler) close() {
 		close(s.stop)
 	}
 	<-s.done
-}
-
-func (s *sampler) holds(name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.last[name]
 }
 
 func (s *sampler) carriedSince(name string, since time.Duration) bool {
@@ -708,57 +800,23 @@ func TestPartitionNetns(t *testing.T) {
 	waitFor(t, 30*time.Second, "C reaches the VIP at A", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "a" })
 	results["a"] = "C reaches the VIP at A"
 
-	// (b) planned promote to B; downtime seen from C in 50 ms probes.
-	type probe struct {
-		at time.Time
-		ok bool
-	}
-	var pmu sync.Mutex
-	var probes []probe
-	stopProbes := make(chan struct{})
-	var pwg sync.WaitGroup
-	pwg.Add(1)
-	go func() {
-		defer pwg.Done()
-		tk := time.NewTicker(50 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stopProbes:
-				return
-			case <-tk.C:
-			}
-			pwg.Add(1)
-			go func(at time.Time) {
-				defer pwg.Done()
-				_, err := reach(C, 3*time.Second)
-				pmu.Lock()
-				probes = append(probes, probe{at, err == nil})
-				pmu.Unlock()
-			}(time.Now())
-		}
-	}()
+	// (b) planned promote to B; downtime seen from C as the longest gap
+	// between answered 50 ms UDP pings to the VIP.
+	promoteAt := bootNow()
+	pings := c.startPings(C)
 	time.Sleep(2 * time.Second)
 	if out, err := c.promote(B, false); err != nil {
 		t.Fatalf("planned promote to B: %v %s", err, out)
 	}
 	waitFor(t, 30*time.Second, "C reaches the VIP at B", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "b" })
 	time.Sleep(3 * time.Second)
-	close(stopProbes)
-	pwg.Wait()
-	slices.SortFunc(probes, func(a, b probe) int { return a.at.Compare(b.at) })
-	var gap time.Duration
-	var lastOK time.Time
-	for _, p := range probes {
-		if !p.ok {
-			continue
-		}
-		if !lastOK.IsZero() && p.at.Sub(lastOK) > gap {
-			gap = p.at.Sub(lastOK)
-		}
-		lastOK = p.at
+	gap := pings.stop()
+	relA, ok1 := c.firstEvent("a", false, promoteAt)
+	addB, ok2 := c.firstEvent("b", true, promoteAt)
+	if !ok1 || !ok2 || relA > addB {
+		t.Errorf("planned promote: A's release at %v (%v) must come before B's carry at %v (%v)", relA, ok1, addB, ok2)
 	}
-	results["b"] = fmt.Sprintf("A released first; downtime seen from C (longest gap in 50 ms probes) %s", secs(gap))
+	results["b"] = fmt.Sprintf("A released first; downtime seen from C (longest gap in 50 ms pings) %s", secs(gap))
 	if gap > 1500*time.Millisecond {
 		t.Logf("goal missed: planned promote downtime %v > 1.5 s", gap)
 	}

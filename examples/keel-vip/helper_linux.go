@@ -120,9 +120,11 @@ func listenUnix(path string, perm os.FileMode, uid, gid uint32) (net.Listener, e
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, perm); err == nil {
+	err = os.Chmod(path, perm)
+	if err == nil {
 		err = os.Chown(path, int(uid), int(gid))
-	} else {
+	}
+	if err != nil {
 		l.Close()
 		return nil, err
 	}
@@ -148,13 +150,12 @@ type helper struct {
 	carrier *LinkCarrier
 	log     *slog.Logger
 
-	mu       sync.Mutex
-	newest   *claim.Claim      // newest claim the helper checked
-	kept     *claim.PairRecord // an observer's: the first valid record seen
-	ctlPid   int
-	lisPid   int
-	ctlHTTP  *http.Client
-	children []*exec.Cmd
+	mu      sync.Mutex
+	newest  *claim.Claim      // newest claim the helper checked
+	kept    *claim.PairRecord // an observer's: the first valid record seen
+	ctlPid  int
+	lisPid  int
+	ctlHTTP *http.Client
 }
 
 // RunHelper is `keel-vip tend`: the root helper. It creates the WireGuard
@@ -374,7 +375,10 @@ func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid u
 	if err != nil {
 		return nil, err
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group: a signal to the helper's group does not reach
+	// it, so the helper stops it in order (and setpriv's --pdeathsig kills
+	// it if the helper dies).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("keelvip: start %s: %w", sub, err)
 	}

@@ -7,11 +7,14 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/vipkit/vipkit/claim"
 	keelvip "github.com/vipkit/vipkit/examples/keel-vip"
@@ -96,7 +99,9 @@ func TestParseMeshRefusals(t *testing.T) {
 		{"repeated peer addr", func(m map[string]any) { m["peers"].([]any)[1].(map[string]any)["addr"] = "fd00:1::1:2" }, keelvip.ErrMesh},
 		{"peer is self", func(m map[string]any) { m["peers"].([]any)[1].(map[string]any)["addr"] = "fd00:1::1:1" }, keelvip.ErrMesh},
 		{"bad endpoint", func(m map[string]any) { m["peers"].([]any)[0].(map[string]any)["endpoint"] = "0.0.0.0:0" }, keelvip.ErrMesh},
-		{"unmasked allowed ip", func(m map[string]any) { m["peers"].([]any)[1].(map[string]any)["allowed_ips"] = []string{"10.9.0.1/24"} }, keelvip.ErrMesh},
+		{"unmasked allowed ip", func(m map[string]any) {
+			m["peers"].([]any)[1].(map[string]any)["allowed_ips"] = []string{"10.9.0.1/24"}
+		}, keelvip.ErrMesh},
 		{"vip outside prefix", func(m map[string]any) { m["appliance"].(map[string]any)["vip"] = "fd00:2::1:100" }, claim.ErrVIPOutsidePrefix},
 		{"vip is self", func(m map[string]any) { m["appliance"].(map[string]any)["vip"] = "fd00:1::1:1" }, claim.ErrVIPIsMember},
 		{"vip outside region", func(m map[string]any) { m["appliance"].(map[string]any)["vip"] = "fd00:1::5:100" }, claim.ErrVIPOutsideRegion},
@@ -233,6 +238,7 @@ func TestDriftIgnoresVIPMoves(t *testing.T) {
 // TestPairCommands runs pair propose on a and pair sign on b through the
 // CLI, then checks the record, and the refusals of sign.
 func TestPairCommands(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	dir := t.TempDir()
 	docA := meshDoc(dir)
 	// b's mesh file: the mirror of a's.
@@ -319,5 +325,67 @@ func TestStatusText(t *testing.T) {
 	var back keelvip.Status
 	if err := json.Unmarshal([]byte(b.String()), &back); err != nil || back.Epoch != 3 || back.Lease != "7f" {
 		t.Fatalf("json round trip: %v %+v", err, back)
+	}
+}
+
+func FuzzParsePairFile(f *testing.F) {
+	a, b := seedKey(1), seedKey(2)
+	pr, err := claim.NewPairRecord("m1", netip.MustParseAddr("fd00:1::1:100"),
+		claim.Member{Addr: netip.MustParseAddr("fd00:1::1:1"), Key: claim.KeyOf(a)},
+		claim.Member{Addr: netip.MustParseAddr("fd00:1::1:2"), Key: claim.KeyOf(b)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	_ = pr.Sign(a)
+	_ = pr.Sign(b)
+	good, _ := keelvip.EncodePairFile(pr)
+	f.Add(good)
+	f.Add([]byte("AAAA\n"))
+	f.Add([]byte("%%%"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		pr, err := keelvip.ParsePairFile(data)
+		if err != nil {
+			return
+		}
+		again, err := keelvip.EncodePairFile(pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := keelvip.ParsePairFile(again); err != nil {
+			t.Fatalf("re-encoded record does not parse: %v", err)
+		}
+	})
+}
+
+func BenchmarkDrift(b *testing.B) {
+	for _, peers := range []int{2, 64, 1024} {
+		b.Run(fmt.Sprintf("peers=%d", peers), func(b *testing.B) {
+			doc := meshDoc(b.TempDir())
+			var ps []any
+			for i := 0; i < peers; i++ {
+				k := wgKey(byte(i%250 + 4))
+				k[1] = byte(i / 250)
+				pub := k.PublicKey()
+				ps = append(ps, map[string]any{"id": fmt.Sprintf("p%d", i), "addr": fmt.Sprintf("fd00:1::%x:%x", 3+i/200, i%200+1),
+					"wg_public_key": b64(pub[:]), "sign_public_key": b64(seedKey(3).Public().(ed25519.PublicKey))})
+			}
+			doc["peers"] = ps
+			delete(doc, "appliance")
+			m, err := keelvip.ParseMesh(bytes.NewReader(encode(b, doc)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			live := m.WGConfig()
+			vip := netip.MustParseAddr("fd00:1::1:100")
+			live.Peers[0].AllowedIPs = append(live.Peers[0].AllowedIPs, netip.PrefixFrom(vip, 128))
+			live = live.Normalize()
+			b.ReportAllocs()
+			for b.Loop() {
+				if d := m.Drift(live, vip); len(d) != 0 {
+					b.Fatal(d)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(peers), "ns/peer")
+		})
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -224,8 +223,6 @@ func addrString(a netip.Addr) string {
 	}
 	return a.String()
 }
-
-var errNoHandler = errors.New("keelvip: no handler")
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 

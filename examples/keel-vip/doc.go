@@ -1,0 +1,57 @@
+// Package keelvip is the reference pair controller of vipkit: it puts one
+// IPv6 service VIP on whichever node of an appliance pair holds it, on a
+// WireGuard mesh, composing package claim (signed claims, pair records,
+// the fence state machine, the etcd lease controller, promote, the
+// members' channel), transport/wg (wireguard-go configured from Go values)
+// and netlink. cmd/keel-vip is its thin main.
+//
+// A node is described by a mesh file (ParseMesh, LoadMesh): the mesh id,
+// the overlay prefix, this node's WireGuard and Ed25519 keys and overlay
+// address, its peers, appliance.vip (or appliance.observe on a node of no
+// pair that only routes the VIP) with the pair record's file, and optional
+// etcd endpoints (none: the no-etcd mode, where the VIP moves only by
+// promote and the members' channel).
+//
+// Commands (Main):
+//
+//	keel-vip pair propose --mesh FILE --peer ADDR --out FILE
+//	keel-vip pair sign    --mesh FILE --in FILE [--root-key FILE]
+//	keel-vip tend         --mesh FILE
+//	keel-vip promote      --mesh FILE [--old-primary-gone]
+//	keel-vip status       --mesh FILE [--json]
+//	keel-vip inspect      --mesh FILE
+//	keel-vip render       --mesh FILE [--holder ADDR]
+//	keel-vip drop-all     --mesh FILE
+//
+// The privilege split. `tend` is the root helper (RunHelper): it creates the
+// kernel TUN and the wireguard-go device, and alone changes the interface
+// (LinkCarrier: the VIP /128 with preferred_lft 0, routed to its holder by
+// moving the /128 between the peers' allowed IPs). It starts two
+// unprivileged processes of the same binary under setpriv, each with its
+// own uid and gid, no capability in any set (bounding included) and
+// no_new_privs: the controller (RunController: claim.Controller over etcd,
+// which asks the helper for every carry, drop and route, with the claim
+// that justifies it) and the members' channel listener (RunListener: POST
+// /v1/vip on the overlay address, forwarded unparsed to the helper). The
+// helper checks every claim against the pair record and the trust store
+// before it acts or forwards, and talks to each child over a 0600 unix
+// socket in a 0700 directory owned by the child's user, checking the
+// peer's SO_PEERCRED against the child's pid. The CLI reaches the helper
+// on a root-only admin socket. Stopping the helper stops both children and
+// drops every VIP the node carries; ExecStopPost (drop-all) does it again
+// for a helper that died. The systemd units are in systemd/.
+//
+// Status and inspect read the interface back live: whether it carries the
+// VIP, the peer its /128 is routed to, and any drift of the device from
+// the mesh file, where a VIP /128 in any peer's allowed IPs is never drift
+// (Mesh.Drift).
+//
+// Renewals are confirmed by a quorum (QuorumKV), so a holder whose local
+// etcd member is the leader and is cut off from the majority stops
+// renewing at once instead of one election timeout later.
+//
+// Every add and remove of the address can be logged with a CLOCK_BOOTTIME
+// timestamp (EventLog); the logs of all nodes of one machine merge into
+// one timeline (ReadEvents, SortEvents), which the end-to-end test checks
+// for any instant with two holders.
+package keelvip

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/flow"
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
@@ -437,4 +440,141 @@ func TestEngineRemovedBackendAndMovedVIPDrain(t *testing.T) {
 	if len(l.Backends) != 2 || reasons[1] != "unknown-node" {
 		t.Errorf("backend reasons %v, want the address-less node reported as unknown-node", reasons)
 	}
+}
+
+// Property: after any sequence of configuration changes, the NAT's
+// listeners are exactly the listeners of the routable services (with their
+// effective VIP addresses and the backends whose nodes have an address),
+// and every listener that went away is removed (draining) or gone.
+func TestEngineApplyMatchesModel(t *testing.T) {
+	checkLeaks(t)
+	seed := testenv.Seed(t, 5)
+	u := newUnitEngine(t, seed)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 77))
+	members := []NodeID{u.self.ID, u.peer.ID}
+	names := []string{"api", "web", "db"}
+	seen := map[flow.Listener]bool{}
+	for step := range 150 {
+		name := names[rng.IntN(len(names))]
+		k := PortKey{[]Proto{TCP, UDP}[rng.IntN(2)], uint16(1 + rng.IntN(4))}
+		be := Backend{members[rng.IntN(2)], uint16(8000 + rng.IntN(3))}
+		var err error
+		switch op := rng.IntN(6); op {
+		case 0:
+			_, err = u.reg.Create(ctx, name)
+		case 1:
+			_, err = u.reg.PortAdd(ctx, name, k, []Backend{be})
+		case 2:
+			_, err = u.reg.BackendAdd(ctx, name, k, be)
+		case 3:
+			_, err = u.reg.BackendRemove(ctx, name, k, be)
+		case 4:
+			_, err = u.reg.PortRemove(ctx, name, k)
+		case 5:
+			if rng.IntN(4) == 0 {
+				err = u.reg.Remove(ctx, name, "")
+			}
+		}
+		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrExists) {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		// The model: routable services' listeners.
+		want := map[flow.Listener]int{}
+		for _, v := range u.reg.List() {
+			if !v.Routable {
+				continue
+			}
+			for _, l := range v.Listeners {
+				want[flow.Listener{VIP: v.Addr, Proto: flow.Proto(l.Proto), Port: l.Port}] = len(l.Backends)
+			}
+		}
+		for fl, n := range want {
+			seen[fl] = true
+			ls, ok := u.e.NAT().ListenerStats(fl)
+			if !ok || ls.Removed || ls.Backends != n {
+				t.Fatalf("step %d (seed %d): listener %v: NAT has %+v (present %v), model %d backends", step, seed, fl, ls, ok, n)
+			}
+		}
+		for fl := range seen {
+			if _, ok := want[fl]; ok {
+				continue
+			}
+			if ls, ok := u.e.NAT().ListenerStats(fl); ok && !ls.Removed {
+				t.Fatalf("step %d (seed %d): listener %v is still routed after it went away", step, seed, fl)
+			}
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatal("the walk never routed a listener")
+	}
+}
+
+// On the manual clock: a UDP binding stays with its backend while that is
+// eligible, even when a better one appears; when the backend's probes
+// expire (two missing), the engine's path tick tells the NAT, and the next
+// datagram fails over (here to the local backend, by hairpin).
+func TestEngineUDPFailoverOnProbeTimeout(t *testing.T) {
+	checkLeaks(t)
+	u := newUnitEngine(t, testenv.Seed(t, 6))
+	ctx := context.Background()
+	k := PortKey{UDP, 53}
+	if _, err := u.reg.PortAdd(ctx, "api", k, []Backend{{u.peer.ID, 5353}}); err != nil {
+		t.Fatal(err)
+	}
+	var toHost [][]byte
+	u.host.onWrite = func(p []byte) { toHost = append(toHost, append([]byte(nil), p...)) }
+	client := netip.AddrPortFrom(u.self.Addr, 40000)
+	vip := netip.AddrPortFrom(u.svc.Addr, 53)
+	dgram := ipv4Packet(17, client, vip, 0, []byte("q"))
+	b := newBatch(1, 2048)
+	if u.hostBatch(b, dgram) != 1 || netip.AddrFrom4([4]byte(b.bufs[0][16:20])) != u.peer.Addr {
+		t.Fatal("first datagram not sent to the peer")
+	}
+	if _, err := u.reg.BackendAdd(ctx, "api", k, Backend{u.self.ID, 5353}); err != nil {
+		t.Fatal(err)
+	}
+	if u.hostBatch(b, dgram) != 1 {
+		t.Fatal("the binding moved while its backend is eligible")
+	}
+	// No probe is ever answered: after two expire the peer is excluded.
+	u.clock.Advance(5 * time.Second)
+	l, _ := listenerOf1(u.e, "api", "udp/53")
+	if r := backendOf1(l, u.peer.ID).Reason; r != "probe-timeout" {
+		t.Fatalf("peer reason %q, want probe-timeout", r)
+	}
+	toHost = nil
+	if n := u.hostBatch(b, dgram); n != 0 || len(toHost) != 1 {
+		t.Fatalf("after the peer died: %d packets to the overlay, %d to the host; want the hairpin", n, len(toHost))
+	}
+	if src := netip.AddrFrom4([4]byte(toHost[0][12:16])); src != u.svc.Addr {
+		t.Errorf("the local backend sees source %v, want the VIP", src)
+	}
+	l, _ = listenerOf1(u.e, "api", "udp/53")
+	if l.Failovers != 1 || l.Active != 1 {
+		t.Errorf("failovers %d, active %d; want 1 and 1", l.Failovers, l.Active)
+	}
+}
+
+func listenerOf1(e *Engine, name, key string) (ListenerStatus, bool) {
+	for _, s := range e.Status().Services {
+		if s.Name != name {
+			continue
+		}
+		for _, l := range s.Listeners {
+			if l.Listener == key {
+				return l, true
+			}
+		}
+	}
+	return ListenerStatus{}, false
+}
+
+func backendOf1(l ListenerStatus, id NodeID) BackendStatus {
+	for _, b := range l.Backends {
+		if b.Node == id {
+			return b
+		}
+	}
+	return BackendStatus{}
 }

@@ -338,7 +338,7 @@ func (c *Controller) renewedLocked() bool {
 
 // carryLocked adds the address, after checking the renewal's age again.
 func (c *Controller) carryLocked() {
-	if c.carried || !c.renewedLocked() || c.st.Role(c.cfg.Self) != RoleHolder {
+	if c.closed || c.carried || !c.renewedLocked() || c.st.Role(c.cfg.Self) != RoleHolder {
 		return
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)

@@ -85,6 +85,12 @@ type EngineOptions struct {
 	// Queue bounds the engine's own outbound packets; 0 means
 	// DefaultEngineQueue.
 	Queue int
+	// Admit is the network/peer admission of packets from peers to this
+	// node, applied before reverse NAT (flow.Options.Admit): from is the
+	// authenticated peer (the zero NodeID when the source is no member's
+	// address). The engine always requires the source to lie in the
+	// overlay range; nil admits every such packet.
+	Admit func(from NodeID, src, dst netip.Addr) bool
 }
 
 // Engine is the VIP data path of one overlay network at one node: a
@@ -132,6 +138,7 @@ type Engine struct {
 	host      transport.PacketIO
 	self      NodeID
 	selfAddr  netip.Addr
+	prefix    netip.Prefix
 	local4    uint32
 	probePort uint16
 	pathEvery time.Duration
@@ -275,7 +282,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	}
 	e := &Engine{
 		o: o, reg: o.Registry, clock: transport.Or(o.Clock), host: o.Host,
-		self: o.Self, selfAddr: selfAddr, probePort: o.ProbePort,
+		self: o.Self, selfAddr: selfAddr, prefix: o.Registry.Prefix().Masked(), probePort: o.ProbePort,
 		peerIDs: map[NodeID]flow.PeerID{}, nextPeer: 1,
 		applied: map[flow.Listener]*route{}, draining: map[flow.Listener]*route{},
 		subs: map[subKey]*probe.Subscription{}, probed: map[NodeID]bool{}, eligible: map[NodeID]bool{},
@@ -314,6 +321,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		MaxFragDatagrams:   lim.IncompleteDatagrams,
 		MaxBackends:        lim.BackendsPerListener,
 		MaxListenersPerVIP: lim.Listeners,
+		Admit:              e.admit,
 	}
 	if o.Flow != nil {
 		o.Flow(&fo)
@@ -593,6 +601,18 @@ func (e *Engine) pathTick() {
 		e.pathTimer.Reset(e.pathEvery)
 	}
 	e.pathMu.Unlock()
+}
+
+// admit is flow's Admit: the source must be in the overlay range, then the
+// caller's rule applies.
+func (e *Engine) admit(peer flow.PeerID, src, dst netip.Addr) bool {
+	if !e.prefix.Contains(src) {
+		return false
+	}
+	if e.o.Admit == nil {
+		return true
+	}
+	return e.o.Admit(e.peers.Load().node[peer], src, dst)
 }
 
 // ---- selection (flow.Selector) ----

@@ -306,7 +306,14 @@ func TestEngineAnswersProbesAndRefusesVIPSource(t *testing.T) {
 	if _, err := u.e.Write([][]byte{spoof}, 0); err != nil {
 		t.Fatal(err)
 	}
+	outside := ipv4Packet(17, netip.MustParseAddrPort("192.0.2.1:53"), netip.AddrPortFrom(u.self.Addr, 5000), 0, []byte("x"))
+	if _, err := u.e.Write([][]byte{outside}, 0); err != nil {
+		t.Fatal(err)
+	}
 	st := u.e.Status()
+	if st.Flow.Drops["admission"] != 1 {
+		t.Errorf("drops %v, want one admission drop for a source outside the overlay", st.Flow.Drops)
+	}
 	if st.Probe.Answered != 1 || st.Probe.PacketsIn != 1 || st.PassThrough.PacketsIn != 0 {
 		t.Errorf("probe %+v, pass-through %+v", st.Probe, st.PassThrough)
 	}

@@ -94,9 +94,12 @@ const (
 	e2eNet     = "home"
 	e2eOverlay = "100.80.0.0/24"
 	wgPort     = 51820
-	httpPort   = 80   // the VIP's TCP listener with two remote backends
-	localPort  = 81   // the VIP's TCP listener with a local and a remote backend
-	udpPort    = 5300 // the VIP's UDP listener
+	// metricsAddr is every agent's Prometheus listener, on the loopback of
+	// its own namespace.
+	metricsAddr = "127.0.0.1:9469"
+	httpPort    = 80   // the VIP's TCP listener with two remote backends
+	localPort   = 81   // the VIP's TCP listener with a local and a remote backend
+	udpPort     = 5300 // the VIP's UDP listener
 )
 
 // e2eNode is one agent: its namespace, config, process and log.
@@ -482,6 +485,20 @@ func testUDPFailover(ctx context.Context, t *testing.T, bin string, cl *e2eNode,
 		t.Errorf("client status: want %s's udp backend excluded after the ICMP error, got %+v", first, b)
 	}
 	step("UDP: ICMP port unreachable reached the client, next datagrams answered by %s (udp_failovers %d)", replies[0].node, fo)
+
+	// The agent's Prometheus metrics say the same.
+	m, err := scrapeMetrics(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf(`tsng_listener_udp_failovers_total{listener="udp/%d",network="%s",vip="api"} %d`, udpPort, e2eNet, fo),
+		fmt.Sprintf(`tsng_backend_eligible{backend="%s:%d",listener="udp/%d",network="%s",reason="icmp-unreachable",vip="api"} 0`, first, apps[first].port, udpPort, e2eNet),
+	} {
+		if !strings.Contains(m, "\n"+want+"\n") {
+			t.Errorf("client metrics: no line %q in\n%s", want, m)
+		}
+	}
 	u.close(t)
 }
 
@@ -527,7 +544,7 @@ func writeConfigs(t *testing.T, nodes []*e2eNode, ifs []netns.Iface) {
 					WireGuardKey: keys[j].PublicKey(), Endpoint: ifs[j].AddrPort4(wgPort).String()})
 			}
 		}
-		cfg := tsng.Config{DataDir: filepath.Join(n.dir, "data"), Socket: n.sock, LogLevel: "debug", Networks: []tsng.NetworkConfig{nc}}
+		cfg := tsng.Config{DataDir: filepath.Join(n.dir, "data"), Socket: n.sock, Metrics: metricsAddr, LogLevel: "debug", Networks: []tsng.NetworkConfig{nc}}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -843,6 +860,29 @@ func serveHTTP(ctx context.Context, t *testing.T, n *e2eNode) {
 	})
 }
 
+// scrapeMetrics fetches n's agent's Prometheus metrics over the loopback
+// of its namespace.
+func scrapeMetrics(ctx context.Context, n *e2eNode) (string, error) {
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return n.host.Dial(ctx, network, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return "", fmt.Errorf("metrics of %s: %w", n.name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("metrics of %s: %s %v", n.name, resp.Status, err)
+	}
+	return string(b), nil
+}
+
 // maxBig bounds the bulk transfers (bytes).
 const maxBig = 64 << 20
 
@@ -904,6 +944,7 @@ func firstDiff(a, b []byte) int {
 // udpApp is a UDP server on a backend's kernel stack that answers
 // "NAME PEER MSG".
 type udpApp struct {
+	port uint16
 	pc   net.PacketConn
 	done chan struct{}
 	once sync.Once
@@ -915,7 +956,7 @@ func serveUDP(ctx context.Context, t *testing.T, n *e2eNode) *udpApp {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &udpApp{pc: pc, done: make(chan struct{})}
+	a := &udpApp{port: n.appUDP, pc: pc, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
 		buf := make([]byte, 2048)

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/claim/claimtest"
+	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
 func TestControllerClaimRenewRoundTrips(t *testing.T) {
@@ -421,5 +423,62 @@ func TestObserverFollowsKeysWithoutLease(t *testing.T) {
 	}
 	if e.kv.Leases() != 1 {
 		t.Fatalf("%d leases, want b's only", e.kv.Leases())
+	}
+}
+
+// suspendClock is CLOCK_BOOTTIME over a manual clock: Suspend moves Now
+// forward without running timers, as a suspended machine's Go timers
+// (CLOCK_MONOTONIC) stand still while CLOCK_BOOTTIME counts on.
+type suspendClock struct {
+	*transporttest.ManualClock
+	mu    sync.Mutex
+	slept time.Duration
+}
+
+func (s *suspendClock) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ManualClock.Now().Add(s.slept)
+}
+
+func (s *suspendClock) Suspend(d time.Duration) {
+	s.mu.Lock()
+	s.slept += d
+	s.mu.Unlock()
+}
+
+func TestHolderWakingFromSuspendDrops(t *testing.T) {
+	e := newEnv(t, true)
+	sc := &suspendClock{ManualClock: e.clock}
+	a := e.m("a")
+	a.cfg.Clock = sc
+	e.bootstrap()
+	e.advance(2 * time.Second)
+	if !a.carrier.Carried(e.f.VIP) {
+		t.Fatal("a does not carry")
+	}
+	sc.Suspend(time.Minute)
+	// The first timer after the wake-up: the renewal is a minute old on
+	// CLOCK_BOOTTIME, so the VIP goes before anything else happens.
+	e.clock.Step()
+	if a.carrier.Carried(e.f.VIP) {
+		t.Fatal("holder woken from a one-minute suspend still carries")
+	}
+	if st := a.ctl.Status(); !st.Fenced {
+		t.Fatalf("woken holder not fenced: %+v", st)
+	}
+	// a's fence abandons its lease (revoked at once), so b may take over
+	// right away, but only after a dropped.
+	dropped := false
+	for _, ev := range e.hist.Events() {
+		switch {
+		case ev.Node == "a" && ev.Kind == claimtest.Drop:
+			dropped = true
+		case ev.Node == "b" && ev.Kind == claimtest.Carry && !dropped:
+			t.Fatal("b carried before the woken holder dropped")
+		}
+	}
+	if !dropped {
+		t.Fatal("no drop recorded")
 	}
 }

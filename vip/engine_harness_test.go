@@ -54,6 +54,7 @@ type clusterOptions struct {
 	prober  probe.ProberConfig
 	latency map[[2]int]time.Duration // one-way latency per pair (both directions)
 	engine  func(*EngineOptions)
+	limits  Limits
 }
 
 func newCluster(t testing.TB, o clusterOptions) *cluster {
@@ -97,7 +98,7 @@ func newCluster(t testing.TB, o clusterOptions) *cluster {
 		t.Cleanup(func() { rep.Close() })
 		nd := nd
 		nd.reg, err = NewRegistry(RegistryOptions{
-			Network: "home", Prefix: c.prefix, Replica: rep, Nodes: c.nodeList,
+			Network: "home", Prefix: c.prefix, Replica: rep, Nodes: c.nodeList, Limits: o.limits,
 			Rand: rand.NewChaCha8([32]byte{byte(nd.i), 42}),
 			OnChange: func([]ServiceID, bool) {
 				if e := nd.eng.Load(); e != nil {

@@ -537,3 +537,52 @@ func TestEngineConnectCheckExcludesAndRecovers(t *testing.T) {
 		t.Fatalf("connection after a recovered reached %q (%v), want a", who, err)
 	}
 }
+
+// Two partitions each stay within the listener limit; the merged service
+// exceeds it, so every node leaves it out of routing and reports it,
+// whatever order the snapshots arrived in.
+func TestEngineMergedOverLimitIsNotRouted(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{prober: fastProber, limits: Limits{Listeners: 2}})
+	ctx := context.Background()
+	a, b, cn := c.nodes[nA], c.nodes[nB], c.nodes[nC]
+	if _, err := cn.reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cn.reg.PortAdd(ctx, "api", PortKey{TCP, 1}, []Backend{{a.info.ID, 9000}}); err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	if l, ok := listenerOf(cn, "api", "tcp/1"); !ok || !l.Routed {
+		t.Fatalf("tcp/1 not routed before the partition: %+v", l)
+	}
+	if _, err := a.reg.PortAdd(ctx, "api", PortKey{TCP, 2}, []Backend{{a.info.ID, 9000}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.reg.PortAdd(ctx, "api", PortKey{TCP, 3}, []Backend{{b.info.ID, 9000}}); err != nil {
+		t.Fatal(err)
+	}
+	c.spread([]int{nA}, []int{nB, nC})
+	c.spread()
+	for _, nd := range c.nodes {
+		st := nd.engine().Status()
+		if len(st.Services) != 1 {
+			t.Fatalf("%s: %d services", nd.name, len(st.Services))
+		}
+		s := st.Services[0]
+		if s.Routable || !strings.Contains(s.Error, "limit") || len(s.Config.Listeners) != 3 {
+			t.Errorf("%s: merged service routable=%v error=%q listeners=%d; want it reported over the limit and not routed", nd.name, s.Routable, s.Error, len(s.Config.Listeners))
+		}
+		for _, l := range s.Listeners {
+			if l.Routed {
+				t.Errorf("%s: %s routed", nd.name, l.Listener)
+			}
+		}
+		if st.Flow.Active != 0 || nd.engine().NAT().IsVIP(s.Addr) {
+			t.Errorf("%s: the VIP %v is still claimed by the NAT", nd.name, s.Addr)
+		}
+		if _, err := c.resolve(nd, "api.home"); err == nil {
+			t.Errorf("%s: api.home resolves while the service is not routable", nd.name)
+		}
+	}
+}

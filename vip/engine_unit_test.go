@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,12 @@ func (h *recHost) Close() error {
 
 func newUnitEngine(t testing.TB, seed uint64) *unitEngine {
 	t.Helper()
+	return newUnitEngineWith(t, seed, nil)
+}
+
+// newUnitEngineWith is newUnitEngine with a change to the engine options.
+func newUnitEngineWith(t testing.TB, seed uint64, opt func(*EngineOptions)) *unitEngine {
+	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 3))
 	var keys []ed25519.PrivateKey
 	var nodes []NodeInfo
@@ -108,7 +115,11 @@ func newUnitEngine(t testing.TB, seed uint64) *unitEngine {
 	}
 	u.host = &recHost{done: make(chan struct{})}
 	off := false
-	u.e, err = NewEngine(EngineOptions{Registry: u.reg, Self: u.self.ID, Host: u.host, Clock: u.clock, Prober: probe.ProberConfig{Seed: probe.SeedFrom(seed)}})
+	eo := EngineOptions{Registry: u.reg, Self: u.self.ID, Host: u.host, Clock: u.clock, Prober: probe.ProberConfig{Seed: probe.SeedFrom(seed)}}
+	if opt != nil {
+		opt(&eo)
+	}
+	u.e, err = NewEngine(eo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -584,4 +595,63 @@ func backendOf1(l ListenerStatus, id NodeID) BackendStatus {
 		}
 	}
 	return BackendStatus{}
+}
+
+// The caller's data-path input excludes a peer at the next path tick
+// (no-path), and the peer returns when the path does; probes go out through
+// Read, and a packet larger than wireguard-go's buffer is dropped and
+// counted, never truncated.
+func TestEnginePathInputAndReadLimits(t *testing.T) {
+	checkLeaks(t)
+	var up atomic.Bool
+	up.Store(true)
+	u := newUnitEngineWith(t, testenv.Seed(t, 7), func(o *EngineOptions) {
+		o.PathUp = func(NodeID) bool { return up.Load() }
+	})
+	reason := func() string {
+		l, _ := listenerOf1(u.e, "api", "tcp/443")
+		return backendOf1(l, u.peer.ID).Reason
+	}
+	if r := reason(); r != "rtt-unknown" {
+		t.Fatalf("peer reason %q before any probe, want rtt-unknown", r)
+	}
+	up.Store(false)
+	u.clock.Advance(time.Second)
+	if r := reason(); r != "no-path" {
+		t.Fatalf("peer reason %q with the path down, want no-path", r)
+	}
+	if n := u.e.Status().Services[0].Listeners[0].Next; n != nil {
+		t.Errorf("next = %+v with the only backend's path down", n)
+	}
+	up.Store(true)
+	u.clock.Advance(time.Second)
+	if r := reason(); r == "no-path" {
+		t.Fatal("peer still no-path after the path returned")
+	}
+	// The prober's requests wait in Read; a buffer too small drops them.
+	small := [][]byte{make([]byte, probe.PacketLen-1)}
+	big := [][]byte{make([]byte, 2048)}
+	sizes := []int{0}
+	done := make(chan int, 1)
+	go func() {
+		n, _ := u.e.Read(big, sizes, 0)
+		done <- n
+	}()
+	if n := <-done; n != 1 || !probe.IsProbePacket(big[0][:sizes[0]], probe.DefaultPort) {
+		t.Fatalf("Read gave %d packets, want a probe", n)
+	}
+	u.clock.Advance(time.Second) // the next probe
+	go func() {
+		_, _ = u.e.Read(small, sizes, 0) // drops the probe, then waits
+		done <- 0
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for u.e.Status().Drops["too-big"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a packet too big for the buffer was not counted")
+		}
+		time.Sleep(time.Millisecond) // polling interval
+	}
+	u.e.Close()
+	<-done
 }

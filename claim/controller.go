@@ -355,9 +355,12 @@ func (c *Controller) dropLocked() {
 	if !c.carried {
 		return
 	}
-	// Drop even if the context is done: this is the fence.
+	// Drop even if the context is done: this is the fence. A failed drop
+	// leaves the VIP marked carried, so every step tries again, and the
+	// abandoned lease is not revoked while the address may still be there.
 	if err := c.cfg.Carrier.Drop(context.WithoutCancel(c.ctx), c.cfg.VIP); err != nil {
 		c.report(fmt.Errorf("claim: drop %v: %w", c.cfg.VIP, err))
+		return
 	}
 	c.carried = false
 	c.stats.Drops++
@@ -475,10 +478,10 @@ func (c *Controller) call(ctx context.Context) (context.Context, context.CancelF
 func (c *Controller) renew(ctx context.Context) {
 	kv := c.cfg.KV
 	c.mu.Lock()
-	lease, abandoned, released := c.st.Lease, c.st.Abandoned, c.st.ReleasedLease
+	lease, abandoned, released, carried := c.st.Lease, c.st.Abandoned, c.st.ReleasedLease, c.carried
 	c.mu.Unlock()
 
-	if abandoned != 0 {
+	if abandoned != 0 && !carried {
 		cctx, cancel := c.call(ctx)
 		err := kv.Revoke(cctx, abandoned)
 		cancel()

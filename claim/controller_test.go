@@ -482,3 +482,21 @@ func TestHolderWakingFromSuspendDrops(t *testing.T) {
 		t.Fatal("no drop recorded")
 	}
 }
+
+func TestReleaseRefusedWhenDropFails(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	a, b := e.m("a"), e.m("b")
+	a.carrier.SetFail(errors.New("netlink: busy"))
+	_, err := b.ctl.Promote(context.Background(), claim.PromoteOptions{})
+	if err == nil || !errors.Is(err, claim.ErrHolderUnreachable) {
+		t.Fatalf("promote whose holder could not drop: %v", err)
+	}
+	if b.carrier.Carried(e.f.VIP) {
+		t.Fatal("b carries while a could not drop")
+	}
+	a.carrier.SetFail(nil)
+	if _, err := b.ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil || !b.carrier.Carried(e.f.VIP) || a.carrier.Carried(e.f.VIP) {
+		t.Fatalf("retried promote: %v, carriers %v", err, e.carriers())
+	}
+}

@@ -88,6 +88,10 @@ func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Rele
 		return nil, err
 	}
 	c.dropLocked()
+	if c.carried {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("claim: release: could not drop %v; not released", c.cfg.VIP)
+	}
 	c.st = c.st.Release()
 	c.lastRenew = time.Time{}
 	c.saveLocked()

@@ -2,9 +2,12 @@ package tsng
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 
 	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/tun"
@@ -35,6 +38,11 @@ func (n *netRuntime) startTUNLocked(ctx context.Context) error {
 		prefix, _ := netip.ParsePrefix(n.cfg.Overlay)
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: self.Addr.AsSlice(), Mask: net.CIDRMask(prefix.Bits(), 32)}}
 		if err = netlink.AddrReplace(link, addr); err == nil {
+			// Before the link is up, so that no IPv6 link-local address,
+			// router solicitation or MLD report ever enters the tunnel.
+			err = disableIPv6(name)
+		}
+		if err == nil {
 			err = netlink.LinkSetUp(link)
 		}
 	}
@@ -51,4 +59,17 @@ func (n *netRuntime) startTUNLocked(ctx context.Context) error {
 	return n.startOnLocked(ctx, wg.PacketIOFromTUN(dev), kn, kn, res, func(ap netip.AddrPort) (net.PacketConn, error) {
 		return net.ListenPacket("udp4", ap.String())
 	})
+}
+
+// disableIPv6 turns IPv6 off on interface ifname: the overlay carries IPv4
+// only. A kernel without IPv6 has nothing to turn off.
+func disableIPv6(ifname string) error {
+	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+ifname+"/disable_ipv6", []byte("1\n"), 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("disabling IPv6 on %s: %w", ifname, err)
+	}
+	return nil
 }

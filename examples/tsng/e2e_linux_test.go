@@ -30,6 +30,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/vipkit/vipkit/examples/tsng"
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/netns"
@@ -187,6 +189,9 @@ func TestE2ETUN(t *testing.T) {
 	}
 	for _, n := range nodes {
 		waitAgent(ctx, t, bin, n)
+	}
+	for _, n := range nodes {
+		checkTUN(t, n)
 	}
 	step("3 agents up on kernel TUNs")
 
@@ -674,6 +679,30 @@ func waitAgent(ctx context.Context, t *testing.T, bin string, n *e2eNode) {
 		}
 		return s.Name == e2eNet && s.Up, out
 	})
+}
+
+// checkTUN checks the agent's kernel TUN in its namespace: up, MTU 1420,
+// the overlay address with the overlay's prefix, and no IPv6 (the overlay
+// carries IPv4 only).
+func checkTUN(t *testing.T, n *e2eNode) {
+	t.Helper()
+	nl := n.host.Netlink()
+	link, err := nl.LinkByName("tsng-" + e2eNet)
+	if err != nil {
+		t.Fatalf("%s: the agent's TUN: %v", n.name, err)
+	}
+	a := link.Attrs()
+	if a.Flags&net.FlagUp == 0 || a.MTU != 1420 {
+		t.Errorf("%s: TUN %s flags %v MTU %d, want up with MTU 1420", n.name, a.Name, a.Flags, a.MTU)
+	}
+	v4, err := nl.AddrList(link, netlink.FAMILY_V4)
+	want := netip.PrefixFrom(n.addr, netip.MustParsePrefix(e2eOverlay).Bits()).String()
+	if err != nil || len(v4) != 1 || v4[0].IPNet.String() != want {
+		t.Errorf("%s: TUN IPv4 addresses %v (%v), want %s", n.name, v4, err, want)
+	}
+	if v6, err := nl.AddrList(link, netlink.FAMILY_V6); err != nil || len(v6) != 0 {
+		t.Errorf("%s: TUN IPv6 addresses %v (%v), want none", n.name, v6, err)
+	}
 }
 
 // eventually polls cond every 200 ms until it holds, failing t after d

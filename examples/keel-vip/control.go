@@ -129,7 +129,13 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 			return fmt.Errorf("keelvip: etcd: %w", err)
 		}
 		defer cli.Close()
-		cfg.KV = &QuorumKV{KV: etcdkv.New(cli), Key: claim.KeysFor(m.ID, m.Tended()).Epoch}
+		cfg.KV = etcdkv.New(cli)
+		if key != nil {
+			// A member's renewals must be confirmed by a quorum (it carries
+			// the VIP on their strength); an observer's carry nothing, and
+			// skipping the read lets it re-route one round trip sooner.
+			cfg.KV = &QuorumKV{KV: cfg.KV, Key: claim.KeysFor(m.ID, m.Tended()).Epoch}
+		}
 	}
 	ctl, err := claim.NewController(cfg)
 	if err != nil {

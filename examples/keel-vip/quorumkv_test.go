@@ -1,0 +1,52 @@
+package keelvip_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/vipkit/vipkit/claim"
+	keelvip "github.com/vipkit/vipkit/examples/keel-vip"
+)
+
+// isolatedLeader answers renewals from its own lessor but cannot confirm
+// a quorum: what etcd's leader does for one election timeout after it is
+// cut off.
+type isolatedLeader struct {
+	claim.KV
+	quorum   bool
+	renewals int
+	reads    []string
+}
+
+var errNoQuorum = errors.New("etcdserver: request timed out")
+
+func (k *isolatedLeader) KeepAliveOnce(ctx context.Context, id claim.LeaseID) (time.Duration, error) {
+	k.renewals++
+	return 20 * time.Second, nil
+}
+
+func (k *isolatedLeader) Get(ctx context.Context, key string, prefix bool) (claim.GetResponse, error) {
+	k.reads = append(k.reads, key)
+	if !k.quorum {
+		return claim.GetResponse{}, errNoQuorum
+	}
+	return claim.GetResponse{Revision: 7}, nil
+}
+
+func TestQuorumKV(t *testing.T) {
+	inner := &isolatedLeader{quorum: true}
+	q := &keelvip.QuorumKV{KV: inner, Key: "/keel/m/vip/fd00::1:100/epoch"}
+	ctx := context.Background()
+	if ttl, err := q.KeepAliveOnce(ctx, 1); err != nil || ttl != 20*time.Second {
+		t.Fatalf("with a quorum: %v %v", ttl, err)
+	}
+	inner.quorum = false
+	if _, err := q.KeepAliveOnce(ctx, 1); !errors.Is(err, errNoQuorum) {
+		t.Fatalf("cut-off leader: %v, want the quorum read's error", err)
+	}
+	if inner.renewals != 2 || len(inner.reads) != 2 || inner.reads[0] != q.Key {
+		t.Fatalf("renewals %d reads %v", inner.renewals, inner.reads)
+	}
+}

@@ -214,7 +214,7 @@ func checkHostAddr(a netip.Addr) error {
 		return fmt.Errorf("%w: zero address", ErrInvalidAddress)
 	}
 	a = a.Unmap()
-	if a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" || a == netip.IPv4Unspecified() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+	if a.IsUnspecified() || a.IsMulticast() || a.Zone() != "" || a == ipv4Broadcast {
 		return fmt.Errorf("%w: %v cannot be a host address", ErrInvalidAddress, a)
 	}
 	return nil
@@ -283,7 +283,7 @@ func New(o Options) (*Host, error) {
 	s.AddRoute(tcpip.Route{Destination: header.IPv6EmptySubnet, NIC: nicID})
 	for _, a := range o.Addrs {
 		a = a.Unmap()
-		if err := h.AddAddress(netip.PrefixFrom(a, a.BitLen())); err != nil {
+		if err := h.addAddress(netip.PrefixFrom(a, a.BitLen()), true); err != nil {
 			return fail(err)
 		}
 	}
@@ -355,13 +355,25 @@ func protoOf(a netip.Addr) tcpip.NetworkProtocolNumber {
 
 // AddAddress assigns p.Addr() to the host at run time, with p's prefix
 // length (a VIP is normally a /32 or /128). The host then accepts packets
-// and connections for it, and sockets may bind to it. Addresses added after
-// the host's own ones are not preferred as source addresses.
+// and connections for it, and sockets may bind to it.
+//
+// An address added while the host already has one of the same family is
+// never chosen by the stack as the source of the host's own outbound
+// traffic (a VIP should not become the source of unrelated connections,
+// which IPv6's longest-matching-prefix rule would otherwise do); replies on
+// connections to it and sockets bound to it still use it. A first address
+// of its family is a normal source address.
 //
 // It fails with ErrInvalidAddress for an invalid prefix or an address that
 // cannot be a host address, with ErrAddressExists when the host already has
 // the address, and with transport.ErrClosed after Close.
 func (h *Host) AddAddress(p netip.Prefix) error {
+	return h.addAddress(p, false)
+}
+
+// addAddress implements AddAddress; source makes the address a candidate
+// source address even when the host has others of its family.
+func (h *Host) addAddress(p netip.Prefix, source bool) error {
 	if !p.IsValid() {
 		return fmt.Errorf("%w: prefix %v", ErrInvalidAddress, p)
 	}
@@ -387,13 +399,27 @@ func (h *Host) AddAddress(p netip.Prefix) error {
 		Protocol:          protoOf(a),
 		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFromSlice(a.AsSlice()), PrefixLen: bits},
 	}
-	if e := h.stack.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); e != nil {
+	props := stack.AddressProperties{PEB: stack.CanBePrimaryEndpoint}
+	if !source && h.hasFamily(a.Is4()) {
+		props.PEB = stack.NeverPrimaryEndpoint
+	}
+	if e := h.stack.AddProtocolAddress(nicID, pa, props); e != nil {
 		if _, ok := e.(*tcpip.ErrDuplicateAddress); ok {
 			return fmt.Errorf("%w: %v", ErrAddressExists, a)
 		}
 		return fmt.Errorf("netstack: add address %v: %s", p, e)
 	}
 	return nil
+}
+
+// hasFamily reports whether the host has an IPv4 (is4) or IPv6 address.
+func (h *Host) hasFamily(is4 bool) bool {
+	for _, p := range h.Addresses() {
+		if p.Addr().Is4() == is4 {
+			return true
+		}
+	}
+	return false
 }
 
 // RemoveAddress removes a from the host. Connections bound to it stop
@@ -417,14 +443,16 @@ func (h *Host) RemoveAddress(a netip.Addr) error {
 	return nil
 }
 
+var ipv4Broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
 // Addresses returns the host's current addresses with their prefix lengths,
 // in the order the stack keeps them.
 func (h *Host) Addresses() []netip.Prefix {
 	var out []netip.Prefix
 	for _, pa := range h.stack.AllAddresses()[nicID] {
 		a, ok := netip.AddrFromSlice(pa.AddressWithPrefix.Address.AsSlice())
-		if !ok {
-			continue
+		if !ok || a == ipv4Broadcast {
+			continue // gVisor's IPv4 endpoint lists the broadcast address
 		}
 		out = append(out, netip.PrefixFrom(a, pa.AddressWithPrefix.PrefixLen))
 	}

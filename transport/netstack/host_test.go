@@ -782,3 +782,71 @@ func TestPromiscuousNeedsNoHandleLocal(t *testing.T) {
 		t.Errorf("SetPromiscuous(false): %v", err)
 	}
 }
+
+// TestVIPIsNotASource checks that an address added at run time next to the
+// host's own is not picked as the source of the host's outbound
+// connections, even where IPv6's longest-matching-prefix rule would prefer
+// it, while a first address of a family is.
+func TestVIPIsNotASource(t *testing.T) {
+	for _, c := range []struct{ own, vip, dst string }{
+		{"10.0.0.2", "10.99.0.7", "10.99.0.1"},
+		{"fd00::2", "fd99::7", "fd99::1"},
+	} {
+		own, vip := netip.MustParseAddr(c.own), netip.MustParseAddr(c.vip)
+		h := newHost(t, netstack.Options{Addrs: []netip.Addr{own}})
+		if err := h.AddAddress(netip.PrefixFrom(vip, vip.BitLen())); err != nil {
+			t.Fatal(err)
+		}
+		if !hasPrefix(h.Addresses(), vip) {
+			t.Fatalf("Addresses() = %v lacks the VIP", h.Addresses())
+		}
+		if got := synSource(t, h, netip.MustParseAddr(c.dst)); got != own {
+			t.Errorf("SYN to %s left from %v, want %v", c.dst, got, own)
+		}
+	}
+	// A first address of its family, added at run time, is a source.
+	h := newHost(t, netstack.Options{Addrs: []netip.Addr{v6A}})
+	if err := h.AddAddress(netip.MustParsePrefix("10.0.0.9/32")); err != nil {
+		t.Fatal(err)
+	}
+	if got := synSource(t, h, v4B); got != netip.MustParseAddr("10.0.0.9") {
+		t.Errorf("SYN left from %v, want the run-time address 10.0.0.9", got)
+	}
+}
+
+// synSource starts a TCP dial from h to dst and returns the source address
+// of the SYN that comes out of Read.
+func synSource(t *testing.T, h *netstack.Host, dst netip.Addr) netip.Addr {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.DialTCP(ctx, netip.AddrPortFrom(dst, 80))
+	}()
+	defer func() { cancel(); <-done }()
+	buf := make([]byte, 1500)
+	read := make(chan error, 1)
+	go func() {
+		_, err := h.Read([][]byte{buf}, []int{0}, 0)
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(testTimeout):
+		h.Close() // unblocks the Read
+		<-read
+		t.Fatalf("no SYN to %v came out", dst)
+	}
+	var src []byte
+	if buf[0]>>4 == 4 {
+		src = buf[12:16]
+	} else {
+		src = buf[8:24]
+	}
+	a, _ := netip.AddrFromSlice(src)
+	return a
+}

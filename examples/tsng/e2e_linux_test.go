@@ -170,17 +170,14 @@ func TestE2ETUN(t *testing.T) {
 		for _, n := range nodes {
 			n.stop()
 		}
+		for _, n := range nodes {
+			if b, err := os.ReadFile(n.logPath); err == nil && bytes.Contains(b, []byte("WARNING: DATA RACE")) {
+				t.Errorf("agent %s: the race detector reported a data race (its log follows)", n.name)
+			}
+		}
 		if t.Failed() {
 			for _, n := range nodes {
 				logTail(t, n)
-			}
-		}
-		for _, n := range nodes {
-			if b, err := os.ReadFile(n.logPath); err == nil && bytes.Contains(b, []byte("WARNING: DATA RACE")) {
-				t.Errorf("agent %s: the race detector reported a data race (log above or in %s)", n.name, n.logPath)
-				if !t.Failed() {
-					logTail(t, n)
-				}
 			}
 		}
 	})

@@ -74,6 +74,7 @@ type netRuntime struct {
 	control *Control
 	repl    *vip.Replicator
 	dns     *vip.DNSServer
+	res     flow.PortReserver
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -439,7 +440,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	} else {
 		close(n.done)
 	}
-	n.engine, n.dev, n.control, n.repl, n.cancel = eng, dev, control, repl, cancel
+	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
 	repl.Start()
 	if err := eng.Apply(); err != nil {
 		n.d.log.Warn("routing", "err", err)
@@ -500,7 +501,10 @@ func (n *netRuntime) stop() {
 	n.control.Close()
 	n.dev.Close()
 	n.engine.Close()
-	n.engine, n.dev, n.control, n.repl, n.dns, n.host = nil, nil, nil, nil, nil, nil
+	if c, ok := n.res.(interface{ Close() error }); ok {
+		c.Close() // an OSReserver's sockets (the NAT released every port)
+	}
+	n.engine, n.dev, n.control, n.repl, n.dns, n.host, n.res = nil, nil, nil, nil, nil, nil, nil
 	n.d.log.Info("network down", "network", n.cfg.Name)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"net"
 	"net/netip"
@@ -26,7 +27,10 @@ func (n *netRuntime) startTUNLocked(ctx context.Context) error {
 	if name == "" {
 		name = "tsng-" + n.cfg.Name
 		if len(name) > 15 {
-			name = name[:15]
+			// Interface names hold 15 bytes: keep a prefix and a hash of the
+			// whole network name, so two long names never collide.
+			h := crc32.ChecksumIEEE([]byte(n.cfg.Name))
+			name = fmt.Sprintf("tsng-%.4s%06x", n.cfg.Name, h&0xffffff)
 		}
 	}
 	dev, err := tun.CreateTUN(name, 1420)

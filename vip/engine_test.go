@@ -185,8 +185,11 @@ func TestEngineClosestBackendAndFastFailover(t *testing.T) {
 	failover(t, fastProber, 1500*time.Millisecond)
 }
 
-// observeSlack is the measurement's own granularity in the failover tests.
-const observeSlack = 50 * time.Millisecond
+// observeSlack is the measurement's own granularity in the failover tests
+// (2 ms polling) plus timer and scheduling delay on a loaded 2-core CI
+// machine running two test binaries at once; the measured time is logged,
+// so a run that needs the slack shows it.
+const observeSlack = 250 * time.Millisecond
 
 // The spec's default timings (a probe per second, expiring after 3 s, two
 // missing exclude): the first unanswered probe is sent at most one interval

@@ -140,7 +140,17 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 		}
 		return err == nil && strings.Contains(out, "epoch 1")
 	})
-	waitFor(t, 20*time.Second, "C reaches the VIP at A", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "a" })
+	// C learns of the move from A's announcement (no etcd), retried every
+	// tend tick until C answers; on a loaded CI machine the first
+	// handshakes through the tunnel can take a while.
+	waitFor(t, 45*time.Second, "C reaches the VIP at A", func() bool {
+		n, err := reach(C, 2*time.Second)
+		if err != nil || n != "a" {
+			st, serr := c.status(C)
+			t.Logf("c: reached %q (%v); status %+v %v", n, err, st, serr)
+		}
+		return err == nil && n == "a"
+	})
 	for _, n := range []*node{B, C} {
 		st, err := c.status(n)
 		if err != nil || st.RoutedTo != "a" || st.Holder != "a" || st.Epoch != 1 || len(st.Drift) != 0 || st.Carried {

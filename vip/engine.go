@@ -175,11 +175,14 @@ type Engine struct {
 	full     chan *batch
 	cur      *batch
 	curPos   int
-	inject   chan []byte // engine-made packets toward the overlay
-	hostQ    chan []byte // engine-made packets toward the host (flow's Emit)
-	hostMu   sync.Mutex  // serializes Host.Write
-	wout     [][]byte    // Write's scratch
-	reflect  [][]byte    // the pump's scratch
+	inject   chan []byte   // engine-made packets toward the overlay
+	hostQ    chan []byte   // engine-made packets toward the host (flow's Emit)
+	hostMu   sync.Mutex    // serializes Host.Write
+	wout     [][]byte      // Write's scratch
+	wrun     [][]byte      // Write's run of one peer's packets (views)
+	wrunBufs [][]byte      // the same run's whole buffers
+	wres     []flow.Result // the NAT's results for a run
+	reflect  [][]byte      // the pump's scratch
 	done     chan struct{}
 	pumpDone chan struct{}
 	hostErr  atomic.Pointer[error]
@@ -216,6 +219,10 @@ type batch struct {
 	bufs  [][]byte
 	sizes []int
 	n     int
+	// pkts and res are the NAT batch call's views and results, kept with
+	// the batch so that the packet path allocates nothing.
+	pkts [][]byte
+	res  []flow.Result
 }
 
 // peerTable maps overlay addresses to the compact peer ids the NAT uses.
@@ -342,7 +349,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	e.free = make(chan *batch, engineBatches)
 	e.full = make(chan *batch, engineBatches)
 	for range engineBatches {
-		b := &batch{bufs: make([][]byte, bsize), sizes: make([]int, bsize)}
+		b := &batch{bufs: make([][]byte, bsize), sizes: make([]int, bsize), pkts: make([][]byte, bsize), res: make([]flow.Result, bsize)}
 		for i := range b.bufs {
 			b.bufs[i] = make([]byte, e.mtu)
 		}
@@ -760,10 +767,19 @@ func (e *Engine) fromHost(b *batch, n int) {
 	k := 0
 	var passPkts, passBytes uint64
 	e.reflect = e.reflect[:0]
+	// One batch call: at large flow tables the NAT overlaps the cache
+	// misses of a batch's lookups (flow's BenchmarkTranslate *-batch64).
+	if len(b.pkts) < n {
+		b.pkts, b.res = make([][]byte, len(b.bufs)), make([]flow.Result, len(b.bufs))
+	}
+	for i := 0; i < n; i++ {
+		b.pkts[i] = b.bufs[i][:b.sizes[i]]
+	}
+	e.nat.FromHostBatch(b.pkts[:n], now, b.res[:n])
 	for i := 0; i < n; i++ {
 		size := b.sizes[i]
-		pkt := b.bufs[i][:size]
-		switch r := e.nat.FromHost(pkt, now); r.Verdict {
+		pkt := b.pkts[i]
+		switch r := b.res[i]; r.Verdict {
 		case flow.Pass:
 			passPkts++
 			passBytes += uint64(size)
@@ -877,37 +893,64 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 	now := e.clock.Now()
 	pt := e.peers.Load()
 	out := e.wout[:0]
+	if cap(e.wrun) < len(bufs) {
+		e.wrun = make([][]byte, 0, len(bufs))
+		e.wrunBufs = make([][]byte, 0, len(bufs))
+		e.wres = make([]flow.Result, len(bufs))
+	}
+	// Packets go to the NAT in runs from one peer (a wireguard-go Write
+	// carries one peer's packets), one batch call per run: at large flow
+	// tables the NAT overlaps the runs' cache misses.
+	run, runBufs := e.wrun[:0], e.wrunBufs[:0]
+	runPeer := unknownPeer
 	var passPkts, passBytes uint64
-	for _, buf := range bufs {
-		if len(buf) < offset {
-			continue
-		}
-		pkt := buf[offset:]
-		if len(pkt) == 0 || (pkt[0]>>4 != 4 && pkt[0]>>4 != 6) {
-			e.c.malformed.Add(1) // wireguard-go drops these too; never hand them on
-			continue
-		}
+	for i := 0; i <= len(bufs); i++ {
+		var pkt []byte
 		peer := unknownPeer
-		if len(pkt) >= 20 && pkt[0]>>4 == 4 {
-			if id, ok := pt.byAddr[binary.BigEndian.Uint32(pkt[12:])]; ok {
-				peer = id
-			} else {
-				e.c.unknownPeer.Add(1)
-			}
-			if binary.BigEndian.Uint32(pkt[16:]) == e.local4 && probe.IsProbePacket(pkt, e.probePort) {
-				e.handleProbe(pkt, pt, peer, now)
+		if i < len(bufs) {
+			buf := bufs[i]
+			if len(buf) < offset {
 				continue
 			}
+			pkt = buf[offset:]
+			if len(pkt) == 0 || (pkt[0]>>4 != 4 && pkt[0]>>4 != 6) {
+				e.c.malformed.Add(1) // wireguard-go drops these too; never hand them on
+				continue
+			}
+			if len(pkt) >= 20 && pkt[0]>>4 == 4 {
+				if id, ok := pt.byAddr[binary.BigEndian.Uint32(pkt[12:])]; ok {
+					peer = id
+				} else {
+					e.c.unknownPeer.Add(1)
+				}
+				if binary.BigEndian.Uint32(pkt[16:]) == e.local4 && probe.IsProbePacket(pkt, e.probePort) {
+					e.handleProbe(pkt, pt, peer, now)
+					continue
+				}
+			}
 		}
-		switch r := e.nat.FromPeer(pkt, peer, now); r.Verdict {
-		case flow.Pass:
-			passPkts++
-			passBytes += uint64(len(pkt))
-			out = append(out, buf)
-		case flow.Forward:
-			out = append(out, buf)
+		if len(run) > 0 && (i == len(bufs) || peer != runPeer) {
+			res := e.wres[:len(run)]
+			e.nat.FromPeerBatch(run, runPeer, now, res)
+			for j := range run {
+				switch res[j].Verdict {
+				case flow.Pass:
+					passPkts++
+					passBytes += uint64(len(run[j]))
+					out = append(out, runBufs[j])
+				case flow.Forward:
+					out = append(out, runBufs[j])
+				}
+			}
+			clear(run)
+			clear(runBufs)
+			run, runBufs = run[:0], runBufs[:0]
+		}
+		if i < len(bufs) {
+			run, runBufs, runPeer = append(run, pkt), append(runBufs, bufs[i]), peer
 		}
 	}
+	e.wrun, e.wrunBufs = run, runBufs
 	if passPkts > 0 {
 		e.c.passInPkts.Add(passPkts)
 		e.c.passInBytes.Add(passBytes)

@@ -21,7 +21,7 @@ import (
 // DialContext: network is "tcp", "tcp4", "tcp6", "udp", "udp4" or "udp6",
 // and address is a literal "ip:port" ("[v6]:port"); there is no name
 // resolution. A "4" or "6" network requires an address of that family.
-// TCP returns a *gonet.TCPConn and UDP a connected *gonet.UDPConn.
+// TCP returns a *gonet.TCPConn and UDP a connected *UDPConn.
 //
 // The context bounds the TCP handshake; cancelling it after DialContext
 // returns does not affect the connection. Errors are *net.OpError; those
@@ -112,8 +112,8 @@ func (h *Host) DialTCPFrom(ctx context.Context, laddr, raddr netip.AddrPort) (ne
 // DialUDP returns a UDP socket bound to laddr and connected to raddr. A
 // zero laddr (or a laddr with only a port, or only an address) lets the
 // stack pick what is missing. A zero raddr leaves the socket unconnected;
-// then use its WriteTo and ReadFrom. The result is a *gonet.UDPConn, which
-// is also a net.PacketConn.
+// then use its WriteTo and ReadFrom. The result is a *UDPConn, which is
+// also a net.PacketConn.
 func (h *Host) DialUDP(laddr, raddr netip.AddrPort) (net.Conn, error) {
 	c, err := h.udp("dial", laddr, raddr)
 	if err != nil {
@@ -124,7 +124,8 @@ func (h *Host) DialUDP(laddr, raddr netip.AddrPort) (net.Conn, error) {
 
 // ListenUDP returns an unconnected UDP socket bound to addr. An
 // unspecified or zero address receives on every address of the host (an
-// IPv6 or zero one on IPv4 addresses too); a zero port picks one.
+// IPv6 or zero one on IPv4 addresses too); a zero port picks one. The
+// result is a *UDPConn.
 func (h *Host) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
 	c, err := h.udp("listen", addr, netip.AddrPort{})
 	if err != nil {
@@ -133,7 +134,7 @@ func (h *Host) ListenUDP(addr netip.AddrPort) (net.PacketConn, error) {
 	return c, nil
 }
 
-func (h *Host) udp(op string, laddr, raddr netip.AddrPort) (*gonet.UDPConn, error) {
+func (h *Host) udp(op string, laddr, raddr netip.AddrPort) (*UDPConn, error) {
 	laddr = unmapAddrPort(laddr)
 	raddr = unmapAddrPort(raddr)
 	opErr := func(op string, err error) error {
@@ -180,7 +181,7 @@ func (h *Host) udp(op string, laddr, raddr netip.AddrPort) (*gonet.UDPConn, erro
 			return nil, opErr("connect", errnoOf(e))
 		}
 	}
-	return gonet.NewUDPConn(&wq, ep), nil
+	return newUDPConn(&wq, ep, transport.Or(h.opts.Clock)), nil
 }
 
 // ListenTCP returns a TCP listener on addr with Options.ListenBacklog. An

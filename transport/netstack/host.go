@@ -145,6 +145,11 @@ type Options struct {
 	// it (see ErrPromiscuousLocal).
 	DisableHandleLocal bool
 
+	// Clock times UDP write deadlines (see UDPConn). nil means the real
+	// clock. gVisor's own timers (TCP retransmission and the like, read
+	// deadlines) always run in real time.
+	Clock transport.Clock
+
 	// TCPProbe, when set, is called by the stack with a snapshot of a TCP
 	// endpoint's state (windows, RTT, congestion state) every time it
 	// processes a segment: for diagnostics and tests. It runs on the

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -849,4 +850,68 @@ func synSource(t *testing.T, h *netstack.Host, dst netip.Addr) netip.Addr {
 	}
 	a, _ := netip.AddrFromSlice(src)
 	return a
+}
+
+// TestUDPBlast writes datagrams as fast as possible through a pumped pair:
+// a full send buffer must block Write only until the pump drains it
+// (gonet's own UDP WriteTo could miss that wake-up and hang for good).
+func TestUDPBlast(t *testing.T) {
+	a, b := hostPair(t, []netip.Addr{v4A}, []netip.Addr{v4B}, nil)
+	srv, err := b.ListenUDP(netip.AddrPortFrom(v4B, 9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	go func() {
+		buf := make([]byte, 2000)
+		for {
+			if _, _, err := srv.ReadFrom(buf); err != nil {
+				return
+			}
+		}
+	}()
+	c, err := a.DialUDP(netip.AddrPort{}, netip.AddrPortFrom(v4B, 9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetWriteDeadline(time.Now().Add(testTimeout)); err != nil {
+		t.Fatal(err)
+	}
+	msg := make([]byte, 512)
+	const n = 20000
+	for i := range n {
+		if _, err := c.Write(msg); err != nil {
+			t.Fatalf("write %d of %d: %v (stats %+v)", i, n, err, a.Stats())
+		}
+	}
+	if s := a.Stats(); s.OutPackets+s.OutQueueFull+uint64(s.OutQueued) != n {
+		t.Errorf("%d datagrams written, stats account for %d: %+v", n, s.OutPackets+s.OutQueueFull+uint64(s.OutQueued), s)
+	}
+}
+
+func TestUDPWriteDeadline(t *testing.T) {
+	h := newHost(t, netstack.Options{Addrs: []netip.Addr{v4A}})
+	c, err := h.DialUDP(netip.AddrPort{}, netip.AddrPortFrom(v4B, 9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Nobody reads h: the queue and then the send buffer fill, and Write
+	// blocks until the deadline.
+	if err := c.SetWriteDeadline(time.Now().Add(200 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	msg := make([]byte, 1000)
+	var werr error
+	for i := 0; i < 100000 && werr == nil; i++ {
+		_, werr = c.Write(msg)
+	}
+	var ne net.Error
+	if !errors.As(werr, &ne) || !ne.Timeout() || !errors.Is(werr, os.ErrDeadlineExceeded) {
+		t.Fatalf("Write with a full buffer ended with %v, want a timeout", werr)
+	}
+	if _, err := c.(net.PacketConn).WriteTo(msg, &net.TCPAddr{}); !errors.Is(err, netstack.ErrInvalidAddress) {
+		t.Errorf("WriteTo a TCP address: %v", err)
+	}
 }

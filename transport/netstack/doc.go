@@ -28,6 +28,13 @@
 //	ln, _ := b.ListenTCP(netip.MustParseAddrPort("10.0.0.2:80"))
 //	c, _ := a.DialContext(ctx, "tcp", "10.0.0.2:80")
 //
+// Defaults chosen for correctness under loss with the pinned gVisor version
+// (see Options): SACK on, reno congestion control (cubic was seen to stall
+// connections for good), no software GSO, and UDP sockets (UDPConn) whose
+// writes cannot miss the wake-up of a draining send buffer. Packets the
+// outbound queue cannot take are dropped and counted, like a full qdisc,
+// and Stats reports every drop on the PacketIO side.
+//
 // Time: gVisor keeps its own real-time timers (retransmission, TIME-WAIT,
 // keep-alive), so traffic through a Host runs in real time; tests over it
 // assert outcomes, not exact traces.

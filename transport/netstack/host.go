@@ -559,7 +559,8 @@ type Stats struct {
 	// OutTooBig counts packets Read dropped because they did not fit the
 	// caller's buffer after the offset.
 	OutTooBig uint64
-	// OutQueued is how many packets wait for Read right now.
+	// OutQueued is how many packets wait for Read right now (a batch that
+	// a Read is copying out is in neither OutQueued nor OutPackets).
 	OutQueued int
 
 	// StackMalformed counts packets the stack itself rejected as malformed

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 )
@@ -15,56 +14,23 @@ import (
 // it writes one byte back, so the sender can time whole chunks.
 func ackSink(t testing.TB, nd *cnode, port uint16, chunk int) {
 	t.Helper()
-	ln, err := nd.host.ListenTCP(netip.AddrPortFrom(nd.info.Addr, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	serveTCP(t, nd, port, func(c net.Conn) {
+		buf := make([]byte, 64<<10)
+		got := 0
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			got += n
+			for got >= chunk {
+				got -= chunk
+				if _, err := c.Write([]byte{1}); err != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, 64<<10)
-				got := 0
-				for {
-					n, err := c.Read(buf)
-					got += n
-					for got >= chunk {
-						got -= chunk
-						if _, err := c.Write([]byte{1}); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 }
 
 // BenchmarkVIPThroughput compares, in one run and over the same

@@ -291,10 +291,10 @@ func (c *cluster) resolve(nd *cnode, name string) (netip.Addr, error) {
 	return a.Unmap(), nil
 }
 
-// serveName runs a TCP server on nd's port that writes "<node name>
-// <remote addr>\n" to every connection and keeps it open until the client
-// closes it.
-func serveName(t testing.TB, nd *cnode, port uint16) {
+// serveTCP accepts connections on nd's port and runs handle on each in its
+// own goroutine; the listener, the connections and the goroutines end with
+// the test.
+func serveTCP(t testing.TB, nd *cnode, port uint16, handle func(net.Conn)) {
 	t.Helper()
 	ln, err := nd.host.ListenTCP(netip.AddrPortFrom(nd.info.Addr, port))
 	if err != nil {
@@ -329,11 +329,21 @@ func serveName(t testing.TB, nd *cnode, port uint16) {
 			go func() {
 				defer wg.Done()
 				defer conn.Close()
-				fmt.Fprintf(conn, "%s %s\n", nd.name, conn.RemoteAddr())
-				_, _ = io.Copy(io.Discard, conn)
+				handle(conn)
 			}()
 		}
 	}()
+}
+
+// serveName runs a TCP server on nd's port that writes "<node name>
+// <remote addr>\n" to every connection and keeps it open until the client
+// closes it.
+func serveName(t testing.TB, nd *cnode, port uint16) {
+	t.Helper()
+	serveTCP(t, nd, port, func(conn net.Conn) {
+		fmt.Fprintf(conn, "%s %s\n", nd.name, conn.RemoteAddr())
+		_, _ = io.Copy(io.Discard, conn)
+	})
 }
 
 // whoAt dials addr from nd and returns the server's greeting line and the

@@ -370,20 +370,26 @@ func (n *NAT) FromHostBatch(pkts [][]byte, now time.Time, res []Result) {
 				}
 			}
 		}
-		if mine == 0 {
-			continue
+		if mine > 0 {
+			n.handleChunk(sideHost, LocalPeer, chunk, out, t)
 		}
-		n.mu.Lock()
-		n.prefetchLocked(sideHost, chunk, out)
-		for i, p := range chunk {
-			if out[i].Verdict == Consumed {
-				out[i] = n.handleLocked(p, sideHost, LocalPeer, t)
-			}
+	}
+}
+
+// handleChunk translates, under one lock, the packets of a batch chunk that
+// the lock-free prechecks marked as ours (Verdict Consumed), after
+// prefetching their table entries, then sends the reports they queued.
+func (n *NAT) handleChunk(side side, peer PeerID, chunk [][]byte, out []Result, t int64) {
+	n.mu.Lock()
+	n.prefetchLocked(side, chunk, out)
+	for i, p := range chunk {
+		if out[i].Verdict == Consumed {
+			out[i] = n.handleLocked(p, side, peer, t)
 		}
-		n.mu.Unlock()
-		if len(n.reports[sideHost]) > 0 {
-			n.flushReports(sideHost)
-		}
+	}
+	n.mu.Unlock()
+	if len(n.reports[side]) > 0 {
+		n.flushReports(side)
 	}
 }
 
@@ -433,19 +439,8 @@ func (n *NAT) FromPeerBatch(pkts [][]byte, peer PeerID, now time.Time, res []Res
 				}
 			}
 		}
-		if mine == 0 {
-			continue
-		}
-		n.mu.Lock()
-		n.prefetchLocked(sidePeer, chunk, out)
-		for i, p := range chunk {
-			if out[i].Verdict == Consumed {
-				out[i] = n.handleLocked(p, sidePeer, peer, t)
-			}
-		}
-		n.mu.Unlock()
-		if len(n.reports[sidePeer]) > 0 {
-			n.flushReports(sidePeer)
+		if mine > 0 {
+			n.handleChunk(sidePeer, peer, chunk, out, t)
 		}
 	}
 }

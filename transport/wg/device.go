@@ -201,6 +201,13 @@ func (d *Device) UpsertPeer(p PeerConfig) error {
 // RemovePeer removes the peer with public key pub, its allowed IPs and its
 // sessions. It fails with ErrNoSuchPeer if there is none.
 func (d *Device) RemovePeer(pub Key) error {
+	return d.updatePeer(pub, func(w *uapiWriter) { w.line("remove", "true") })
+}
+
+// updatePeer writes one UAPI update for the existing peer pub (its
+// public_key line, then what body adds), under the device's lock. It fails
+// with ErrDeviceClosed after Close and ErrNoSuchPeer without such a peer.
+func (d *Device) updatePeer(pub Key, body func(w *uapiWriter)) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -215,7 +222,7 @@ func (d *Device) RemovePeer(pub Key) error {
 	}
 	var w uapiWriter
 	w.key("public_key", pub)
-	w.line("remove", "true")
+	body(&w)
 	return d.setLocked(w.String())
 }
 
@@ -234,23 +241,10 @@ func (d *Device) MoveAllowedIP(p netip.Prefix, to Key) error {
 	if p.Bits() != p.Addr().BitLen() {
 		return fmt.Errorf("%w: %v", ErrNotHostPrefix, p)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return ErrDeviceClosed
-	}
-	cur, _, err := d.readLocked()
-	if err != nil {
-		return err
-	}
-	if !slices.ContainsFunc(cur.Peers, func(q PeerConfig) bool { return q.PublicKey == to }) {
-		return fmt.Errorf("%w: %v", ErrNoSuchPeer, to)
-	}
-	var w uapiWriter
-	w.key("public_key", to)
-	w.line("update_only", "true")
-	w.line("allowed_ip", p.String())
-	return d.setLocked(w.String())
+	return d.updatePeer(to, func(w *uapiWriter) {
+		w.line("update_only", "true")
+		w.line("allowed_ip", p.String())
+	})
 }
 
 // Config reads the live device back: its private key, the listen port in

@@ -57,7 +57,7 @@ func newEnv(t testing.TB, withKV bool) *env {
 		m.cfg = claim.Config{
 			Policy: e.f.Policy(), Self: n.Addr, VIP: e.f.VIP,
 			Carrier: m.carrier, Store: m.store, Clock: e.clock,
-			Channel: &directChannel{e: e, from: n.Addr}, NoWatch: true,
+			Channel: e.directChannel(n.Addr), NoWatch: true,
 			Peers: []netip.Addr{e.f.A.Addr, e.f.B.Addr, e.f.C.Addr},
 		}
 		if n.Name != "c" {
@@ -145,58 +145,39 @@ func (e *env) carriers() []string {
 
 var errUnreachable = errors.New("test: peer unreachable")
 
-// directChannel is the members' channel in process: it calls the peer's
-// controller as the HTTP server would, refusals as *RefusalError.
-type directChannel struct {
-	e    *env
-	from netip.Addr
+// directTarget is the in-process channel's view of the environment: cut
+// links and stopped controllers are unreachable.
+func (e *env) directTarget(from netip.Addr) func(netip.Addr) (*claim.Controller, error) {
+	return func(peer netip.Addr) (*claim.Controller, error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.cut[[2]netip.Addr{from, peer}] || e.cut[[2]netip.Addr{peer, from}] {
+			return nil, fmt.Errorf("%w: %v", errUnreachable, peer)
+		}
+		m := e.nodes[peer]
+		if m == nil || m.ctl == nil {
+			return nil, fmt.Errorf("%w: %v down", errUnreachable, peer)
+		}
+		return m.ctl, nil
+	}
 }
 
-func (d *directChannel) target(peer netip.Addr) (*claim.Controller, error) {
-	d.e.mu.Lock()
-	defer d.e.mu.Unlock()
-	if d.e.cut[[2]netip.Addr{d.from, peer}] || d.e.cut[[2]netip.Addr{peer, d.from}] {
-		return nil, fmt.Errorf("%w: %v", errUnreachable, peer)
-	}
-	m := d.e.nodes[peer]
-	if m == nil || m.ctl == nil {
-		return nil, fmt.Errorf("%w: %v down", errUnreachable, peer)
-	}
-	return m.ctl, nil
-}
-
-func (d *directChannel) Announce(ctx context.Context, peer netip.Addr, c *claim.Claim) error {
-	t, err := d.target(peer)
-	if err != nil {
-		return err
-	}
-	return claim.Refusal(t.HandleClaim(ctx, d.from, c))
-}
-
-func (d *directChannel) Release(ctx context.Context, peer netip.Addr, r *claim.Release) (*claim.Claim, error) {
-	t, err := d.target(peer)
-	if err != nil {
-		return nil, err
-	}
-	c, err := t.HandleRelease(ctx, d.from, r)
-	if err == nil && d.e.afterRelease != nil {
-		d.e.afterRelease()
-	}
-	return c, claim.Refusal(err)
-}
-
-func (d *directChannel) Epoch(ctx context.Context, peer netip.Addr, vip netip.Addr) (*claim.Claim, error) {
-	d.e.mu.Lock()
-	lost := d.e.noEpoch[d.from]
-	d.e.mu.Unlock()
-	if lost {
-		return nil, errUnreachable
-	}
-	t, err := d.target(peer)
-	if err != nil {
-		return nil, err
-	}
-	return t.HandleEpoch(ctx)
+// directChannel is the members' channel in process for node from.
+func (e *env) directChannel(from netip.Addr) *claimtest.DirectChannel {
+	return &claimtest.DirectChannel{From: from, Target: e.directTarget(from),
+		BeforeEpoch: func() error {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.noEpoch[from] {
+				return errUnreachable
+			}
+			return nil
+		},
+		AfterRelease: func() {
+			if e.afterRelease != nil {
+				e.afterRelease()
+			}
+		}}
 }
 
 // advance moves the clock in steps of 100 ms, so that each due timer runs.

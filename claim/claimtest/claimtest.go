@@ -372,3 +372,52 @@ func (f *Fixture) Claim(n Node, epoch uint64) *claim.Claim {
 	}
 	return c
 }
+
+// DirectChannel is a members' channel in process: it calls the peer's
+// controller as the HTTP server would, with refusals as *claim.RefusalError.
+type DirectChannel struct {
+	From netip.Addr
+	// Target returns the peer's controller, or an error when the peer is
+	// unreachable or down.
+	Target func(peer netip.Addr) (*claim.Controller, error)
+	// BeforeEpoch, when set, can fail an epoch query before it is sent.
+	BeforeEpoch func() error
+	// AfterRelease, when set, runs after a release that the peer answered.
+	AfterRelease func()
+}
+
+// Announce implements claim.Channel.
+func (d *DirectChannel) Announce(ctx context.Context, peer netip.Addr, c *claim.Claim) error {
+	t, err := d.Target(peer)
+	if err != nil {
+		return err
+	}
+	return claim.Refusal(t.HandleClaim(ctx, d.From, c))
+}
+
+// Release implements claim.Channel.
+func (d *DirectChannel) Release(ctx context.Context, peer netip.Addr, r *claim.Release) (*claim.Claim, error) {
+	t, err := d.Target(peer)
+	if err != nil {
+		return nil, err
+	}
+	c, err := t.HandleRelease(ctx, d.From, r)
+	if err == nil && d.AfterRelease != nil {
+		d.AfterRelease()
+	}
+	return c, claim.Refusal(err)
+}
+
+// Epoch implements claim.Channel.
+func (d *DirectChannel) Epoch(ctx context.Context, peer netip.Addr, _ netip.Addr) (*claim.Claim, error) {
+	if d.BeforeEpoch != nil {
+		if err := d.BeforeEpoch(); err != nil {
+			return nil, err
+		}
+	}
+	t, err := d.Target(peer)
+	if err != nil {
+		return nil, err
+	}
+	return t.HandleEpoch(ctx)
+}

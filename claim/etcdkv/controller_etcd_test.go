@@ -57,7 +57,7 @@ func newEtcdPair(t *testing.T) *etcdPair {
 		m.cfg = claim.Config{
 			Policy: f.Policy(), Self: n.Addr, Key: n.Key, VIP: f.VIP, Pair: f.Pair,
 			KV: m.kv, Carrier: m.carrier, Store: new(claim.MemStore), Clock: clock,
-			Channel: &etcdChannel{p: p, from: n.Addr}, Peers: []netip.Addr{f.A.Addr, f.B.Addr},
+			Channel: p.channel(n.Addr), Peers: []netip.Addr{f.A.Addr, f.B.Addr},
 			RenewInterval: tRenew, DropAfter: tDrop, LeaseTTL: tTTL, ElectionTimeout: tElect,
 			CallTimeout: tRenew,
 		}
@@ -125,44 +125,18 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 
 var errDown = errors.New("test: peer unreachable")
 
-type etcdChannel struct {
-	p    *etcdPair
-	from netip.Addr
-}
-
-func (c *etcdChannel) target(peer netip.Addr) (*claim.Controller, error) {
-	c.p.mu.Lock()
-	defer c.p.mu.Unlock()
-	m, from := c.p.nodes[peer], c.p.nodes[c.from]
-	if m == nil || m.ctl == nil || m.cut || from.cut {
-		return nil, errDown
-	}
-	return m.ctl, nil
-}
-
-func (c *etcdChannel) Announce(ctx context.Context, peer netip.Addr, cl *claim.Claim) error {
-	t, err := c.target(peer)
-	if err != nil {
-		return err
-	}
-	return claim.Refusal(t.HandleClaim(ctx, c.from, cl))
-}
-
-func (c *etcdChannel) Release(ctx context.Context, peer netip.Addr, r *claim.Release) (*claim.Claim, error) {
-	t, err := c.target(peer)
-	if err != nil {
-		return nil, err
-	}
-	cl, err := t.HandleRelease(ctx, c.from, r)
-	return cl, claim.Refusal(err)
-}
-
-func (c *etcdChannel) Epoch(ctx context.Context, peer netip.Addr, vip netip.Addr) (*claim.Claim, error) {
-	t, err := c.target(peer)
-	if err != nil {
-		return nil, err
-	}
-	return t.HandleEpoch(ctx)
+// channel is the members' channel in process for node from: a cut or
+// stopped member is unreachable.
+func (p *etcdPair) channel(from netip.Addr) *claimtest.DirectChannel {
+	return &claimtest.DirectChannel{From: from, Target: func(peer netip.Addr) (*claim.Controller, error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		m, f := p.nodes[peer], p.nodes[from]
+		if m == nil || m.ctl == nil || m.cut || f.cut {
+			return nil, errDown
+		}
+		return m.ctl, nil
+	}}
 }
 
 func (p *etcdPair) counter(t *testing.T) (*claim.Claim, int64) {

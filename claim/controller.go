@@ -212,10 +212,13 @@ func NewController(cfg Config) (*Controller, error) {
 // VIP returns the VIP the controller tends.
 func (c *Controller) VIP() netip.Addr { return c.cfg.VIP }
 
-// Start begins tending: with a KV, a step now and every RenewInterval, and
-// (unless NoWatch) a watch on the keys that wakes it early; without a KV it
-// carries the VIP if the stored state says this node holds it. Steps run
-// from the Clock's timers: on a manual clock, inside Advance.
+// Start begins tending: a step now and every RenewInterval, and with a KV
+// (unless NoWatch) a watch on the keys that wakes it early. Without a KV it
+// first carries the VIP if the stored state says this node holds it, and
+// its steps only repeat the holder's announcement to the peers that have
+// not answered it yet (a peer that was unreachable when the VIP moved
+// still learns of the move once it is back). Steps run from the Clock's
+// timers: on a manual clock, inside Advance.
 func (c *Controller) Start() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -229,10 +232,9 @@ func (c *Controller) Start() {
 		} else if c.st.Held != nil && c.st.Held.Holder != c.cfg.Self {
 			c.routeLocked(c.st.Held.Holder)
 		}
-		return
 	}
 	c.step = c.clock.AfterFunc(0, c.runStep)
-	if !c.cfg.NoWatch {
+	if c.cfg.KV != nil && !c.cfg.NoWatch {
 		c.wg.Add(1)
 		go c.watch()
 	}
@@ -441,9 +443,23 @@ func (c *Controller) runStep() {
 }
 
 // tend is one round: renew, then follow the keys and claim if the holder
-// is gone. A steady holder makes exactly one KV call (the renewal).
+// is gone. A steady holder makes exactly one KV call (the renewal). Without
+// a KV, a round only announces the held claim again to the peers that have
+// not answered it.
 func (c *Controller) tend() {
 	ctx := c.ctx
+	if c.cfg.KV == nil {
+		c.mu.Lock()
+		var held *Claim
+		if c.carried {
+			held = c.st.Held
+		}
+		c.mu.Unlock()
+		if held != nil {
+			c.announce(ctx, held)
+		}
+		return
+	}
 	c.mu.Lock()
 	c.checkAgeLocked()
 	c.mu.Unlock()

@@ -320,6 +320,44 @@ func TestPromoteWithoutKV(t *testing.T) {
 	}
 }
 
+// TestWithoutKVHolderAnnouncesUntilAnswered: without a KV, a peer that was
+// unreachable when the VIP moved learns of the move from the holder's next
+// step once it is back, and a peer that answered is not asked again.
+func TestWithoutKVHolderAnnouncesUntilAnswered(t *testing.T) {
+	e := newEnv(t, false)
+	for _, n := range []string{"a", "b", "c"} {
+		e.start(n)
+	}
+	a, c := e.m("a"), e.m("c")
+	e.isolate("c", true)
+	res, err := a.ctl.Promote(context.Background(), claim.PromoteOptions{})
+	if err != nil || res.Taken != 1 || res.Answered != 1 || !a.carrier.Carried(e.f.VIP) {
+		t.Fatalf("promote with c unreachable: %+v %v", res, err)
+	}
+	if got := c.carrier.RoutedTo(e.f.VIP); got.IsValid() {
+		t.Fatalf("unreachable c routed the VIP to %v", got)
+	}
+	// Still unreachable: every step tries again and fails.
+	e.advance(3 * claim.DefaultRenewInterval)
+	if got := c.carrier.RoutedTo(e.f.VIP); got.IsValid() {
+		t.Fatalf("unreachable c routed the VIP to %v", got)
+	}
+	failed := a.ctl.Stats().AnnounceErrs
+	if failed < 3 {
+		t.Fatalf("%d failed announcements over three steps, want at least 3", failed)
+	}
+	e.isolate("c", false)
+	e.advance(claim.DefaultRenewInterval)
+	if got := c.carrier.RoutedTo(e.f.VIP); got != e.f.A.Addr {
+		t.Fatalf("c routes the VIP to %v after it came back, want a", got)
+	}
+	st := a.ctl.Stats()
+	e.advance(5 * claim.DefaultRenewInterval)
+	if st2 := a.ctl.Stats(); st2.Announced != st.Announced || st2.AnnounceErrs != st.AnnounceErrs {
+		t.Fatalf("announced again to peers that had answered: %+v then %+v", st, st2)
+	}
+}
+
 func TestPromoteWithoutKVMajorityRefuses(t *testing.T) {
 	e := newEnv(t, false)
 	for _, n := range []string{"a", "b", "c"} {

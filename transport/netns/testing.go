@@ -129,7 +129,9 @@ func LANT(t testing.TB, hosts ...*Host) (*Switch, []Iface) {
 }
 
 // StartT runs argv in h with Start, logging its output to the test log line
-// by line (prefixed with the program and pid), and kills it at cleanup.
+// by line (prefixed with the program and pid), and kills it at cleanup. A
+// race detector report in its output fails the test: a -race binary's
+// child that races is as much a failure as the test process racing.
 func StartT(t testing.TB, h *Host, argv ...string) *Process {
 	t.Helper()
 	lw := &logWriter{t: t, prefix: fmt.Sprintf("[%s %s] ", h.name, argv[0])}
@@ -147,6 +149,7 @@ func StartT(t testing.TB, h *Host, argv ...string) *Process {
 
 // StartChildT runs the registered child function name in h with
 // StartChild, logging its output to the test log, and kills it at cleanup.
+// As with StartT, a race detector report in its output fails the test.
 func StartChildT(t testing.TB, h *Host, name string, args ...string) *Process {
 	t.Helper()
 	lw := &logWriter{t: t, prefix: fmt.Sprintf("[%s child %s] ", h.name, name)}
@@ -163,7 +166,8 @@ func StartChildT(t testing.TB, h *Host, name string, args ...string) *Process {
 }
 
 // logWriter sends whole lines to t.Log and drops output after close (t.Log
-// after the test has ended panics).
+// after the test has ended panics). A line with the race detector's
+// warning also fails the test.
 type logWriter struct {
 	t      testing.TB
 	mu     sync.Mutex
@@ -171,6 +175,8 @@ type logWriter struct {
 	buf    []byte
 	closed bool
 }
+
+var raceWarning = []byte("WARNING: DATA RACE")
 
 func (w *logWriter) setPrefix(p string) {
 	w.mu.Lock()
@@ -190,7 +196,11 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		w.t.Log(w.prefix + string(w.buf[:i]))
+		line := w.buf[:i]
+		w.t.Log(w.prefix + string(line))
+		if bytes.Contains(line, raceWarning) {
+			w.t.Errorf("%sthe race detector reported a data race (above)", w.prefix)
+		}
 		w.buf = w.buf[i+1:]
 	}
 	return len(p), nil

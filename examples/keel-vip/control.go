@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -89,7 +88,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "controller")
+	log := newLog(logw, m.Self.ID, "controller")
 	if !m.Tended().IsValid() {
 		<-ctx.Done() // no VIP declared or observed: nothing to tend
 		return nil
@@ -114,9 +113,9 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	cfg := claim.Config{
 		Policy: pol, Self: m.Self.Addr, Key: key, VIP: m.Tended(), Pair: pair,
 		Carrier: hc, Store: hc,
-		Channel: &claim.Client{URL: func(p netip.Addr) string {
+		Channel: loggedChannel{log: log, Channel: &claim.Client{URL: func(p netip.Addr) string {
 			return "http://" + net.JoinHostPort(p.String(), strconv.Itoa(int(m.MembersPort))) + claim.MembersPath
-		}},
+		}}},
 		RenewInterval: m.RenewInterval, LeaseTTL: m.LeaseTTL, DropAfter: m.DropAfter, ElectionTimeout: m.ElectionTimeout,
 		OnError: func(err error) { log.Warn("controller", "err", err) },
 	}

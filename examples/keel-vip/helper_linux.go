@@ -171,7 +171,7 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	if logw == nil {
 		logw = os.Stderr
 	}
-	h := &helper{m: m, log: slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "helper")}
+	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper")}
 	if h.pol, err = m.Policy(); err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 		t.Close()
 		return err
 	}
-	dev, err := wg.NewDevice(wg.PacketIOFromTUN(t), m.WGConfig(), wg.Options{Bind: bind})
+	dev, err := wg.NewDevice(wg.PacketIOFromTUN(t), m.WGConfig(), wg.Options{Bind: bind, Logger: h.log})
 	if err != nil {
 		t.Close()
 		return err
@@ -301,9 +301,9 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 		return err
 	}
 	h.mu.Lock()
-	h.ctlPid = ctl.Process.Pid
+	h.ctlPid = ctl.pid()
 	h.ctlHTTP = unixHTTP(filepath.Join(ctlDir(m), "control.sock"), func(c net.Conn) error {
-		return checkPeer(c, ctl.Process.Pid, m.ControllerUID)
+		return checkPeer(c, ctl.pid(), m.ControllerUID)
 	}, 90*time.Second)
 	h.mu.Unlock()
 	lis, err := h.start(ctx, setpriv, exe, "listen", m.ListenerUID, m.ListenerGID, o.MeshRaw, logw)
@@ -312,13 +312,13 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 		return err
 	}
 	h.mu.Lock()
-	h.lisPid = lis.Process.Pid
+	h.lisPid = lis.pid()
 	h.mu.Unlock()
-	h.log.Info("tending", "vip", addrString(m.Tended()), "controller_pid", ctl.Process.Pid, "listener_pid", lis.Process.Pid)
+	h.log.Info("tending", "vip", addrString(m.Tended()), "controller_pid", ctl.pid(), "listener_pid", lis.pid())
 
 	exited := make(chan string, 2)
-	for name, c := range map[string]*exec.Cmd{"controller": ctl, "listener": lis} {
-		go func() { _ = c.Wait(); exited <- name }()
+	for name, c := range map[string]*child{"controller": ctl, "listener": lis} {
+		go func() { <-c.done; exited <- name }()
 	}
 	select {
 	case <-ctx.Done():
@@ -363,7 +363,7 @@ func (h *helper) listenerPid() int   { h.mu.Lock(); defer h.mu.Unlock(); return 
 // supplementary groups, every capability cleared from the inheritable,
 // ambient and bounding sets, no_new_privs, and SIGKILL when the helper
 // dies. The mesh file goes in on stdin.
-func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid uint32, meshRaw []byte, logw io.Writer) (*exec.Cmd, error) {
+func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid uint32, meshRaw []byte, logw io.Writer) (*child, error) {
 	argv := []string{setpriv,
 		"--reuid=" + strconv.Itoa(int(uid)), "--regid=" + strconv.Itoa(int(gid)), "--clear-groups",
 		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
@@ -382,34 +382,40 @@ func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid u
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("keelvip: start %s: %w", sub, err)
 	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(c.done) }()
 	_, werr := stdin.Write(meshRaw)
 	cerr := stdin.Close()
 	if err := errors.Join(werr, cerr); err != nil {
-		h.stopChild(cmd)
+		h.stopChild(c)
 		return nil, fmt.Errorf("keelvip: hand the mesh file to %s: %w", sub, err)
 	}
-	return cmd, nil
+	return c, nil
 }
 
-func (h *helper) stopChild(c *exec.Cmd) {
-	if c.Process == nil {
-		return
-	}
-	_ = c.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		for c.ProcessState == nil {
-			if _, err := c.Process.Wait(); err != nil {
-				break
-			}
-		}
-		close(done)
-	}()
+// child is one of the helper's two unprivileged processes. done is closed
+// once it has exited and been reaped (by the one goroutine that waits for
+// it).
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// stopChild asks c to stop (SIGTERM), kills it after 10 s, and returns once
+// it has been reaped.
+func (h *helper) stopChild(c *child) {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
 	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = c.Process.Kill()
+	case <-c.done:
+		return
+	case <-t.C:
 	}
+	_ = c.cmd.Process.Kill()
+	<-c.done
 }
 
 // verify checks a claim the controller asks the helper to act on: a valid
@@ -537,6 +543,7 @@ func (h *helper) serveMembers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := h.checkMembers(body, from.Unmap()); err != nil {
+		h.log.Debug("members' channel: refused", "from", from.Unmap(), "err", err)
 		writeErr(w, err)
 		return
 	}

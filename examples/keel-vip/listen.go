@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -25,7 +24,7 @@ func RunListener(ctx context.Context, in io.Reader, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(logw, nil)).With("node", m.Self.ID, "proc", "listener")
+	log := newLog(logw, m.Self.ID, "listener")
 	hc := unixHTTP(filepath.Join(membersDir(m), "members.sock"), nil, 60*time.Second)
 	addr := net.JoinHostPort(m.Self.Addr.String(), strconv.Itoa(int(m.MembersPort)))
 	var l net.Listener
@@ -68,6 +67,7 @@ func RunListener(ctx context.Context, in io.Reader, logw io.Writer) error {
 			return
 		}
 		defer resp.Body.Close()
+		log.Debug("forwarded", "from", ap.Addr().Unmap(), "status", resp.StatusCode)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, io.LimitReader(resp.Body, claim.MaxResponseBody))

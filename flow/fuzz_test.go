@@ -221,6 +221,15 @@ func TestIndexAgainstMap(t *testing.T) {
 	for run := range 20 {
 		x := newIndex(8, rng.Uint64(), rng.Uint64()) // 16 entries: lots of collisions and wraparound
 		model := map[tuple]uint32{}
+		check := func(k tuple, id uint32) {
+			e := x.find(k)
+			require.NotNil(t, e)
+			require.Equal(t, id, e.id())
+			require.Equal(t, dirRev, e.dir())
+			// The values move with their key when deletion shifts entries.
+			require.Equal(t, uint64(id)*3, e.v0)
+			require.Equal(t, ^uint64(id), e.v1)
+		}
 		for step := range 2000 {
 			k := mkTuple(uint32(rng.IntN(4)), uint32(rng.IntN(2)), uint16(rng.IntN(3)), 1, ProtoUDP)
 			switch rng.IntN(3) {
@@ -230,7 +239,7 @@ func TestIndexAgainstMap(t *testing.T) {
 				}
 				id := uint32(rng.IntN(idMask))
 				_, exists := model[k]
-				require.Equal(t, !exists, x.insert(k, id, dirRev), "run %d step %d", run, step)
+				require.Equal(t, !exists, x.insert(k, id, dirRev, uint64(id)*3, ^uint64(id)), "run %d step %d", run, step)
 				if !exists {
 					model[k] = id
 				}
@@ -239,20 +248,17 @@ func TestIndexAgainstMap(t *testing.T) {
 				require.Equal(t, exists, x.remove(k))
 				delete(model, k)
 			default:
-				id, dir, ok := x.lookup(k)
 				want, exists := model[k]
-				require.Equal(t, exists, ok)
-				if ok {
-					require.Equal(t, want, id)
-					require.Equal(t, dirRev, dir)
+				if exists {
+					check(k, want)
+				} else {
+					require.Nil(t, x.find(k))
 				}
 			}
 			require.Equal(t, len(model), x.n)
 		}
 		for k, id := range model {
-			got, _, ok := x.lookup(k)
-			require.True(t, ok)
-			require.Equal(t, id, got)
+			check(k, id)
 		}
 	}
 }

@@ -30,14 +30,17 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	// tuple of ours.
 	k := mkTuple(binary.BigEndian.Uint32(q[ipv4Dst:]), binary.BigEndian.Uint32(q[ipv4Src:]),
 		binary.BigEndian.Uint16(il4[2:]), binary.BigEndian.Uint16(il4[0:]), iproto)
-	id, dir, ok := n.idx.lookup(k)
-	if !ok {
+	e := n.idx.find(k)
+	if e == nil {
 		if s == sidePeer {
 			return pass
 		}
 		return n.drop(ReasonNoFlow)
 	}
+	id, dir := e.id(), e.dir()
 	b := &n.slots[id]
+	c := &n.classes[b.cls]
+	orig, reply := n.tuples(id)
 	hairpin := b.st&stHairpin != 0
 	oSrc := binary.BigEndian.Uint32(pkt[ipv4Src:])
 	if dir == dirRev {
@@ -58,15 +61,15 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 		if b.st&stQuarantined != 0 {
 			return n.dropB(b, ReasonQuarantined)
 		}
-		if peer != b.peer {
+		if peer != c.peer {
 			return n.dropB(b, ReasonPeerMismatch)
 		}
 		newSrc := oSrc
-		if oSrc == b.reply.src() {
-			newSrc = b.orig.dst()
+		if oSrc == reply.src() {
+			newSrc = orig.dst()
 		}
-		rewriteICMPError(pkt, hl, newSrc, b.orig.src(), b.orig.src(), b.orig.dst(), b.orig.sport(), b.orig.dport())
-		ls := n.lis[b.lis]
+		rewriteICMPError(pkt, hl, newSrc, orig.src(), orig.src(), orig.dst(), orig.sport(), orig.dport())
+		ls := c.ls
 		sz := uint64(len(pkt))
 		b.pktsIn++
 		b.bytesIn += sz
@@ -91,11 +94,11 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 		return n.drop(ReasonNoFlow)
 	}
 	newSrc := oSrc
-	if oSrc == b.orig.src() {
-		newSrc = b.reply.dst()
+	if oSrc == orig.src() {
+		newSrc = reply.dst()
 	}
-	rewriteICMPError(pkt, hl, newSrc, b.reply.src(), b.reply.src(), b.reply.dst(), b.reply.sport(), b.reply.dport())
-	ls := n.lis[b.lis]
+	rewriteICMPError(pkt, hl, newSrc, reply.src(), reply.src(), reply.dst(), reply.sport(), reply.dport())
+	ls := c.ls
 	sz := uint64(len(pkt))
 	b.pktsOut++
 	b.bytesOut += sz
@@ -104,7 +107,7 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	if hairpin {
 		return Result{Verdict: Reflect}
 	}
-	return Result{Verdict: Forward, Peer: b.peer}
+	return Result{Verdict: Forward, Peer: c.peer}
 }
 
 // rewriteICMPError sets the outer addresses and the quoted datagram's

@@ -21,13 +21,12 @@ func packetTuple(pkt, l4 []byte) tuple {
 	return tuple{binary.BigEndian.Uint64(pkt[ipv4Src:]), uint64(binary.BigEndian.Uint32(l4))<<32 | uint64(pkt[ipv4Proto])<<24}
 }
 
-func (t tuple) src() uint32          { return uint32(t.k0 >> 32) }
-func (t tuple) dst() uint32          { return uint32(t.k0) }
-func (t tuple) sport() uint16        { return uint16(t.k1 >> 48) }
-func (t tuple) dport() uint16        { return uint16(t.k1 >> 32) }
-func (t tuple) proto() Proto         { return Proto(t.k1 >> 24) }
-func (t tuple) ports() uint32        { return uint32(t.k1 >> 32) }
-func (t tuple) withID(v uint64) ient { return ient{t.k0, t.k1 | v} }
+func (t tuple) src() uint32   { return uint32(t.k0 >> 32) }
+func (t tuple) dst() uint32   { return uint32(t.k0) }
+func (t tuple) sport() uint16 { return uint16(t.k1 >> 48) }
+func (t tuple) dport() uint16 { return uint16(t.k1 >> 32) }
+func (t tuple) proto() Proto  { return Proto(t.k1 >> 24) }
+func (t tuple) ports() uint32 { return uint32(t.k1 >> 32) }
 
 const (
 	idBits   = 23
@@ -42,18 +41,26 @@ const (
 	dirRev = 1 // the backend's reply (reply tuple)
 )
 
-// ient is one index entry: a tuple with the binding id and direction in the
-// low 24 bits of k1. k1 == 0 marks an empty entry (a stored tuple always has
-// a nonzero protocol).
-type ient struct{ k0, k1 uint64 }
+// ient is one index entry, 32 bytes: two to a cache line. k0 and k1 are the
+// tuple, with the binding id and direction in the low 24 bits of k1; k1 == 0
+// marks an empty entry (a stored tuple always has a nonzero protocol). v0
+// and v1 hold everything an established packet in that direction needs, so
+// that translating it reads this one cache line of the table and nothing
+// else that misses the cache (see hot.go for the layout).
+type ient struct{ k0, k1, v0, v1 uint64 }
 
-// index maps tuples to (binding id, direction) with open addressing and
-// linear probing over one flat array: the full key is inline, so a lookup
-// touches one or two cache lines and no pointers. Deletion shifts entries
-// back (no tombstones), so churn does not degrade it. Every binding has two
-// entries (its client tuple and its reply tuple); the array is sized for a
-// load factor of at most ½ at full capacity. The hash is keyed with a random
-// seed so that remote senders cannot aim collisions.
+func (e *ient) id() uint32 { return uint32(e.k1 & idMask) }
+func (e *ient) dir() int   { return int(e.k1>>dirShift) & 1 }
+
+// index maps tuples to index entries with open addressing and linear
+// probing over one flat array: the full key is inline, so a lookup touches
+// one cache line (sometimes the next one too) and follows no pointers.
+// Homes are even slots, so the first probe covers both entries of a cache
+// line. Deletion shifts entries back (no tombstones), so churn does not
+// degrade it. Every binding has two entries (its client tuple and its reply
+// tuple); the array is sized for a load factor of at most ½ at full
+// capacity. The hash is keyed with a random seed so that remote senders
+// cannot aim collisions.
 type index struct {
 	ents  []ient
 	mask  uint64
@@ -79,35 +86,37 @@ func newIndex(entries int, seed0, seed1 uint64) index {
 	}
 }
 
+// home returns the first slot to probe for a key: always even, the first
+// entry of a cache line.
 func (x *index) home(k0, k1 uint64) uint64 {
 	hi, lo := bits.Mul64(k0^x.seed0, (k1&keyMask1)^x.seed1)
 	h := (hi ^ lo) * 0x9e3779b97f4a7c15
-	return h >> x.shift
+	return h >> x.shift &^ 1
 }
 
-// lookup returns the id and direction stored for t.
-func (x *index) lookup(t tuple) (id uint32, dir int, ok bool) {
+// find returns the entry of t, or nil.
+func (x *index) find(t tuple) *ient {
 	i := x.home(t.k0, t.k1)
 	for {
 		e := &x.ents[i]
 		if e.k1 == 0 {
-			return 0, 0, false
+			return nil
 		}
 		if e.k0 == t.k0 && e.k1&keyMask1 == t.k1 {
-			return uint32(e.k1 & idMask), int(e.k1>>dirShift) & 1, true
+			return e
 		}
 		i = (i + 1) & x.mask
 	}
 }
 
-// insert adds t → (id, dir). It reports false, changing nothing, when t is
-// already present.
-func (x *index) insert(t tuple, id uint32, dir int) bool {
+// insert adds t → (id, dir) with values v0, v1. It reports false, changing
+// nothing, when t is already present.
+func (x *index) insert(t tuple, id uint32, dir int, v0, v1 uint64) bool {
 	i := x.home(t.k0, t.k1)
 	for {
 		e := &x.ents[i]
 		if e.k1 == 0 {
-			*e = t.withID(uint64(id) | uint64(dir)<<dirShift)
+			*e = ient{t.k0, t.k1 | uint64(id) | uint64(dir)<<dirShift, v0, v1}
 			x.n++
 			return true
 		}

@@ -46,30 +46,32 @@ var bindingDropSlot = [NumDropReasons]int8{
 
 const bindingDropSlots = 4
 
-// binding is one NAT binding, stored inline in NAT.slots: 128 bytes, two
-// cache lines. Everything a translated packet reads or writes is in the
-// first line and the counters at the start of the second; the table is
-// page-aligned, so the two lines form one aligned 128-byte pair that the
-// adjacent-line prefetcher fetches together. Per-binding drop counters live
-// in the cold parallel array NAT.bdrops.
+// binding is one NAT binding, stored inline in NAT.slots: 64 bytes, one
+// cache line, holding what the fast path's log updates (counters, idle
+// deadline) and the full path's per-binding state. The fast path itself
+// reads only the binding's index entries (hot.go). The rest (tuple parts,
+// wheel links, drop counters) is in NAT.cold, read only by the full path
+// and the sweep. The tuples are not stored whole: the listener and the
+// backend come from the binding's class.
 type binding struct {
-	// line 1
-	orig     tuple // the client's packet: C:cport → VIP:vport
-	reply    tuple // the backend's reply: B:bport → L:shadow (L is the VIP for hairpin)
 	deadline int64 // idle expiry (active) or end of quarantine, ns since NAT.base
 	idle     int64 // current retention, ns
-	// Precomputed checksum deltas (RFC 1624) for each direction.
-	fwdIP, fwdL4, revIP, revL4 uint16
-	lis                        uint32 // listener index
-	gen                        uint32 // health generation last checked (UDP)
 
-	// line 2
 	pktsOut, bytesOut, pktsIn, bytesIn uint64
-	peer                               PeerID
-	isn                                uint32 // the client's SYN sequence number
-	wprev, wnext                       uint32 // expiry wheel links
-	wbucket                            uint32
-	st                                 uint8
+
+	cls uint32 // class index: listener and backend
+	gen uint32 // health generation last checked (UDP)
+	isn uint32 // the client's SYN sequence number
+	st  uint8
+}
+
+// bcold is the rarely used part of a binding, in NAT.cold.
+type bcold struct {
+	client        uint32 // C
+	cport, shadow uint16
+	wprev, wnext  uint32 // expiry wheel links; wnext also links the free list
+	wbucket       uint32
+	drops         [bindingDropSlots]uint32
 }
 
 type lkey struct {
@@ -119,11 +121,12 @@ type unreachReport struct {
 // not take it.
 //
 // Memory: New allocates the whole table for Options.Capacity up front: 128
-// bytes per binding inline, 16 of per-binding drop counters and 64 of hash
-// index (two 16-byte entries at a load factor of at most ½), about 210 bytes
-// per flow in all (BenchmarkTranslate reports it as B/flow), backed by
-// transparent huge pages where the kernel allows. The fragment cache holds
-// at most MaxFragDatagrams buffers of 64 KiB.
+// bytes per binding of hash index (two 32-byte entries, one per direction,
+// holding what an established packet needs, at a load factor of at most
+// ½), 64 bytes of binding and 36 of colder per-binding state, about 230
+// bytes per flow in all (BenchmarkTranslate reports it as B/flow), backed
+// by transparent huge pages where the kernel allows. The fragment cache
+// holds at most MaxFragDatagrams buffers of 64 KiB.
 //
 // Batches: FromHostBatch and FromPeerBatch handle a PacketIO batch with one
 // lock acquisition per 64 packets and overlap the table's cache misses;
@@ -146,8 +149,16 @@ type NAT struct {
 	closed    bool
 	idx       index
 	slots     []binding
-	free      []uint32
-	used      int // active + quarantined
+	cold      []bcold
+	freeHead  uint32 // free list of binding ids through bcold.wnext
+	fresh     uint32 // ids from here on were never used
+	classes   []bclass
+	classMap  map[classKey]uint32
+	classFree []uint32
+	log       [logSize]logEnt // fast-path packets not yet applied to bindings
+	nlog      int
+	sweptU    uint32 // time of the last sweep, in until units
+	used      int    // active + quarantined
 	nquar     int
 	wheel     []uint32
 	wheelTick int64
@@ -156,14 +167,12 @@ type NAT struct {
 	lmap      map[lkey]uint32
 	vipInfo   map[uint32]*vipInfo
 	beRefs    map[uint32]int // bindings per backend address: which peers' fragments to reassemble
-	bdrops    [][bindingDropSlots]uint32
 	frags     fragCache
 	timer     transport.Timer
 	armed     bool
 	scratch   []byte
-	homes     [2][batchChunk]uint64 // per side: index home of each packet in a batch chunk
-	sink      uint64                // keeps the prefetching loads alive
-	reports   [2][]unreachReport    // per side, delivered after the lock is released
+	sink      uint64             // keeps the prefetching loads alive
+	reports   [2][]unreachReport // per side, delivered after the lock is released
 
 	created, failovers, retargets, refused   uint64
 	reassembled, fragmented, icmpSent        uint64
@@ -178,14 +187,16 @@ func New(o Options) (*NAT, error) {
 		return nil, err
 	}
 	n := &NAT{
-		o:       o,
-		local:   addr4(o.LocalAddr),
-		clock:   transport.Or(o.Clock),
-		res:     o.Reserver,
-		gran:    int64(o.SweepInterval),
-		lmap:    make(map[lkey]uint32),
-		vipInfo: make(map[uint32]*vipInfo),
-		beRefs:  make(map[uint32]int),
+		o:        o,
+		local:    addr4(o.LocalAddr),
+		clock:    transport.Or(o.Clock),
+		res:      o.Reserver,
+		gran:     int64(o.SweepInterval),
+		lmap:     make(map[lkey]uint32),
+		vipInfo:  make(map[uint32]*vipInfo),
+		beRefs:   make(map[uint32]int),
+		classMap: make(map[classKey]uint32),
+		freeHead: noID,
 	}
 	if n.res == nil {
 		n.res = NewMemReserver(MemReserverOptions{})
@@ -194,11 +205,8 @@ func New(o Options) (*NAT, error) {
 	n.idx = newIndex(2*o.Capacity, rand.Uint64(), rand.Uint64())
 	n.slots = make([]binding, o.Capacity)
 	adviseHuge(unsafe.Pointer(unsafe.SliceData(n.slots)), uintptr(len(n.slots))*unsafe.Sizeof(binding{}))
-	n.bdrops = make([][bindingDropSlots]uint32, o.Capacity)
-	n.free = make([]uint32, o.Capacity)
-	for i := range n.free {
-		n.free[i] = uint32(o.Capacity - 1 - i)
-	}
+	n.cold = make([]bcold, o.Capacity)
+	adviseHuge(unsafe.Pointer(unsafe.SliceData(n.cold)), uintptr(len(n.cold))*unsafe.Sizeof(bcold{}))
 	n.wheel = make([]uint32, wheelSize)
 	for i := range n.wheel {
 		n.wheel[i] = noID
@@ -381,7 +389,7 @@ func (n *NAT) FromHostBatch(pkts [][]byte, now time.Time, res []Result) {
 // prefetching their table entries, then sends the reports they queued.
 func (n *NAT) handleChunk(side side, peer PeerID, chunk [][]byte, out []Result, t int64) {
 	n.mu.Lock()
-	n.prefetchLocked(side, chunk, out)
+	n.prefetchLocked(chunk, out)
 	for i, p := range chunk {
 		if out[i].Verdict == Consumed {
 			out[i] = n.handleLocked(p, side, peer, t)
@@ -445,42 +453,25 @@ func (n *NAT) FromPeerBatch(pkts [][]byte, peer PeerID, now time.Time, res []Res
 	}
 }
 
-// prefetchLocked loads, for every packet of a chunk marked as ours, its hash
-// index entry and then its binding's first cache line. The loads do not
-// depend on each other, so the CPU overlaps their misses; the translation
-// that follows then finds them in cache.
-func (n *NAT) prefetchLocked(s side, chunk [][]byte, out []Result) {
+// prefetchLocked loads, for every packet of a chunk marked as ours, the
+// cache line of its hash index home: all an established packet needs. The
+// loads do not depend on each other, so the CPU overlaps their misses; the
+// translation that follows then finds them in cache.
+func (n *NAT) prefetchLocked(chunk [][]byte, out []Result) {
 	if n.o.Capacity <= prefetchMinCapacity || n.closed {
 		return // the table fits in cache: prefetching would only cost
 	}
-	homes := &n.homes[s]
 	var sink uint64
 	for i, p := range chunk {
-		homes[i] = ^uint64(0)
 		if out[i].Verdict != Consumed {
 			continue
 		}
 		hl := int(p[0]&0xf) * 4
-		if len(p) < hl+4 || IPv4(p).IsFragment() {
-			continue
-		}
-		if pr := Proto(p[ipv4Proto]); pr != ProtoTCP && pr != ProtoUDP {
+		if len(p) < hl+4 {
 			continue
 		}
 		k := packetTuple(p, p[hl:])
-		h := n.idx.home(k.k0, k.k1)
-		homes[i] = h
-		sink += n.idx.ents[h].k1
-	}
-	for i, p := range chunk {
-		if homes[i] == ^uint64(0) {
-			continue
-		}
-		hl := int(p[0]&0xf) * 4
-		if id, _, ok := n.idx.lookup(packetTuple(p, p[hl:])); ok {
-			b := &n.slots[id]
-			sink += uint64(b.deadline) + b.pktsOut // both cache lines
-		}
+		sink += n.idx.ents[n.idx.home(k.k0, k.k1)].k1
 	}
 	n.sink += sink
 }
@@ -512,9 +503,9 @@ func (n *NAT) dropL(ls *listenerState, r DropReason) Result {
 
 func (n *NAT) dropB(b *binding, r DropReason) Result {
 	if s := bindingDropSlot[r]; s > 0 {
-		n.bdrops[n.idOf(b)][s-1]++
+		n.cold[n.idOf(b)].drops[s-1]++
 	}
-	return n.dropL(n.lis[b.lis], r)
+	return n.dropL(n.classes[b.cls].ls, r)
 }
 
 // idOf returns the slot index of b, a pointer into n.slots.
@@ -553,6 +544,7 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 			return n.drop(ReasonTruncated)
 		}
 		if ICMPv4(l4).IsError() {
+			n.flushLocked()
 			return n.icmpErrorLocked(pkt, hl, s, peer, now)
 		}
 		fallthrough
@@ -563,10 +555,19 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 		return pass
 	}
 	k := packetTuple(pkt, l4)
-	id, dir, ok := n.idx.lookup(k)
+	e := n.idx.find(k)
+	var id uint32
+	var dir int
+	if e != nil {
+		if r, ok := n.fastLocked(pkt, hl, e, s, peer, now); ok {
+			return r
+		}
+		id, dir = e.id(), e.dir()
+	}
+	n.flushLocked()
 	if s == sideHost {
 		switch {
-		case !ok:
+		case e == nil:
 			return n.newFlowLocked(pkt, hl, k, now)
 		case dir == dirFwd:
 			return n.outLocked(pkt, hl, k, id, now)
@@ -575,7 +576,7 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 		}
 		return n.drop(ReasonNoFlow)
 	}
-	if !ok || dir == dirFwd || n.slots[id].st&stHairpin != 0 {
+	if e == nil || dir == dirFwd || n.slots[id].st&stHairpin != 0 {
 		return pass
 	}
 	return n.inLocked(pkt, hl, id, s, peer, now)
@@ -666,7 +667,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 			break
 		}
 		rk = mkTuple(baddr, laddr, be.Port, p, proto)
-		if _, _, dup := n.idx.lookup(rk); !dup {
+		if n.idx.find(rk) == nil {
 			found = true
 			break
 		}
@@ -679,29 +680,31 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 	if !found {
 		return noID, ReasonNoPort
 	}
-	if _, _, dup := n.idx.lookup(k); dup { // cannot happen: callers retire k first
+	if n.idx.find(k) != nil { // cannot happen: callers retire k first
 		n.res.Release(proto, bap, rk.dport())
 		return noID, ReasonNoFlow
 	}
-	id := n.free[len(n.free)-1]
-	n.free = n.free[:len(n.free)-1]
-	n.idx.insert(k, id, dirFwd)
-	n.idx.insert(rk, id, dirRev)
+	var id uint32
+	if n.freeHead != noID {
+		id = n.freeHead
+		n.freeHead = n.cold[id].wnext
+	} else {
+		id = n.fresh
+		n.fresh++
+	}
+	n.idx.insert(k, id, dirFwd, 0, 0)
+	n.idx.insert(rk, id, dirRev, 0, 0)
 
 	b := &n.slots[id]
-	fwdIP := addDelta(delta32(k.src(), rk.dst()), delta32(k.dst(), rk.src()))
-	fwdL4 := addDelta(fwdIP, addDelta(delta16(k.sport(), rk.dport()), delta16(k.dport(), rk.sport())))
-	revIP := addDelta(delta32(rk.src(), k.dst()), delta32(rk.dst(), k.src()))
-	revL4 := addDelta(revIP, addDelta(delta16(rk.sport(), k.dport()), delta16(rk.dport(), k.sport())))
 	*b = binding{
-		orig: k, reply: rk,
-		fwdIP: uint16(fwdIP), fwdL4: uint16(fwdL4), revIP: uint16(revIP), revL4: uint16(revL4),
-		idle:  ls.idle,
-		peer:  be.Peer,
-		lis:   ls.idx,
-		isn:   isn,
-		gen:   n.gen.Load(),
-		st:    stActive,
+		idle: ls.idle,
+		cls:  n.classRefLocked(ls, be),
+		isn:  isn,
+		gen:  n.gen.Load(),
+		st:   stActive,
+	}
+	n.cold[id] = bcold{
+		client: k.src(), cport: k.sport(), shadow: rk.dport(),
 		wprev: noID, wnext: noID, wbucket: noID,
 	}
 	if hairpin {
@@ -719,6 +722,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 	n.vipRefLocked(k.dst(), 0, +1)
 	n.beRefs[baddr]++
 	n.wheelLink(id)
+	n.syncLocked(id, now)
 	n.armLocked()
 	return id, ReasonNone
 }
@@ -746,7 +750,7 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 						return Result{Verdict: Drop, Reason: ReasonNoPort}
 					}
 					id = nid
-					n.lis[n.slots[id].lis].retargets++
+					n.classes[n.slots[id].cls].ls.retargets++
 					n.retargets++
 				}
 			}
@@ -755,14 +759,14 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 	case ProtoUDP:
 		if b.gen != n.gen.Load() {
 			b.gen = n.gen.Load()
-			ls := n.lis[b.lis]
+			ls := n.classes[b.cls].ls
 			if !n.o.Selector.Available(ls.l, n.backendOf(b), n.timeOf(now)) {
 				if nid, moved := n.rebindLocked(id, SelectFailover, now); moved {
 					if nid == noID {
 						return Result{Verdict: Drop, Reason: ReasonNoPort}
 					}
 					id = nid
-					n.lis[n.slots[id].lis].failovers++
+					n.classes[n.slots[id].cls].ls.failovers++
 					n.failovers++
 				}
 			}
@@ -776,7 +780,7 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 // flow anew. It reports the binding to use.
 func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool) {
 	b := &n.slots[id]
-	ls := n.lis[b.lis]
+	ls := n.classes[b.cls].ls
 	cur := n.backendOf(b)
 	i := n.selectLocked(ls, why, cur, now)
 	if i < 0 || ls.backends[i] == cur {
@@ -788,7 +792,8 @@ func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool
 		n.drops[ReasonCapacity].Add(1)
 		return id, false
 	}
-	k, isn, synData := b.orig, b.isn, b.st&stSynData != 0
+	k, _ := n.tuples(id)
+	isn, synData := b.isn, b.st&stSynData != 0
 	n.retireLocked(id, now)
 	nid, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)
 	if r != ReasonNone {
@@ -802,7 +807,8 @@ func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool
 }
 
 func (n *NAT) backendOf(b *binding) Backend {
-	return Backend{Peer: b.peer, Addr: addrFrom(b.reply.src()), Port: b.reply.sport()}
+	c := &n.classes[b.cls]
+	return Backend{Peer: c.peer, Addr: addrFrom(c.addr), Port: c.port}
 }
 
 func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
@@ -841,8 +847,10 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 			return n.dropB(b, ReasonFragNeeded)
 		}
 	}
-	ls := n.lis[b.lis]
-	rewrite(pkt, hl, bits.RotateLeft64(b.reply.k0, 32), bits.RotateLeft32(b.reply.ports(), 16), b.fwdIP, b.fwdL4)
+	c := &n.classes[b.cls]
+	ls := c.ls
+	orig, reply := n.tuples(id)
+	rewriteTo(pkt, hl, orig.k0, bits.RotateLeft64(reply.k0, 32), orig.ports(), bits.RotateLeft32(reply.ports(), 16))
 	sz := uint64(len(pkt))
 	b.pktsOut++
 	b.bytesOut += sz
@@ -857,7 +865,7 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 	if hairpin {
 		return Result{Verdict: Reflect}
 	}
-	return Result{Verdict: Forward, Peer: b.peer}
+	return Result{Verdict: Forward, Peer: c.peer}
 }
 
 // inLocked handles a backend's reply for binding id.
@@ -872,10 +880,11 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 	if b.st&stQuarantined != 0 {
 		return n.dropB(b, ReasonQuarantined)
 	}
-	if peer != b.peer {
+	c := &n.classes[b.cls]
+	if peer != c.peer {
 		return n.dropB(b, ReasonPeerMismatch)
 	}
-	if b.orig.proto() == ProtoTCP {
+	if c.ls.key.proto == ProtoTCP {
 		n.tcpFlags(b, pkt[hl+tcpFlags], false)
 	}
 	n.touchLocked(id, now)
@@ -888,8 +897,9 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 		n.fragNeededLocked(pkt, hl, mtu, back)
 		return n.dropB(b, ReasonFragNeeded)
 	}
-	ls := n.lis[b.lis]
-	rewrite(pkt, hl, bits.RotateLeft64(b.orig.k0, 32), bits.RotateLeft32(b.orig.ports(), 16), b.revIP, b.revL4)
+	ls := c.ls
+	orig, reply := n.tuples(id)
+	rewriteTo(pkt, hl, reply.k0, bits.RotateLeft64(orig.k0, 32), reply.ports(), bits.RotateLeft32(orig.ports(), 16))
 	sz := uint64(len(pkt))
 	b.pktsIn++
 	b.bytesIn += sz
@@ -917,9 +927,10 @@ func (n *NAT) touchLocked(id uint32, now int64) {
 		b.deadline = d
 		n.wheelUnlink(id)
 		n.wheelLink(id)
-		return
+	} else {
+		b.deadline = d
 	}
-	b.deadline = d
+	n.syncLocked(id, now)
 }
 
 // rewrite writes new addresses (src<<32|dst) and ports (sport<<16|dport)
@@ -944,15 +955,17 @@ func (n *NAT) retireLocked(id uint32, at int64) {
 	if b.st&stActive == 0 {
 		return
 	}
-	n.idx.remove(b.orig)
+	orig, _ := n.tuples(id)
+	n.idx.remove(orig)
 	b.st = b.st&^stActive | stQuarantined
 	b.deadline = at + n.qtn
-	ls := n.lis[b.lis]
+	ls := n.classes[b.cls].ls
 	ls.active--
 	ls.quarantined++
 	n.nquar++
 	n.wheelUnlink(id)
 	n.wheelLink(id)
+	n.syncLocked(id, at)
 }
 
 // expireOneLocked applies idle expiry and quarantine end to binding id at
@@ -972,24 +985,26 @@ func (n *NAT) expireOneLocked(id uint32, now int64) bool {
 // freeLocked ends a quarantined binding and releases its port.
 func (n *NAT) freeLocked(id uint32) {
 	b := &n.slots[id]
-	n.idx.remove(b.reply)
+	orig, reply := n.tuples(id)
+	n.idx.remove(reply)
 	n.wheelUnlink(id)
-	n.res.Release(b.orig.proto(), netip.AddrPortFrom(addrFrom(b.reply.src()), b.reply.sport()), b.reply.dport())
-	ls := n.lis[b.lis]
+	n.res.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
+	ls := n.classes[b.cls].ls
+	n.classUnrefLocked(b.cls)
 	ls.quarantined--
 	ls.refs--
 	n.nquar--
 	n.used--
-	n.vipRefLocked(b.orig.dst(), 0, -1)
-	if n.beRefs[b.reply.src()]--; n.beRefs[b.reply.src()] <= 0 {
-		delete(n.beRefs, b.reply.src())
+	n.vipRefLocked(orig.dst(), 0, -1)
+	if n.beRefs[reply.src()]--; n.beRefs[reply.src()] <= 0 {
+		delete(n.beRefs, reply.src())
 	}
 	if ls.removed && ls.refs == 0 {
 		n.dropListenerLocked(ls)
 	}
 	*b = binding{}
-	n.bdrops[id] = [bindingDropSlots]uint32{}
-	n.free = append(n.free, id)
+	n.cold[id] = bcold{wprev: noID, wnext: n.freeHead, wbucket: noID}
+	n.freeHead = id
 }
 
 // Expiry wheel: one list per SweepInterval tick, wheelSize ticks around.
@@ -1014,29 +1029,29 @@ func (n *NAT) bucketFor(deadline int64) uint32 {
 }
 
 func (n *NAT) wheelLink(id uint32) {
-	b := &n.slots[id]
-	bk := n.bucketFor(b.deadline)
+	b := &n.cold[id]
+	bk := n.bucketFor(n.slots[id].deadline)
 	b.wbucket = bk
 	b.wprev = noID
 	b.wnext = n.wheel[bk]
 	if b.wnext != noID {
-		n.slots[b.wnext].wprev = id
+		n.cold[b.wnext].wprev = id
 	}
 	n.wheel[bk] = id
 }
 
 func (n *NAT) wheelUnlink(id uint32) {
-	b := &n.slots[id]
+	b := &n.cold[id]
 	if b.wbucket == noID {
 		return
 	}
 	if b.wprev != noID {
-		n.slots[b.wprev].wnext = b.wnext
+		n.cold[b.wprev].wnext = b.wnext
 	} else {
 		n.wheel[b.wbucket] = b.wnext
 	}
 	if b.wnext != noID {
-		n.slots[b.wnext].wprev = b.wprev
+		n.cold[b.wnext].wprev = b.wprev
 	}
 	b.wprev, b.wnext, b.wbucket = noID, noID, noID
 }
@@ -1044,6 +1059,10 @@ func (n *NAT) wheelUnlink(id uint32) {
 // expireLocked retires active bindings and frees quarantined ones whose
 // deadline is at or before now.
 func (n *NAT) expireLocked(now int64) {
+	n.flushLocked()
+	if u := uint32(now >> untilShift); int32(u-n.sweptU) > 0 {
+		n.sweptU = u
+	}
 	nowTick := now / n.gran
 	if nowTick < n.wheelTick {
 		nowTick = n.wheelTick
@@ -1057,15 +1076,18 @@ func (n *NAT) expireLocked(now int64) {
 		id := n.wheel[bk]
 		for id != noID {
 			b := &n.slots[id]
-			next := b.wnext
+			next := n.cold[id].wnext
 			if b.deadline <= now && b.st&stActive != 0 {
 				n.retireLocked(id, b.deadline)
 			}
 			if b.deadline <= now {
 				n.freeLocked(id)
-			} else if nb := n.bucketFor(b.deadline); nb != b.wbucket {
+			} else if nb := n.bucketFor(b.deadline); nb != n.cold[id].wbucket {
 				n.wheelUnlink(id)
 				n.wheelLink(id)
+				if b.st&stActive != 0 {
+					n.syncLocked(id, now) // the deadline moved on: so does until
+				}
 			}
 			id = next
 		}
@@ -1354,18 +1376,19 @@ func (n *NAT) Close() error {
 	if n.timer != nil {
 		n.timer.Stop()
 	}
-	for id := range n.slots {
+	n.nlog = 0
+	for id := range n.slots[:n.fresh] {
 		b := &n.slots[id]
 		if b.st == 0 {
 			continue
 		}
-		n.res.Release(b.orig.proto(), netip.AddrPortFrom(addrFrom(b.reply.src()), b.reply.sport()), b.reply.dport())
-		*b = binding{}
-		n.bdrops[id] = [bindingDropSlots]uint32{}
+		orig, reply := n.tuples(uint32(id))
+		n.res.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
 	}
-	// Drop the table itself: a million-flow table is ~200 MB.
+	// Drop the table itself: a million-flow table is ~230 MB.
 	n.idx = index{}
-	n.slots, n.bdrops, n.free = nil, nil, nil
+	n.slots, n.cold, n.fresh, n.freeHead = nil, nil, 0, noID
+	n.classes, n.classMap, n.classFree = nil, map[classKey]uint32{}, nil
 	n.wheel = nil
 	n.used, n.nquar = 0, 0
 	n.frags.reset()
@@ -1379,7 +1402,7 @@ func (n *NAT) countersOf(id uint32) Counters {
 	c := Counters{PacketsOut: b.pktsOut, BytesOut: b.bytesOut, PacketsIn: b.pktsIn, BytesIn: b.bytesIn}
 	for r, s := range bindingDropSlot {
 		if s > 0 {
-			c.Drops[r] = uint64(n.bdrops[id][s-1])
+			c.Drops[r] = uint64(n.cold[id].drops[s-1])
 		}
 	}
 	return c
@@ -1389,21 +1412,23 @@ func (n *NAT) countersOf(id uint32) Counters {
 func (n *NAT) Bindings() []BindingInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.flushLocked()
 	out := make([]BindingInfo, 0, n.used)
-	for id := range n.slots {
+	for id := range n.slots[:n.fresh] {
 		b := &n.slots[id]
 		if b.st == 0 {
 			continue
 		}
+		orig, reply := n.tuples(uint32(id))
 		st := Active
 		if b.st&stQuarantined != 0 {
 			st = Quarantined
 		}
 		out = append(out, BindingInfo{
-			Listener: n.lis[b.lis].l,
+			Listener: n.classes[b.cls].ls.l,
 			Backend:  n.backendOf(b),
-			Client:   netip.AddrPortFrom(addrFrom(b.orig.src()), b.orig.sport()),
-			Shadow:   netip.AddrPortFrom(addrFrom(b.reply.dst()), b.reply.dport()),
+			Client:   netip.AddrPortFrom(addrFrom(orig.src()), orig.sport()),
+			Shadow:   netip.AddrPortFrom(addrFrom(reply.dst()), reply.dport()),
 			State:    st,
 			Hairpin:  b.st&stHairpin != 0,
 			Expires:  n.timeOf(b.deadline),

@@ -30,6 +30,9 @@ type Options struct {
 	// Logger receives wireguard-go's log lines: errors at Error, the rest at
 	// Debug. nil discards them. Nothing is ever written to stdout.
 	Logger *slog.Logger
+	// Clock times the handshake tie-break (nil: the real clock).
+	// wireguard-go's own timers always run in real time.
+	Clock transport.Clock
 }
 
 // Device is a wireguard-go device whose TUN side is a transport.PacketIO
@@ -39,10 +42,11 @@ type Options struct {
 // serialized. After Close, every method returns an error that matches
 // ErrDeviceClosed.
 type Device struct {
-	dev  *device.Device
-	tun  *tunAdapter
-	bind conn.Bind
-	log  *slog.Logger
+	dev      *device.Device
+	tun      *tunAdapter
+	bind     conn.Bind
+	tiebreak *tieBreakBind // nil for wireguard-go's own StdNetBind
+	log      *slog.Logger
 
 	mu     sync.Mutex // serializes configuration changes and Close
 	closed bool
@@ -81,7 +85,15 @@ func NewDevice(io transport.PacketIO, cfg Config, o Options) (*Device, error) {
 		bind: bind,
 		log:  log,
 	}
-	d.dev = device.NewDevice(d.tun, bind, newLogger(log))
+	wire := bind
+	// Crossing handshake initiations are broken deterministically (see
+	// tiebreak.go). wireguard-go's StdNetBind is left unwrapped: on Linux
+	// wireguard-go starts its route listener only for that exact type.
+	if _, std := bind.(*conn.StdNetBind); !std {
+		d.tiebreak = newTieBreakBind(bind, o.Clock)
+		wire = d.tiebreak
+	}
+	d.dev = device.NewDevice(d.tun, wire, newLogger(log))
 	fail := func(err error) (*Device, error) {
 		d.dev.Close()
 		return nil, err
@@ -308,6 +320,20 @@ func (d *Device) WaitHandshake(ctx context.Context, pub Key) error {
 			return fmt.Errorf("wg: waiting for a handshake with %v: %w", pub, ctx.Err())
 		}
 	}
+}
+
+// CrossedInitiations returns how many handshake initiations the device has
+// dropped to resolve crossing handshakes: when this node and a peer send
+// each other an initiation at the same moment, both sides keep only the one
+// with the smaller ephemeral key, so that one handshake completes at once
+// instead of both failing and retrying 5 s later (in lockstep, with
+// persistent keepalives, possibly forever). It is always 0 on wireguard-go's
+// StdNetBind (the default Bind), which the device does not wrap.
+func (d *Device) CrossedInitiations() uint64 {
+	if d.tiebreak == nil {
+		return 0
+	}
+	return d.tiebreak.dropped.Load()
 }
 
 // Bind returns the device's Bind.

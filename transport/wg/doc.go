@@ -27,6 +27,18 @@
 //     (latency, jitter, loss, partitions per destination), for nodes in
 //     separate processes or network namespaces.
 //
+// Crossing handshakes are broken deterministically. When two peers send
+// each other a handshake initiation at the same moment, wireguard-go on each
+// side answers the other's and discards its own, so both handshakes fail
+// and both retry 5 s later; peers with persistent keepalives retry in
+// lockstep, and on a link with a long one-way delay their initiations can
+// cross every time, leaving the leg dead. The Device therefore wraps any
+// Bind other than wireguard-go's StdNetBind: a node that has an unanswered
+// initiation of its own to an endpoint drops an initiation from that
+// endpoint whose ephemeral key is greater than its own. Both sides apply the
+// same rule to the same two keys, so exactly one handshake goes on
+// (Device.CrossedInitiations counts the drops).
+//
 // wireguard-go keeps its own real timers (handshakes, keepalives, rekeys),
 // so anything that runs a Device runs in real time: tests over it assert
 // outcomes, not exact traces.

@@ -208,9 +208,19 @@ func TestPlannedPromoteWithKV(t *testing.T) {
 			order = append(order, ev.Node+" "+ev.Kind.String())
 		}
 	})
+	before, beforeA := b.kv.Counts(), a.kv.Counts()
 	res, err := b.ctl.Promote(context.Background(), claim.PromoteOptions{})
 	if err != nil || res.Claim == nil || res.Claim.Epoch != 2 {
 		t.Fatalf("promote b: %+v %v", res, err)
+	}
+	// The round trips of a planned move: b reads the keys, a revokes its
+	// lease before it answers the release, b claims at once with the
+	// transaction (no second read: a's holder key is gone).
+	if got, want := b.kv.Counts().Sub(before), (claimtest.Counts{Get: 1, Txn: 1}); got != want {
+		t.Errorf("b's KV calls in the promote: %+v, want %+v", got, want)
+	}
+	if got, want := a.kv.Counts().Sub(beforeA), (claimtest.Counts{Revoke: 1}); got != want {
+		t.Errorf("a's KV calls in the release: %+v, want %+v", got, want)
 	}
 	if fmt.Sprint(order) != "[a drop b carry]" {
 		t.Fatalf("order %v, want the holder to drop before b carries", order)

@@ -255,6 +255,13 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 		err := c.askRelease(ctx, ks.holder.Holder, ks.holder.Epoch+1)
 		switch {
 		case err == nil:
+			// The holder dropped the address and revoked its own lease
+			// before it answered, so its holder key is gone: claim at
+			// once against the counter read before the release, without
+			// reading the keys again (one quorum round trip less in the
+			// planned move's downtime). The transaction's compare
+			// catches anything that changed in between.
+			ks.holderKV, ks.holder, ks.holderAlive = nil, nil, false
 		case errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone:
 			// Wait for the old primary's lease to expire; never revoke it.
 			deadline := c.clock.Now().Add(c.cfg.LeaseTTL + c.cfg.ElectionTimeout)
@@ -269,13 +276,10 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 					return PromoteResult{}, err
 				}
 			}
+			c.apply(ks)
 		default:
 			return PromoteResult{}, err
 		}
-		if ks, err = read(); err != nil {
-			return PromoteResult{}, err
-		}
-		c.apply(ks)
 	}
 	if ks.holderAlive && ks.holder.Holder == c.cfg.Self {
 		return PromoteResult{Claim: ks.holder, ByController: true}, nil
@@ -286,10 +290,16 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 	// Take the counter's claim if we had not (the txn continues from it).
 	cl, err := c.claimTxn(ctx, ks)
 	if errors.Is(err, ErrCompareFailed) {
+		// Something moved since the keys were read: this node's own
+		// controller claimed first, or the keys changed under the
+		// promote. Read them again; claim once more if nobody holds.
 		if ks2, rerr := read(); rerr == nil {
 			c.apply(ks2)
-			if ks2.holderAlive && ks2.holder.Holder == c.cfg.Self {
+			switch {
+			case ks2.holderAlive && ks2.holder.Holder == c.cfg.Self:
 				return PromoteResult{Claim: ks2.holder, ByController: true}, nil
+			case !ks2.holderAlive:
+				cl, err = c.claimTxn(ctx, ks2)
 			}
 		}
 	}

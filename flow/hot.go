@@ -14,15 +14,18 @@ import "encoding/binary"
 //
 // Index entry values, per direction:
 //
-//	fwd (client → VIP:vport):  v0 = gen<<32 | shadow<<16 | flags
-//	rev (backend → L:shadow):  v0 = client<<32 | cport<<16 | flags
-//	both:                      v1 = class<<32 | until
+//	fwd (client → VIP:vport):  v0 = gen<<32 | shadow<<16 | dL4
+//	rev (backend → L:shadow):  v0 = client<<32 | cport<<16 | dL4
+//	both:                      v1 = class<<48 | dIP<<32 | until
 //
 // class indexes NAT.classes, one per (listener, backend) pair with
 // bindings: the listener (VIP, port, counters) and the backend (peer,
-// address, port). The rewrite of a client packet is (local address or, for
-// hairpin, the VIP; backend; shadow port; backend port), of a reply (VIP;
-// client; VIP port; client port). until is a lower bound of the binding's
+// address, port); classNone sends every packet to the full path (a
+// quarantined binding, or a class beyond the first 65535). The rewrite of a
+// client packet is (local address or, for hairpin, the VIP; backend; shadow
+// port; backend port), of a reply (VIP; client; VIP port; client port);
+// dIP and dL4 are its precomputed checksum deltas (RFC 1624) for the IPv4
+// header and the TCP/UDP checksum. until is a lower bound of the binding's
 // deadline in units of 2^untilShift ns, compared with wraparound: before
 // it, the binding is certainly alive. The full path refreshes it (syncLocked)
 // whenever it changes a binding, and the expiry sweep when it re-files a
@@ -40,7 +43,7 @@ const (
 	// until (209 days; the comparison wraps at twice that).
 	untilSpan = 1 << 30
 
-	hotSlow = 1 // v0 flag: the entry's packets take the full path (quarantine)
+	classNone = 0xffff // hot class: the entry's packets take the full path
 
 	logSize = 64 // per-packet log entries applied at once
 )
@@ -74,7 +77,8 @@ type logEnt struct {
 func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now int64) (Result, bool) {
 	v0, v1 := e.v0, e.v1
 	nowU := uint32(now >> untilShift)
-	if v0&hotSlow != 0 || int32(uint32(v1)-nowU) <= 0 || int32(nowU-n.sweptU) >= untilSpan {
+	ci := v1 >> 48
+	if ci == classNone || int32(uint32(v1)-nowU) <= 0 || int32(nowU-n.sweptU) >= untilSpan {
 		return Result{}, false
 	}
 	l4 := pkt[hl:]
@@ -82,11 +86,9 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 	if tcp && l4[tcpFlags]&(TCPFlagSYN|TCPFlagFIN|TCPFlagRST) != 0 {
 		return Result{}, false
 	}
-	c := &n.classes[v1>>32]
+	c := &n.classes[ci]
 	hairpin := c.peer == LocalPeer
 	ls := c.ls
-	oldA := binary.BigEndian.Uint64(pkt[ipv4Src:])
-	oldP := binary.BigEndian.Uint32(l4)
 	sz := uint64(len(pkt))
 	dir := e.k1 >> dirShift & 1
 	var newA uint64
@@ -102,7 +104,7 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 		}
 		src := n.local
 		if hairpin {
-			src = uint32(oldA) // the VIP
+			src = binary.BigEndian.Uint32(pkt[ipv4Dst:]) // the VIP
 		}
 		newA = uint64(src)<<32 | uint64(c.addr)
 		newP = uint32(v0)&0xffff0000 | uint32(c.port)
@@ -125,22 +127,13 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 			r = Result{Verdict: Reflect}
 		}
 	}
-	rewriteTo(pkt, hl, oldA, newA, oldP, newP)
+	rewrite(pkt, hl, newA, newP, uint16(v1>>32), uint16(v0))
 	if n.nlog == logSize {
 		n.flushLocked()
 	}
 	n.log[n.nlog] = logEnt{ref: uint32(e.k1 & (1<<24 - 1)), size: uint32(sz), t: now}
 	n.nlog++
 	return r, true
-}
-
-// rewriteTo rewrites a TCP or UDP packet whose addresses are oldA
-// (src<<32|dst) and ports oldP (sport<<16|dport) to newA and newP, updating
-// the checksums incrementally (RFC 1624).
-func rewriteTo(pkt []byte, hl int, oldA, newA uint64, oldP, newP uint32) {
-	dIP := addDelta(delta32(uint32(oldA>>32), uint32(newA>>32)), delta32(uint32(oldA), uint32(newA)))
-	dL4 := addDelta(dIP, addDelta(delta16(uint16(oldP>>16), uint16(newP>>16)), delta16(uint16(oldP), uint16(newP))))
-	rewrite(pkt, hl, newA, newP, uint16(dIP), uint16(dL4))
 }
 
 // flushLocked applies the fast path's log to the bindings: counters, and
@@ -179,21 +172,29 @@ func untilOf(deadline, now int64) uint32 {
 func (n *NAT) syncLocked(id uint32, now int64) {
 	b := &n.slots[id]
 	orig, reply := n.tuples(id)
-	if b.st&stActive != 0 {
-		v1 := uint64(b.cls)<<32 | uint64(untilOf(b.deadline, now))
-		if e := n.idx.find(orig); e != nil {
-			e.v0 = uint64(b.gen)<<32 | uint64(reply.dport())<<16
-			e.v1 = v1
-		}
-		if e := n.idx.find(reply); e != nil {
-			e.v0 = uint64(orig.src())<<32 | uint64(orig.sport())<<16
-			e.v1 = v1
-		}
-		return
+	ci := uint64(classNone)
+	if b.st&stActive != 0 && b.cls < classNone {
+		ci = uint64(b.cls)
+	}
+	ci = ci<<48 | uint64(untilOf(b.deadline, now))
+	fIP, fL4 := deltas(orig, reply)
+	rIP, rL4 := deltas(reply, orig)
+	if e := n.idx.find(orig); e != nil && b.st&stActive != 0 {
+		e.v0 = uint64(b.gen)<<32 | uint64(reply.dport())<<16 | uint64(fL4)
+		e.v1 = ci | uint64(fIP)<<32
 	}
 	if e := n.idx.find(reply); e != nil {
-		e.v0 |= hotSlow
+		e.v0 = uint64(orig.src())<<32 | uint64(orig.sport())<<16 | uint64(rL4)
+		e.v1 = ci | uint64(rIP)<<32
 	}
+}
+
+// deltas returns the checksum deltas of rewriting a packet with tuple from
+// to the reverse of tuple to (its source becomes to's destination, ...).
+func deltas(from, to tuple) (dIP, dL4 uint16) {
+	ip := addDelta(delta32(from.src(), to.dst()), delta32(from.dst(), to.src()))
+	l4 := addDelta(ip, addDelta(delta16(from.sport(), to.dport()), delta16(from.dport(), to.sport())))
+	return uint16(ip), uint16(l4)
 }
 
 // tuples returns binding id's client tuple (C:cport → VIP:vport) and reply

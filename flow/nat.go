@@ -850,7 +850,8 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 	c := &n.classes[b.cls]
 	ls := c.ls
 	orig, reply := n.tuples(id)
-	rewriteTo(pkt, hl, orig.k0, bits.RotateLeft64(reply.k0, 32), orig.ports(), bits.RotateLeft32(reply.ports(), 16))
+	dIP, dL4 := deltas(orig, reply)
+	rewrite(pkt, hl, bits.RotateLeft64(reply.k0, 32), bits.RotateLeft32(reply.ports(), 16), dIP, dL4)
 	sz := uint64(len(pkt))
 	b.pktsOut++
 	b.bytesOut += sz
@@ -899,7 +900,8 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 	}
 	ls := c.ls
 	orig, reply := n.tuples(id)
-	rewriteTo(pkt, hl, reply.k0, bits.RotateLeft64(orig.k0, 32), reply.ports(), bits.RotateLeft32(orig.ports(), 16))
+	dIP, dL4 := deltas(reply, orig)
+	rewrite(pkt, hl, bits.RotateLeft64(orig.k0, 32), bits.RotateLeft32(orig.ports(), 16), dIP, dL4)
 	sz := uint64(len(pkt))
 	b.pktsIn++
 	b.bytesIn += sz

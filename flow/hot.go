@@ -140,6 +140,14 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 // idle deadlines extended as touchLocked would have. Everything that reads
 // or changes bindings beyond the fast path calls it first.
 func (n *NAT) flushLocked() {
+	if n.nlog > 8 && n.o.Capacity > prefetchMinCapacity {
+		// Load every binding first: the misses overlap.
+		var sink int64
+		for i := range n.nlog {
+			sink += n.slots[n.log[i].ref&idMask].deadline
+		}
+		n.sink += uint64(sink)
+	}
 	for i := range n.nlog {
 		l := &n.log[i]
 		id := l.ref & idMask
@@ -173,7 +181,7 @@ func (n *NAT) syncLocked(id uint32, now int64) {
 	b := &n.slots[id]
 	orig, reply := n.tuples(id)
 	ci := uint64(classNone)
-	if b.st&stActive != 0 && b.cls < classNone {
+	if b.st&stActive != 0 && b.cls < n.hotLimit {
 		ci = uint64(b.cls)
 	}
 	ci = ci<<48 | uint64(untilOf(b.deadline, now))

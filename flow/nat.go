@@ -158,6 +158,7 @@ type NAT struct {
 	log       [logSize]logEnt // fast-path packets not yet applied to bindings
 	nlog      int
 	sweptU    uint32 // time of the last sweep, in until units
+	hotLimit  uint32 // classes below it use the fast path (classNone; tests lower it)
 	used      int    // active + quarantined
 	nquar     int
 	wheel     []uint32
@@ -197,6 +198,7 @@ func New(o Options) (*NAT, error) {
 		beRefs:   make(map[uint32]int),
 		classMap: make(map[classKey]uint32),
 		freeHead: noID,
+		hotLimit: classNone,
 	}
 	if n.res == nil {
 		n.res = NewMemReserver(MemReserverOptions{})

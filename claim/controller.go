@@ -757,11 +757,20 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 	return cl, nil
 }
 
-// announce tells every peer of a move on the members' channel.
+// announce tells every peer of a move on the members' channel, all peers
+// at once (a peer that does not answer costs CallTimeout once, not once per
+// peer after it), and returns when every call has ended. A peer that
+// answered this claim before, taking or refusing it, is not asked again.
 func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered int) {
 	if c.cfg.Channel == nil {
 		return 0, 0
 	}
+	type result struct {
+		p   netip.Addr
+		err error
+	}
+	results := make(chan result, len(c.cfg.Peers))
+	calls := 0
 	for _, p := range c.cfg.Peers {
 		if p == c.cfg.Self {
 			continue
@@ -776,32 +785,38 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 			answered++
 			continue
 		}
-		cctx, cancel := c.call(ctx)
-		err := c.cfg.Channel.Announce(cctx, p, cl)
-		cancel()
+		calls++
+		go func() {
+			cctx, cancel := c.call(ctx)
+			defer cancel()
+			results <- result{p, c.cfg.Channel.Announce(cctx, p, cl)}
+		}()
+	}
+	for range calls {
+		r := <-results
 		var ref *RefusalError
 		switch {
-		case err == nil:
+		case r.err == nil:
 			taken++
 			answered++
-		case errors.As(err, &ref):
+		case errors.As(r.err, &ref):
 			answered++
 		}
 		c.mu.Lock()
-		if err == nil || ref != nil {
+		if r.err == nil || ref != nil {
 			if c.told == nil {
 				c.told = map[netip.Addr]toldClaim{}
 			}
-			c.told[p] = toldClaim{c: cl, took: err == nil}
+			c.told[r.p] = toldClaim{c: cl, took: r.err == nil}
 		}
-		if err == nil {
+		if r.err == nil {
 			c.stats.Announced++
 		} else {
 			c.stats.AnnounceErrs++
 		}
 		c.mu.Unlock()
-		if err != nil {
-			c.report(fmt.Errorf("claim: announce to %v: %w", p, err))
+		if r.err != nil {
+			c.report(fmt.Errorf("claim: announce to %v: %w", r.p, r.err))
 		}
 	}
 	return taken, answered

@@ -19,9 +19,12 @@
 //
 // FromHostBatch and FromPeerBatch do the same for a PacketIO batch, with
 // the table's cache misses overlapped. All take the current time as an
-// argument (no clock reads per packet),
-// update checksums incrementally (RFC 1624) and allocate nothing for
-// established flows. The result says what to do with the packet: Pass
+// argument (no clock reads per packet), update checksums incrementally
+// (RFC 1624) and allocate nothing for established flows. An established
+// packet reads one 32-byte entry of the flow table's hash index (its
+// rewrite target, checksum deltas and a lower bound of its idle deadline
+// are stored there), so a table of a million flows costs one cache miss per
+// packet; counters and idle deadlines are applied in batches. The result says what to do with the packet: Pass
 // (not ours), Forward, Reflect (into the host), Drop (with a counted
 // DropReason) or Consumed. Packets the NAT creates (fragments of datagrams
 // it reassembled or that exceed the MTU, ICMP fragmentation-needed) go to

@@ -4,11 +4,18 @@ package keelvip_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -19,8 +26,11 @@ import (
 )
 
 func registerChildren() {
+	runTestMain()
 	netns.RegisterChild("keel-tend", tendChild)
 	netns.RegisterChild("etcd", etcdChild)
+	netns.RegisterChild("keel-unit", unitChild)
+	netns.RegisterChild("keel-tend-units", unitHelperChild)
 	netns.DispatchChild()
 }
 
@@ -80,5 +90,86 @@ func etcdChild(ctx context.Context, args []string) error {
 		return nil
 	case err := <-e.Err():
 		return err
+	}
+}
+
+// unitChild plays systemd starting one of the helper's units: it moves
+// itself into the unit's cgroup, then execs the test binary as the
+// unit's user with no capability at all and no_new_privs (setpriv), with
+// the subcommand and the credentials directory in its environment. args:
+// cgroup directory, uid, credentials directory, executable, subcommand.
+func unitChild(ctx context.Context, args []string) error {
+	if len(args) != 5 {
+		return fmt.Errorf("unit child: %d args", len(args))
+	}
+	cg, uid, creds, exe, sub := args[0], args[1], args[2], args[3], args[4]
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		return err
+	}
+	argv := []string{setpriv, "--reuid=" + uid, "--regid=" + uid, "--clear-groups",
+		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
+		"--pdeathsig=KILL", "--", exe, "-test.run=^$"}
+	env := append(os.Environ(), keelvip.ExecEnv+"="+sub, keelvip.CredentialsEnv+"="+creds)
+	return syscall.Exec(setpriv, argv, env)
+}
+
+// unitHelperChild plays systemd starting keel-vip.service: the helper as
+// root with its bounding set cut to CAP_NET_ADMIN and CAP_DAC_OVERRIDE
+// (CapabilityBoundingSet=), running `tend --children units`. args: mesh
+// file, executable, controller cgroup, listener cgroup.
+func unitHelperChild(ctx context.Context, args []string) error {
+	if len(args) != 4 {
+		return fmt.Errorf("unit helper child: %d args", len(args))
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		return err
+	}
+	main, _ := json.Marshal([]string{"tend", "--children", "units", "--mesh", args[0],
+		"--controller-cgroup", args[2], "--listener-cgroup", args[3]})
+	argv := []string{setpriv, "--bounding-set=-all,+net_admin,+dac_override", "--inh-caps=-all", "--ambient-caps=-all",
+		"--pdeathsig=KILL", "--", args[1], "-test.run=^$"}
+	return syscall.Exec(setpriv, argv, append(os.Environ(), testMainEnv+"="+string(main)))
+}
+
+// testMainEnv makes TestMain run keelvip.Main with the JSON array of
+// arguments it holds (how unitHelperChild runs tend after its exec).
+const testMainEnv = "KEELVIP_TEST_MAIN"
+
+// dialEnv makes TestMain dial the unix socket it names, post one carrier
+// request, print the outcome and exit: a process that is not the
+// controller knocking on the helper's socket.
+const dialEnv = "KEELVIP_TEST_DIAL"
+
+// runTestMain handles testMainEnv and dialEnv; it returns when neither is
+// set.
+func runTestMain() {
+	if args := os.Getenv(testMainEnv); args != "" {
+		var a []string
+		if err := json.Unmarshal([]byte(args), &a); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		code := keelvip.Main(ctx, a, os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	if path := os.Getenv(dialEnv); path != "" {
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
+		resp, err := hc.Post("http://helper/carrier", "application/json", strings.NewReader(`{"op":"drop","vip":"fd00::1"}`))
+		if err != nil {
+			fmt.Println("refused:", err)
+			os.Exit(0)
+		}
+		resp.Body.Close()
+		fmt.Println("answered:", resp.Status)
+		os.Exit(0)
 	}
 }

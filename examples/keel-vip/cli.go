@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -49,20 +50,53 @@ func DispatchExec() {
 	os.Unsetenv(ExecEnv)
 	ctx, stop := signalContext()
 	defer stop()
-	var err error
-	switch sub {
-	case "control":
-		err = RunController(ctx, os.Stdin, os.Stderr)
-	case "listen":
-		err = RunListener(ctx, os.Stdin, os.Stderr)
-	default:
-		err = fmt.Errorf("keelvip: unknown subcommand %q", sub)
+	// Under systemd (keel-vip-control.service, keel-vip-members.service)
+	// the mesh file is a credential (LoadCredential=mesh:...); started by
+	// the helper, it comes on stdin.
+	var in io.Reader = os.Stdin
+	f, err := openCredential("mesh")
+	if f != nil {
+		defer f.Close()
+		in = f
+	}
+	if err == nil {
+		switch sub {
+		case "control":
+			err = RunController(ctx, in, os.Stderr)
+		case "listen":
+			err = RunListener(ctx, in, os.Stderr)
+		default:
+			err = fmt.Errorf("keelvip: unknown subcommand %q", sub)
+		}
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "keel-vip "+sub+":", err)
 		os.Exit(ExitError)
 	}
 	os.Exit(ExitOK)
+}
+
+// CredentialsEnv is systemd's variable that names the directory of a
+// unit's credentials (LoadCredential=): the controller's and the listener's
+// units get the mesh file ("mesh") and the pair record ("pair") that way,
+// readable by their dynamic users only.
+const CredentialsEnv = "CREDENTIALS_DIRECTORY"
+
+// openCredential opens the credential name, or returns nil, nil when the
+// process has no credentials directory or no such credential.
+func openCredential(name string) (*os.File, error) {
+	dir := os.Getenv(CredentialsEnv)
+	if dir == "" {
+		return nil, nil
+	}
+	f, err := os.Open(filepath.Join(dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("keelvip: credential %s: %w", name, err)
+	}
+	return f, nil
 }
 
 // Main runs the keel-vip command line with args (without the program
@@ -84,14 +118,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	meshPath := fs.String("mesh", "/etc/keel/mesh.json", "mesh file")
 	var (
-		asJSON, gone             *bool
-		peer, in, out, rootKey   *string
-		holder, exe, setprivPath *string
+		asJSON, gone                   *bool
+		peer, in, out, rootKey         *string
+		holder, exe, setprivPath       *string
+		children, ctlCgroup, lisCgroup *string
 	)
 	switch cmd {
 	case "tend":
 		exe = fs.String("exe", "", "program to run as the controller and listener (default: this one)")
 		setprivPath = fs.String("setpriv", "", "setpriv binary (default: from PATH)")
+		children = fs.String("children", "spawn", "spawn: start the controller and listener (setpriv); units: systemd starts them as their own units")
+		ctlCgroup = fs.String("controller-cgroup", "", "with --children units: the controller unit's cgroup (default "+DefaultControllerCgroup+")")
+		lisCgroup = fs.String("listener-cgroup", "", "with --children units: the listener unit's cgroup (default "+DefaultListenerCgroup+")")
 	case "status":
 		asJSON = fs.Bool("json", false, "print JSON")
 	case "inspect", "drop-all":
@@ -131,7 +169,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	switch cmd {
 	case "tend":
-		return exitOf(fail, runHelper(ctx, m, raw, *exe, *setprivPath, stderr))
+		var units *Units
+		switch *children {
+		case "spawn":
+		case "units":
+			units = &Units{ControllerCgroup: *ctlCgroup, ListenerCgroup: *lisCgroup}
+		default:
+			fmt.Fprintf(stderr, "keel-vip tend: --children %q: want spawn or units\n", *children)
+			return ExitUsage
+		}
+		return exitOf(fail, runHelper(ctx, HelperOptions{Mesh: m, MeshRaw: raw, Exe: *exe, Setpriv: *setprivPath, Log: stderr, Units: units}))
 	case "drop-all":
 		return exitOf(fail, dropAll(ctx, m))
 	case "status", "inspect":

@@ -4,7 +4,6 @@ package keelvip
 
 import (
 	"context"
-	"io"
 
 	"os/signal"
 
@@ -16,9 +15,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 }
 
-func runHelper(ctx context.Context, m *Mesh, raw []byte, exe, setpriv string, logw io.Writer) error {
-	return RunHelper(ctx, HelperOptions{Mesh: m, MeshRaw: raw, Exe: exe, Setpriv: setpriv, Log: logw})
-}
+func runHelper(ctx context.Context, o HelperOptions) error { return RunHelper(ctx, o) }
 
 func dropAll(ctx context.Context, m *Mesh) error {
 	c := NewLinkCarrier(&netlink.Handle{}, m.Interface, nil, m, nil)

@@ -5,7 +5,6 @@ package keelvip
 import (
 	"context"
 	"errors"
-	"io"
 	"os"
 	"os/signal"
 )
@@ -16,7 +15,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt)
 }
 
-func runHelper(context.Context, *Mesh, []byte, string, string, io.Writer) error { return errLinuxOnly }
+func runHelper(context.Context, HelperOptions) error { return errLinuxOnly }
 
 func dropAll(context.Context, *Mesh) error { return errLinuxOnly }
 

@@ -209,7 +209,18 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 // LoadPairFromDir loads the pair record for the controller: the mesh's
 // pair file is root's, so the controller reads the copy the helper hands
 // over in the state directory (pair.rec) when it cannot read the original.
+// Under systemd its unit has the record as the credential "pair".
 func LoadPairFromDir(m *Mesh) (*claim.PairRecord, error) {
+	if f, err := openCredential("pair"); err != nil || f != nil {
+		if err != nil {
+			return nil, err
+		}
+		name := f.Name()
+		f.Close()
+		mm := *m
+		mm.PairFile = name
+		return LoadPair(&mm)
+	}
 	pr, err := LoadPair(m)
 	if err == nil || !errors.Is(err, os.ErrPermission) {
 		return pr, err

@@ -15,7 +15,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -27,25 +29,6 @@ import (
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/transport/wg"
 )
-
-// HelperOptions configures RunHelper.
-type HelperOptions struct {
-	// Mesh is the node's mesh file. Required.
-	Mesh *Mesh
-	// MeshRaw is the mesh file's bytes, handed to the controller on its
-	// stdin (it cannot read the root-only file). Required.
-	MeshRaw []byte
-	// Exe is the program run as the controller ("control") and the
-	// listener ("listen"); "" means this executable. It must be
-	// executable by the unprivileged users.
-	Exe string
-	// Setpriv is the setpriv(1) binary that drops to the unprivileged user
-	// with no capabilities; "" means "setpriv" from PATH.
-	Setpriv string
-	// Log receives the helper's log lines and its children's stderr; nil
-	// means os.Stderr.
-	Log io.Writer
-}
 
 // socket paths under the run directory.
 func ctlDir(m *Mesh) string     { return filepath.Join(m.RunDir, "ctl") }
@@ -77,24 +60,11 @@ func peerCred(c net.Conn) (*unix.Ucred, error) {
 	return cred, cerr
 }
 
-// checkPeer checks that the process at the other end of c is pid, running
-// as uid.
-func checkPeer(c net.Conn, pid int, uid uint32) error {
-	cr, err := peerCred(c)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrPeerCred, err)
-	}
-	if int(cr.Pid) != pid || cr.Uid != uid {
-		return fmt.Errorf("%w: pid %d uid %d, want pid %d uid %d", ErrPeerCred, cr.Pid, cr.Uid, pid, uid)
-	}
-	return nil
-}
-
-// credListener accepts only connections from the process pid() as uid.
+// credListener accepts only the connections whose SO_PEERCRED check
+// accepts (the controller's or the listener's process).
 type credListener struct {
 	net.Listener
-	pid   func() int
-	uid   uint32
+	check func(*unix.Ucred) error
 	onBad func(error)
 }
 
@@ -104,7 +74,13 @@ func (l credListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := checkPeer(c, l.pid(), l.uid); err != nil {
+		cr, err := peerCred(c)
+		if err != nil {
+			err = fmt.Errorf("%w: %v", ErrPeerCred, err)
+		} else {
+			err = l.check(cr)
+		}
+		if err != nil {
 			l.onBad(err)
 			c.Close()
 			continue
@@ -113,7 +89,82 @@ func (l credListener) Accept() (net.Conn, error) {
 	}
 }
 
-// listenUnix creates a unix socket at path with mode perm owned by uid:gid.
+// pidPeer accepts the process pid() running as uid.
+func pidPeer(pid func() int, uid uint32) func(*unix.Ucred) error {
+	return func(cr *unix.Ucred) error {
+		if want := pid(); int(cr.Pid) != want || cr.Uid != uid {
+			return fmt.Errorf("%w: pid %d uid %d, want pid %d uid %d", ErrPeerCred, cr.Pid, cr.Uid, want, uid)
+		}
+		return nil
+	}
+}
+
+// unitPeer accepts a process of the unit whose cgroup is cgroup, running
+// as uid.
+func unitPeer(cgroup string, uid uint32) func(*unix.Ucred) error {
+	return func(cr *unix.Ucred) error {
+		if cr.Uid != uid {
+			return fmt.Errorf("%w: pid %d uid %d, want uid %d (%s)", ErrPeerCred, cr.Pid, cr.Uid, uid, cgroup)
+		}
+		got, err := procCgroup(int(cr.Pid))
+		if err != nil {
+			return fmt.Errorf("%w: pid %d: %v", ErrPeerCred, cr.Pid, err)
+		}
+		if !slices.Contains(got, cgroup) {
+			return fmt.Errorf("%w: pid %d in cgroup %q, want %q", ErrPeerCred, cr.Pid, got, cgroup)
+		}
+		return nil
+	}
+}
+
+// procCgroup returns the cgroup paths of pid: the unified hierarchy's
+// ("0::PATH") and systemd's named v1 hierarchy's ("N:name=systemd:PATH")
+// on a hybrid system.
+func procCgroup(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		_, rest, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		ctrl, path, ok := strings.Cut(rest, ":")
+		if ok && (ctrl == "" || ctrl == "name=systemd") {
+			out = append(out, path)
+		}
+	}
+	return out, nil
+}
+
+// waitUnitDir waits for dir, the RuntimeDirectory= of a unit with a
+// dynamic user: a 0700 directory owned by some user other than root. It
+// returns that user.
+func waitUnitDir(ctx context.Context, dir string) (uint32, error) {
+	for {
+		fi, err := os.Stat(dir)
+		if err == nil {
+			st := fi.Sys().(*syscall.Stat_t)
+			if !fi.IsDir() || fi.Mode().Perm() != 0o700 || st.Uid == 0 {
+				return 0, fmt.Errorf("keelvip: %s: mode %v owner %d, want a 0700 directory of the unit's user", dir, fi.Mode(), st.Uid)
+			}
+			return st.Uid, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return 0, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("keelvip: waiting for %s: %w", dir, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// listenUnix creates a unix socket at path with mode perm owned by uid:gid
+// (no chown when that is the process's own user and group).
 func listenUnix(path string, perm os.FileMode, uid, gid uint32) (net.Listener, error) {
 	_ = os.Remove(path)
 	l, err := net.Listen("unix", path)
@@ -121,7 +172,7 @@ func listenUnix(path string, perm os.FileMode, uid, gid uint32) (net.Listener, e
 		return nil, err
 	}
 	err = os.Chmod(path, perm)
-	if err == nil {
+	if err == nil && (int(uid) != os.Getuid() || int(gid) != os.Getgid()) {
 		err = os.Chown(path, int(uid), int(gid))
 	}
 	if err != nil {
@@ -180,16 +231,17 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 			return err
 		}
 	}
-	exe := o.Exe
-	if exe == "" {
-		if exe, err = os.Executable(); err != nil {
-			return err
+	exe, setpriv := o.Exe, o.Setpriv
+	if o.Units == nil {
+		if exe == "" {
+			if exe, err = os.Executable(); err != nil {
+				return err
+			}
 		}
-	}
-	setpriv := o.Setpriv
-	if setpriv == "" {
-		if setpriv, err = exec.LookPath("setpriv"); err != nil {
-			return fmt.Errorf("keelvip: setpriv: %w", err)
+		if setpriv == "" {
+			if setpriv, err = exec.LookPath("setpriv"); err != nil {
+				return fmt.Errorf("keelvip: setpriv: %w", err)
+			}
 		}
 	}
 
@@ -249,6 +301,27 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	if err := os.MkdirAll(m.RunDir, 0o755); err != nil {
 		return err
 	}
+	srvCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	serve := func(l net.Listener, hd http.Handler) {
+		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second}
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = s.Serve(l) }()
+		go func() { defer wg.Done(); <-srvCtx.Done(); _ = s.Close() }()
+	}
+	bad := func(err error) { h.log.Warn("refused connection", "err", err) }
+	al, err := listenUnix(AdminSocket(m), 0o600, 0, 0)
+	if err != nil {
+		return err
+	}
+	serve(credListener{Listener: al, onBad: bad}.rootOnly(), http.HandlerFunc(h.serveAdmin))
+	if o.Units != nil {
+		return h.runUnits(ctx, *o.Units, serve, bad)
+	}
+
 	if err := privateDir(ctlDir(m), m.ControllerUID, m.ControllerGID); err != nil {
 		return err
 	}
@@ -269,31 +342,16 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 			return err
 		}
 	}
-	srvCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var wg sync.WaitGroup
-	serve := func(l net.Listener, hd http.Handler) {
-		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second}
-		wg.Add(2)
-		go func() { defer wg.Done(); _ = s.Serve(l) }()
-		go func() { defer wg.Done(); <-srvCtx.Done(); _ = s.Close() }()
-	}
-	bad := func(err error) { h.log.Warn("refused connection", "err", err) }
 	hl, err := listenUnix(filepath.Join(ctlDir(m), "helper.sock"), 0o600, m.ControllerUID, m.ControllerGID)
 	if err != nil {
 		return err
 	}
-	serve(credListener{Listener: hl, pid: h.controllerPid, uid: m.ControllerUID, onBad: bad}, http.HandlerFunc(h.serveCarrier))
+	serve(credListener{Listener: hl, check: pidPeer(h.controllerPid, m.ControllerUID), onBad: bad}, http.HandlerFunc(h.serveCarrier))
 	ml, err := listenUnix(filepath.Join(membersDir(m), "members.sock"), 0o600, m.ListenerUID, m.ListenerGID)
 	if err != nil {
 		return err
 	}
-	serve(credListener{Listener: ml, pid: h.listenerPid, uid: m.ListenerUID, onBad: bad}, http.HandlerFunc(h.serveMembers))
-	al, err := listenUnix(AdminSocket(m), 0o600, 0, 0)
-	if err != nil {
-		return err
-	}
-	serve(credListener{Listener: al, pid: func() int { return -1 }, uid: 0, onBad: bad}.rootOnly(), http.HandlerFunc(h.serveAdmin))
+	serve(credListener{Listener: ml, check: pidPeer(h.listenerPid, m.ListenerUID), onBad: bad}, http.HandlerFunc(h.serveMembers))
 
 	// The children.
 	ctl, err := h.start(ctx, setpriv, exe, "control", m.ControllerUID, m.ControllerGID, o.MeshRaw, logw)
@@ -302,9 +360,7 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	}
 	h.mu.Lock()
 	h.ctlPid = ctl.pid()
-	h.ctlHTTP = unixHTTP(filepath.Join(ctlDir(m), "control.sock"), func(c net.Conn) error {
-		return checkPeer(c, ctl.pid(), m.ControllerUID)
-	}, 90*time.Second)
+	h.ctlHTTP = unixHTTP(filepath.Join(ctlDir(m), "control.sock"), dialCheck(pidPeer(h.controllerPid, m.ControllerUID)), 90*time.Second)
 	h.mu.Unlock()
 	lis, err := h.start(ctx, setpriv, exe, "listen", m.ListenerUID, m.ListenerGID, o.MeshRaw, logw)
 	if err != nil {
@@ -327,9 +383,58 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	}
 	h.stopChild(lis)
 	h.stopChild(ctl)
-	stop()
-	wg.Wait()
 	return err
+}
+
+// dialCheck turns a peer check into unixHTTP's check of the server end.
+func dialCheck(check func(*unix.Ucred) error) func(net.Conn) error {
+	return func(c net.Conn) error {
+		cr, err := peerCred(c)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrPeerCred, err)
+		}
+		return check(cr)
+	}
+}
+
+// runUnits is the rest of RunHelper under systemd's split (Units): wait
+// for the units' directories, serve them, and tend until ctx ends.
+func (h *helper) runUnits(ctx context.Context, u Units, serve func(net.Listener, http.Handler), bad func(error)) error {
+	m := h.m
+	if u.ControllerCgroup == "" {
+		u.ControllerCgroup = DefaultControllerCgroup
+	}
+	if u.ListenerCgroup == "" {
+		u.ListenerCgroup = DefaultListenerCgroup
+	}
+	ctlUID, err := waitUnitDir(ctx, ctlDir(m))
+	if err != nil {
+		return err
+	}
+	lisUID, err := waitUnitDir(ctx, membersDir(m))
+	if err != nil {
+		return err
+	}
+	ctlPeer, lisPeer := unitPeer(u.ControllerCgroup, ctlUID), unitPeer(u.ListenerCgroup, lisUID)
+	// 0666 root-owned sockets inside the units' 0700 directories: only
+	// the unit's user reaches them, and no chown (no CAP_CHOWN) is needed.
+	hl, err := listenUnix(filepath.Join(ctlDir(m), "helper.sock"), 0o666, 0, 0)
+	if err != nil {
+		return err
+	}
+	serve(credListener{Listener: hl, check: ctlPeer, onBad: bad}, http.HandlerFunc(h.serveCarrier))
+	ml, err := listenUnix(filepath.Join(membersDir(m), "members.sock"), 0o666, 0, 0)
+	if err != nil {
+		return err
+	}
+	serve(credListener{Listener: ml, check: lisPeer, onBad: bad}, http.HandlerFunc(h.serveMembers))
+	h.mu.Lock()
+	h.ctlHTTP = unixHTTP(filepath.Join(ctlDir(m), "control.sock"), dialCheck(ctlPeer), 90*time.Second)
+	h.mu.Unlock()
+	h.log.Info("tending", "vip", addrString(m.Tended()), "controller_unit", u.ControllerCgroup, "controller_uid", ctlUID,
+		"listener_unit", u.ListenerCgroup, "listener_uid", lisUID)
+	<-ctx.Done()
+	return nil
 }
 
 // rootOnly returns l accepting only uid 0, any pid.

@@ -83,13 +83,6 @@ func checkMode(t *testing.T, path string, mode os.FileMode, uid uint32) {
 // the helper's check, status and inspect, render with the holder, no
 // drift, and stopping tend drops the VIP.
 func TestPrivilegeSplitNoEtcd(t *testing.T) {
-	if !testenv.Long() {
-		// Known flake, tracked in issue 10: now and then one WireGuard leg
-		// between two of the namespaces carries no traffic for the whole
-		// run (1 run in 3 for this test, 1 in 8 for the privilege split,
-		// under CI load). Until it is found and fixed, CI does not run it.
-		t.Skip("known flaky end-to-end test (a dead WireGuard leg between namespaces); run with VIPKIT_LONG=1")
-	}
 	seed := testenv.Seed(t, 75)
 	c := newCluster(t, seed, false, nil, "a", "b", "c")
 	A, B, C := c.node("a"), c.node("b"), c.node("c")

@@ -26,18 +26,23 @@
 // The privilege split. `tend` is the root helper (RunHelper): it creates the
 // kernel TUN and the wireguard-go device, and alone changes the interface
 // (LinkCarrier: the VIP /128 with preferred_lft 0, routed to its holder by
-// moving the /128 between the peers' allowed IPs). It starts two
-// unprivileged processes of the same binary under setpriv, each with its
-// own uid and gid, no capability in any set (bounding included) and
-// no_new_privs: the controller (RunController: claim.Controller over etcd,
-// which asks the helper for every carry, drop and route, with the claim
-// that justifies it) and the members' channel listener (RunListener: POST
-// /v1/vip on the overlay address, forwarded unparsed to the helper). The
-// helper checks every claim against the pair record and the trust store
-// before it acts or forwards, and talks to each child over a 0600 unix
+// moving the /128 between the peers' allowed IPs). Two unprivileged
+// processes of the same binary run beside it, each as its own user with no
+// capability in any set (bounding included) and no_new_privs: the
+// controller (RunController: claim.Controller over etcd, which asks the
+// helper for every carry, drop and route, with the claim that justifies
+// it) and the members' channel listener (RunListener: POST /v1/vip on the
+// overlay address, forwarded unparsed to the helper). Under systemd
+// (HelperOptions.Units, `tend --children units`) they are units of their
+// own, with dynamic users and their mesh file as a credential, and the
+// helper, which starts nothing, keeps only CAP_NET_ADMIN and
+// CAP_DAC_OVERRIDE; without systemd the helper starts them under setpriv.
+// The helper checks every claim against the pair record and the trust
+// store before it acts or forwards, and talks to each child over a unix
 // socket in a 0700 directory owned by the child's user, checking the
-// peer's SO_PEERCRED against the child's pid. The CLI reaches the helper
-// on a root-only admin socket. Stopping the helper stops both children and
+// peer's SO_PEERCRED against the child's pid (or, under systemd, the
+// directory's owner and the unit's cgroup). The CLI reaches the helper on
+// a root-only admin socket. Stopping the helper stops both children and
 // drops every VIP the node carries; ExecStopPost (drop-all) does it again
 // for a helper that died. The systemd units are in systemd/.
 //

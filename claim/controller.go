@@ -490,7 +490,7 @@ func (c *Controller) call(ctx context.Context) (context.Context, context.CancelF
 }
 
 // renew sends one renewal (or grant) and, when the node has something to
-// clean up, one revoke or TTL check.
+// clean up (an abandoned or released lease), one revoke.
 func (c *Controller) renew(ctx context.Context) {
 	kv := c.cfg.KV
 	c.mu.Lock()
@@ -509,10 +509,12 @@ func (c *Controller) renew(ctx context.Context) {
 		}
 	}
 	if released != 0 {
+		// The lease a release left behind: revoked here, after the
+		// release was answered (see HandleRelease).
 		cctx, cancel := c.call(ctx)
-		_, err := kv.TimeToLive(cctx, released)
+		err := kv.Revoke(cctx, released)
 		cancel()
-		if errors.Is(err, ErrLeaseNotFound) {
+		if err == nil || errors.Is(err, ErrLeaseNotFound) {
 			c.mu.Lock()
 			c.st = c.st.LeaseGone(released)
 			c.saveLocked()

@@ -213,13 +213,14 @@ func TestPlannedPromoteWithKV(t *testing.T) {
 	if err != nil || res.Claim == nil || res.Claim.Epoch != 2 {
 		t.Fatalf("promote b: %+v %v", res, err)
 	}
-	// The round trips of a planned move: b reads the keys, a revokes its
-	// lease before it answers the release, b claims at once with the
-	// transaction (no second read: a's holder key is gone).
+	// The round trips of a planned move: b reads the keys, a drops the
+	// address and answers the release with no KV call, b claims at once
+	// with the transaction that replaces a's holder key (no second read,
+	// no wait for a's revoke).
 	if got, want := b.kv.Counts().Sub(before), (claimtest.Counts{Get: 1, Txn: 1}); got != want {
 		t.Errorf("b's KV calls in the promote: %+v, want %+v", got, want)
 	}
-	if got, want := a.kv.Counts().Sub(beforeA), (claimtest.Counts{Revoke: 1}); got != want {
+	if got, want := a.kv.Counts().Sub(beforeA), (claimtest.Counts{}); got != want {
 		t.Errorf("a's KV calls in the release: %+v, want %+v", got, want)
 	}
 	if fmt.Sprint(order) != "[a drop b carry]" {
@@ -233,6 +234,21 @@ func TestPlannedPromoteWithKV(t *testing.T) {
 	st = a.ctl.Status()
 	if st.Fenced || st.Released || st.Holder != e.f.B.Addr {
 		t.Fatalf("a after the move: %+v (a node that released is not fenced)", st)
+	}
+	// a's next steps revoked the lease it released; b's holder key, on b's
+	// lease, is untouched.
+	if got := a.kv.Counts().Sub(beforeA).Revoke; got != 1 {
+		t.Errorf("a revoked %d leases after the release, want 1", got)
+	}
+	g, err := e.kv.Get(context.Background(), claim.KeysFor(e.f.Mesh, e.f.VIP).Holder, false)
+	if err != nil || len(g.KVs) != 1 {
+		t.Fatalf("holder key after a's revoke: %+v %v", g, err)
+	}
+	if hc, err := claim.ParseClaim(g.KVs[0].Value); err != nil || hc.Holder != e.f.B.Addr || hc.Epoch != 2 {
+		t.Fatalf("holder key holds %+v %v, want b's epoch 2", hc, err)
+	}
+	if !b.carrier.Carried(e.f.VIP) || a.carrier.Carried(e.f.VIP) {
+		t.Fatalf("carriers after a's revoke: %v", e.carriers())
 	}
 	if got := e.m("c").carrier.RoutedTo(e.f.VIP); got != e.f.B.Addr {
 		t.Fatalf("observer routes to %v after the move", got)

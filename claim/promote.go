@@ -19,8 +19,9 @@ type Handler interface {
 	// HandleClaim takes an announced claim from the peer at from.
 	HandleClaim(ctx context.Context, from netip.Addr, c *Claim) error
 	// HandleRelease releases the VIP on the other member's request: the
-	// address is dropped first, then (with a KV) the node's own lease is
-	// revoked, and only then does it answer, with the claim it held.
+	// address is dropped first, and only then does it answer, with the
+	// claim it held. With a KV, the node's own lease is revoked by its
+	// next step.
 	HandleRelease(ctx context.Context, from netip.Addr, r *Release) (*Claim, error)
 	// HandleEpoch returns the newest claim taken (nil: none).
 	HandleEpoch(ctx context.Context) (*Claim, error)
@@ -95,20 +96,11 @@ func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Rele
 	c.st = c.st.Release()
 	c.lastRenew = time.Time{}
 	c.saveLocked()
-	lease := c.st.ReleasedLease
 	c.mu.Unlock()
-	if c.cfg.KV != nil && lease != 0 {
-		cctx, cancel := c.call(ctx)
-		err := c.cfg.KV.Revoke(cctx, lease)
-		cancel()
-		if err != nil && !errors.Is(err, ErrLeaseNotFound) {
-			return nil, fmt.Errorf("claim: release: revoke own lease: %w", err)
-		}
-		c.mu.Lock()
-		c.st = c.st.LeaseGone(lease)
-		c.saveLocked()
-		c.mu.Unlock()
-	}
+	// The released lease is revoked by this node's next step (renew), not
+	// before answering: the claimant's transaction replaces the holder key
+	// at the revision it read, so the revoke is not on the planned move's
+	// critical path (one quorum round trip less of downtime).
 	return held, nil
 }
 
@@ -145,10 +137,14 @@ type PromoteResult struct {
 
 // Promote makes this node the holder, on an operator's order; it is the
 // only way to clear a fence. With a KV: read the keys; ask the holder to
-// release (it drops the address and revokes its own lease); if it does not
-// answer, refuse unless OldPrimaryGone, and then wait for its lease to
-// expire, up to LeaseTTL plus ElectionTimeout; claim with the transaction;
-// announce. Without a KV: ask every peer for its epoch, ask the holder to
+// release (it drops the address, answers, and revokes its own lease in its
+// next step); claim with the transaction, which replaces the released
+// holder's key at the revision read (the spec has the holder revoke first
+// and the claimant require the key absent: one more quorum round trip in
+// the downtime, for the same guarantee, since the compare refuses any
+// change in between); announce. If the holder does not answer, refuse
+// unless OldPrimaryGone, and then wait for its lease to expire, up to
+// LeaseTTL plus ElectionTimeout, and claim the absent key. Without a KV: ask every peer for its epoch, ask the holder to
 // release for the next epoch, announce the claim, and carry only when a
 // majority of the peers that answered took it (ErrNoMajority otherwise,
 // carrying nothing).
@@ -255,13 +251,13 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 		err := c.askRelease(ctx, ks.holder.Holder, ks.holder.Epoch+1)
 		switch {
 		case err == nil:
-			// The holder dropped the address and revoked its own lease
-			// before it answered, so its holder key is gone: claim at
-			// once against the counter read before the release, without
-			// reading the keys again (one quorum round trip less in the
-			// planned move's downtime). The transaction's compare
-			// catches anything that changed in between.
-			ks.holderKV, ks.holder, ks.holderAlive = nil, nil, false
+			// The holder dropped the address before it answered: claim
+			// at once, replacing its holder key at the revision read
+			// before the release (the keys are not read again, and the
+			// holder's revoke is not waited for: two quorum round trips
+			// less in the planned move's downtime). The transaction's
+			// compare refuses it if either key changed in between; the
+			// retry below then claims from fresh keys.
 		case errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone:
 			// Wait for the old primary's lease to expire; never revoke it.
 			deadline := c.clock.Now().Add(c.cfg.LeaseTTL + c.cfg.ElectionTimeout)

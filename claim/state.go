@@ -106,15 +106,19 @@ func (s State) Release() State {
 	return s
 }
 
-// LeaseGone returns the state after lease id was found gone. A node that
-// released is no longer fenced once the lease its release revoked is found
-// gone (a renewal that failed after the revoke may have fenced it).
+// LeaseGone returns the state after lease id was found gone (or revoked).
+// A node that released is no longer fenced once the lease it released is
+// gone (a renewal that failed after the release may have fenced it); the
+// released lease is forgotten even if the node has since taken the other
+// member's claim, which ends the release.
 func (s State) LeaseGone(id LeaseID) State {
 	if id == 0 {
 		return s
 	}
-	if s.Released && id == s.ReleasedLease {
-		s.Fenced = false
+	if id == s.ReleasedLease {
+		if s.Released {
+			s.Fenced = false
+		}
 		s.ReleasedLease = 0
 	}
 	if id == s.Lease {

@@ -776,8 +776,11 @@ func TestPartitionNetns(t *testing.T) {
 	slices.SortFunc(legs, func(a, b leg) int { return strings.Compare(a.name, b.name) })
 	for _, l := range legs {
 		fmt.Fprintf(&table, "| %s | %d ms | %d ms | %.1f%% |\n", l.name, l.min.Milliseconds(), l.mean.Milliseconds(), 100*l.loss)
-		if l.min < 200*time.Millisecond || l.mean > 320*time.Millisecond {
-			t.Errorf("leg %s: min %v mean %v, want about 250 ms ± 25 ms", l.name, l.min, l.mean)
+		// Judged by the minimum RTT, as the spec's test does: the mean
+		// also holds the scheduling delays of a loaded machine (userspace
+		// WireGuard, the pinger), which are not the link's.
+		if l.min < 200*time.Millisecond || l.min > 300*time.Millisecond {
+			t.Errorf("leg %s: min RTT %v (mean %v), want about 250 ms ± 25 ms", l.name, l.min, l.mean)
 		}
 	}
 

@@ -29,8 +29,8 @@ import "encoding/binary"
 // deadline in units of 2^untilShift ns, compared with wraparound: before
 // it, the binding is certainly alive. The full path refreshes it (syncLocked)
 // whenever it changes a binding, and the expiry sweep when it re-files a
-// binding whose deadline moved on, so a flow with traffic takes the full
-// path about once per idle period. gen is the health generation the binding
+// binding whose deadline moved on, so a flow with steady traffic takes the
+// full path only for packets between its old deadline and the next sweep. gen is the health generation the binding
 // last checked (UDP failover). Everything else (TCP SYN, FIN, RST; UDP after
 // HealthChanged; quarantine; packets that need fragmenting; a peer
 // mismatch) takes the full path, which first applies the log so that it

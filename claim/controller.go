@@ -449,15 +449,7 @@ func (c *Controller) runStep() {
 func (c *Controller) tend() {
 	ctx := c.ctx
 	if c.cfg.KV == nil {
-		c.mu.Lock()
-		var held *Claim
-		if c.carried {
-			held = c.st.Held
-		}
-		c.mu.Unlock()
-		if held != nil {
-			c.announce(ctx, held)
-		}
+		c.announceHeld(ctx)
 		return
 	}
 	c.mu.Lock()
@@ -474,14 +466,20 @@ func (c *Controller) tend() {
 	if need {
 		c.follow(ctx)
 	}
+	c.announceHeld(ctx)
+}
+
+// announceHeld announces the held claim, if this node carries the VIP, to
+// the peers that have not answered it yet.
+func (c *Controller) announceHeld(ctx context.Context) {
 	c.mu.Lock()
-	var pending *Claim
+	var held *Claim
 	if c.carried {
-		pending = c.st.Held
+		held = c.st.Held
 	}
 	c.mu.Unlock()
-	if pending != nil {
-		c.announce(ctx, pending)
+	if held != nil {
+		c.announce(ctx, held)
 	}
 }
 

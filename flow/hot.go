@@ -30,7 +30,8 @@ import "encoding/binary"
 // it, the binding is certainly alive. The full path refreshes it (syncLocked)
 // whenever it changes a binding, and the expiry sweep when it re-files a
 // binding whose deadline moved on, so a flow with steady traffic takes the
-// full path only for packets between its old deadline and the next sweep. gen is the health generation the binding
+// full path at most once per idle period (its first packet after the old
+// deadline, unless the sweep got there first). gen is the health generation the binding
 // last checked (UDP failover). Everything else (TCP SYN, FIN, RST; UDP after
 // HealthChanged; quarantine; packets that need fragmenting; a peer
 // mismatch) takes the full path, which first applies the log so that it

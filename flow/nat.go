@@ -859,25 +859,48 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 		}
 	}
 	c := &n.classes[b.cls]
-	ls := c.ls
-	orig, reply := n.tuples(id)
-	dIP, dL4 := deltas(orig, reply)
-	rewrite(pkt, hl, bits.RotateLeft64(reply.k0, 32), bits.RotateLeft32(reply.ports(), 16), dIP, dL4)
-	sz := uint64(len(pkt))
-	b.pktsOut++
-	b.bytesOut += sz
-	ls.c.PacketsOut++
-	ls.c.BytesOut += sz
-	if len(pkt) > mtu {
-		if !n.emitFragmentsLocked(dir, pkt, mtu) {
-			return n.dropB(b, ReasonNoEmit)
-		}
-		return Result{Verdict: Consumed}
+	if r, done := n.rewriteCountLocked(b, id, pkt, hl, true, dir, mtu); done {
+		return r
 	}
 	if hairpin {
 		return Result{Verdict: Reflect}
 	}
 	return Result{Verdict: Forward, Peer: c.peer}
+}
+
+// rewriteCountLocked rewrites pkt for binding b (id) in one direction (out:
+// the client's packet, to the backend; otherwise the backend's reply, back
+// to the client), counts it on the binding and its listener, and sends a
+// packet larger than mtu out in fragments towards dir. done reports that
+// the result is final (fragmented, or dropped); otherwise the caller
+// decides where the packet goes.
+func (n *NAT) rewriteCountLocked(b *binding, id uint32, pkt []byte, hl int, out bool, dir Direction, mtu int) (r Result, done bool) {
+	ls := n.classes[b.cls].ls
+	from, to := n.tuples(id)
+	if !out {
+		from, to = to, from
+	}
+	dIP, dL4 := deltas(from, to)
+	rewrite(pkt, hl, bits.RotateLeft64(to.k0, 32), bits.RotateLeft32(to.ports(), 16), dIP, dL4)
+	sz := uint64(len(pkt))
+	if out {
+		b.pktsOut++
+		b.bytesOut += sz
+		ls.c.PacketsOut++
+		ls.c.BytesOut += sz
+	} else {
+		b.pktsIn++
+		b.bytesIn += sz
+		ls.c.PacketsIn++
+		ls.c.BytesIn += sz
+	}
+	if len(pkt) <= mtu {
+		return Result{}, false
+	}
+	if !n.emitFragmentsLocked(dir, pkt, mtu) {
+		return n.dropB(b, ReasonNoEmit), true
+	}
+	return Result{Verdict: Consumed}, true
 }
 
 // inLocked handles a backend's reply for binding id.
@@ -909,20 +932,8 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 		n.fragNeededLocked(pkt, hl, mtu, back)
 		return n.dropB(b, ReasonFragNeeded)
 	}
-	ls := c.ls
-	orig, reply := n.tuples(id)
-	dIP, dL4 := deltas(reply, orig)
-	rewrite(pkt, hl, bits.RotateLeft64(orig.k0, 32), bits.RotateLeft32(orig.ports(), 16), dIP, dL4)
-	sz := uint64(len(pkt))
-	b.pktsIn++
-	b.bytesIn += sz
-	ls.c.PacketsIn++
-	ls.c.BytesIn += sz
-	if len(pkt) > mtu {
-		if !n.emitFragmentsLocked(ToHost, pkt, mtu) {
-			return n.dropB(b, ReasonNoEmit)
-		}
-		return Result{Verdict: Consumed}
+	if r, done := n.rewriteCountLocked(b, id, pkt, hl, false, ToHost, mtu); done {
+		return r
 	}
 	if s == sideHost {
 		return Result{Verdict: Reflect}

@@ -265,26 +265,7 @@ func (n *NAT) IsVIP(a netip.Addr) bool { return a.Is4() && n.vips.Load().has(add
 // Bad packets to a VIP are dropped with a reason. FromHost never panics,
 // whatever pkt holds, and does not allocate for established flows.
 func (n *NAT) FromHost(pkt []byte, now time.Time) Result {
-	if len(pkt) < IPv4MinHeaderLen {
-		if len(pkt) == 0 || pkt[0]>>4 != 4 {
-			return Result{}
-		}
-		return n.drop(ReasonTruncated)
-	}
-	if pkt[0]>>4 != 4 || !n.vips.Load().has(binary.BigEndian.Uint32(pkt[ipv4Dst:])) {
-		return Result{}
-	}
-	if err := IPv4(pkt).Validate(); err != nil {
-		return n.drop(reasonFor(err))
-	}
-	t := n.ns(now)
-	n.mu.Lock()
-	r := n.handleLocked(pkt, sideHost, LocalPeer, t)
-	n.mu.Unlock()
-	if len(n.reports[sideHost]) > 0 {
-		n.flushReports(sideHost)
-	}
-	return r
+	return n.handleOne(pkt, sideHost, LocalPeer, now)
 }
 
 // FromPeer handles a packet that authenticated peer peer sent through the
@@ -307,41 +288,68 @@ func (n *NAT) FromHost(pkt []byte, now time.Time) Result {
 // FromPeer never panics, whatever pkt holds, and does not allocate for
 // established flows.
 func (n *NAT) FromPeer(pkt []byte, peer PeerID, now time.Time) Result {
-	if len(pkt) < IPv4MinHeaderLen {
-		if len(pkt) == 0 || pkt[0]>>4 != 4 {
-			return Result{}
-		}
-		return n.drop(ReasonTruncated)
-	}
-	if pkt[0]>>4 != 4 {
-		return Result{}
-	}
-	src := binary.BigEndian.Uint32(pkt[ipv4Src:])
-	dst := binary.BigEndian.Uint32(pkt[ipv4Dst:])
-	vs := n.vips.Load()
-	if vs.has(src) {
-		return n.drop(ReasonVIPSource)
-	}
-	if vs.has(dst) {
-		return n.drop(ReasonVIPDestination)
-	}
-	if dst != n.local {
-		return Result{}
-	}
-	if err := IPv4(pkt).Validate(); err != nil {
-		return n.drop(reasonFor(err))
-	}
-	if n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
-		return n.drop(ReasonAdmission)
+	return n.handleOne(pkt, sidePeer, peer, now)
+}
+
+// handleOne is FromHost and FromPeer: the lock-free prechecks, then the
+// packet under the table lock, then the reports it queued.
+func (n *NAT) handleOne(pkt []byte, s side, peer PeerID, now time.Time) Result {
+	r, ours := n.precheck(pkt, s, peer, n.vips.Load())
+	if !ours {
+		return r
 	}
 	t := n.ns(now)
 	n.mu.Lock()
-	r := n.handleLocked(pkt, sidePeer, peer, t)
+	r = n.handleLocked(pkt, s, peer, t)
 	n.mu.Unlock()
-	if len(n.reports[sidePeer]) > 0 {
-		n.flushReports(sidePeer)
+	if len(n.reports[s]) > 0 {
+		n.flushReports(s)
 	}
 	return r
+}
+
+// precheck runs the checks that need no lock on a packet from side s (and
+// peer, on the peer side). ours reports that the table must handle it;
+// otherwise r is the packet's result: not for the NAT (the zero Result),
+// or dropped with a counted reason.
+//
+// From the host, only IPv4 packets to a VIP are the NAT's. From a peer, a
+// packet with a VIP as source or destination is dropped (no peer may claim
+// a VIP), only packets for LocalAddr are the NAT's, and they must pass
+// Options.Admit.
+func (n *NAT) precheck(p []byte, s side, peer PeerID, vs *vipSet) (r Result, ours bool) {
+	if len(p) < IPv4MinHeaderLen {
+		if len(p) == 0 || p[0]>>4 != 4 {
+			return Result{}, false
+		}
+		return n.drop(ReasonTruncated), false
+	}
+	if p[0]>>4 != 4 {
+		return Result{}, false
+	}
+	src := binary.BigEndian.Uint32(p[ipv4Src:])
+	dst := binary.BigEndian.Uint32(p[ipv4Dst:])
+	if s == sideHost {
+		if !vs.has(dst) {
+			return Result{}, false
+		}
+	} else {
+		switch {
+		case vs.has(src):
+			return n.drop(ReasonVIPSource), false
+		case vs.has(dst):
+			return n.drop(ReasonVIPDestination), false
+		case dst != n.local:
+			return Result{}, false
+		}
+	}
+	if err := IPv4(p).Validate(); err != nil {
+		return n.drop(reasonFor(err)), false
+	}
+	if s == sidePeer && n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
+		return n.drop(ReasonAdmission), false
+	}
+	return Result{}, true
 }
 
 // batchChunk is how many packets a batch call prefetches at once.
@@ -361,6 +369,13 @@ const prefetchMinCapacity = 16384
 // FromHost. Results and rewrites are exactly those of calling FromHost on
 // each packet in order.
 func (n *NAT) FromHostBatch(pkts [][]byte, now time.Time, res []Result) {
+	n.handleBatch(pkts, sideHost, LocalPeer, now, res)
+}
+
+// handleBatch is FromHostBatch and FromPeerBatch: per chunk of batchChunk
+// packets, the lock-free prechecks, then the packets that are the NAT's
+// under one lock (handleChunk).
+func (n *NAT) handleBatch(pkts [][]byte, s side, peer PeerID, now time.Time, res []Result) {
 	_ = res[:len(pkts)]
 	t := n.ns(now)
 	vs := n.vips.Load()
@@ -368,29 +383,17 @@ func (n *NAT) FromHostBatch(pkts [][]byte, now time.Time, res []Result) {
 		c := min(len(pkts), batchChunk)
 		chunk, out := pkts[:c], res[:c]
 		pkts, res = pkts[c:], res[c:]
-		// Lock-free prechecks, as in FromHost.
 		mine := 0
 		for i, p := range chunk {
-			out[i] = Result{Verdict: Consumed} // placeholder: "ours"
-			switch {
-			case len(p) < IPv4MinHeaderLen:
-				if len(p) == 0 || p[0]>>4 != 4 {
-					out[i] = Result{}
-				} else {
-					out[i] = n.drop(ReasonTruncated)
-				}
-			case p[0]>>4 != 4 || !vs.has(binary.BigEndian.Uint32(p[ipv4Dst:])):
-				out[i] = Result{}
-			default:
-				if err := IPv4(p).Validate(); err != nil {
-					out[i] = n.drop(reasonFor(err))
-				} else {
-					mine++
-				}
+			r, ours := n.precheck(p, s, peer, vs)
+			if ours {
+				r = Result{Verdict: Consumed} // placeholder: "ours"
+				mine++
 			}
+			out[i] = r
 		}
 		if mine > 0 {
-			n.handleChunk(sideHost, LocalPeer, chunk, out, t)
+			n.handleChunk(s, peer, chunk, out, t)
 		}
 	}
 }
@@ -417,51 +420,7 @@ func (n *NAT) handleChunk(side side, peer PeerID, chunk [][]byte, out []Result, 
 // for how batching helps. wireguard-go delivers received packets in
 // batches per peer, which is the shape this takes.
 func (n *NAT) FromPeerBatch(pkts [][]byte, peer PeerID, now time.Time, res []Result) {
-	_ = res[:len(pkts)]
-	t := n.ns(now)
-	vs := n.vips.Load()
-	for len(pkts) > 0 {
-		c := min(len(pkts), batchChunk)
-		chunk, out := pkts[:c], res[:c]
-		pkts, res = pkts[c:], res[c:]
-		mine := 0
-		for i, p := range chunk {
-			out[i] = Result{Verdict: Consumed}
-			if len(p) < IPv4MinHeaderLen {
-				if len(p) == 0 || p[0]>>4 != 4 {
-					out[i] = Result{}
-				} else {
-					out[i] = n.drop(ReasonTruncated)
-				}
-				continue
-			}
-			if p[0]>>4 != 4 {
-				out[i] = Result{}
-				continue
-			}
-			src := binary.BigEndian.Uint32(p[ipv4Src:])
-			dst := binary.BigEndian.Uint32(p[ipv4Dst:])
-			switch {
-			case vs.has(src):
-				out[i] = n.drop(ReasonVIPSource)
-			case vs.has(dst):
-				out[i] = n.drop(ReasonVIPDestination)
-			case dst != n.local:
-				out[i] = Result{}
-			default:
-				if err := IPv4(p).Validate(); err != nil {
-					out[i] = n.drop(reasonFor(err))
-				} else if n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
-					out[i] = n.drop(ReasonAdmission)
-				} else {
-					mine++
-				}
-			}
-		}
-		if mine > 0 {
-			n.handleChunk(sidePeer, peer, chunk, out, t)
-		}
-	}
+	n.handleBatch(pkts, sidePeer, peer, now, res)
 }
 
 // prefetchLocked loads, for every packet of a chunk marked as ours, the

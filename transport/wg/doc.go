@@ -37,7 +37,11 @@
 // initiation of its own to an endpoint drops an initiation from that
 // endpoint whose ephemeral key is greater than its own. Both sides apply the
 // same rule to the same two keys, so exactly one handshake goes on
-// (Device.CrossedInitiations counts the drops).
+// (Device.CrossedInitiations counts the drops). The node that drops sends
+// its own initiation once more, since the first copy may never have arrived
+// (a peer that starts after this node could not hear it): a node started
+// next to running peers has a session with each of them within a round
+// trip or two, not after the 5 s retry.
 //
 // wireguard-go keeps its own real timers (handshakes, keepalives, rekeys),
 // so anything that runs a Device runs in real time: tests over it assert

@@ -36,6 +36,18 @@ import (
 // Both sides apply the same rule to the same two keys, so exactly one
 // initiation survives.
 //
+// The rule assumes the winner's initiation reaches the loser. It need not:
+// a node that starts while its peer is already up sends its first
+// initiation before the peer can hear it (or the network loses it), and
+// then answers the peer's initiation, sent a moment later, by dropping it.
+// Neither side would have a handshake in flight that can complete, and the
+// leg would stay dead until wireguard-go's 5 s retry. So the winner, when
+// it drops the loser's initiation, sends its own pending initiation to the
+// loser again, byte for byte, once per initiation. If the first copy did
+// arrive, the loser refuses the repeat as a replay (its timestamp is not
+// newer than the one it consumed) and nothing changes; if it was lost, the
+// repeat completes the handshake one round trip later.
+//
 // Nothing else changes: transport data, keepalives, responses and cookie
 // replies pass untouched, and an initiation is only ever dropped when this
 // node has its own pending initiation to the same endpoint, which carries
@@ -62,8 +74,9 @@ const (
 
 // pendingInit is this node's last initiation to one endpoint.
 type pendingInit struct {
-	at  time.Time
-	eph [ephemeralKeyBytes]byte
+	at     time.Time
+	msg    [initiationSize]byte // the whole initiation, for the resend
+	resent bool                 // sent again once already
 }
 
 // tieBreakBind wraps a conn.Bind with the crossing-initiation tie-break.
@@ -74,7 +87,8 @@ type tieBreakBind struct {
 	mu      sync.Mutex
 	pending map[string]pendingInit // by the endpoint's DstToString
 
-	dropped atomic.Uint64
+	dropped atomic.Uint64 // the peer's crossing initiations dropped
+	resent  atomic.Uint64 // our initiations sent again after a drop
 }
 
 func newTieBreakBind(b conn.Bind, clock transport.Clock) *tieBreakBind {
@@ -106,11 +120,15 @@ func (b *tieBreakBind) receive(fn conn.ReceiveFunc) conn.ReceiveFunc {
 		for i := 0; i < n; i++ {
 			switch size := sizes[i]; {
 			case size == initiationSize && isMessage(packets[i][:size], msgInitiation, initiationSize):
-				if b.losesCrossing(packets[i][:size], eps[i]) {
+				drop, resend := b.losesCrossing(packets[i][:size], eps[i])
+				if drop {
 					// wireguard-go skips anything shorter than a
 					// keepalive: this drops the packet in place.
 					sizes[i] = 0
 					b.dropped.Add(1)
+				}
+				if resend != nil && b.Bind.Send([][]byte{resend}, eps[i]) == nil {
+					b.resent.Add(1)
 				}
 			case size == responseSize && isMessage(packets[i][:size], msgResponse, responseSize):
 				b.answered(eps[i])
@@ -121,10 +139,11 @@ func (b *tieBreakBind) receive(fn conn.ReceiveFunc) conn.ReceiveFunc {
 }
 
 // losesCrossing reports whether the initiation init from ep crosses a
-// pending initiation of ours with a smaller ephemeral key.
-func (b *tieBreakBind) losesCrossing(init []byte, ep conn.Endpoint) bool {
+// pending initiation of ours with a smaller ephemeral key. When it does and
+// ours has not been sent again yet, resend is a copy of ours to send to ep.
+func (b *tieBreakBind) losesCrossing(init []byte, ep conn.Endpoint) (drop bool, resend []byte) {
 	if ep == nil {
-		return false
+		return false, nil
 	}
 	key := ep.DstToString()
 	now := b.clock.Now()
@@ -132,13 +151,22 @@ func (b *tieBreakBind) losesCrossing(init []byte, ep conn.Endpoint) bool {
 	defer b.mu.Unlock()
 	p, ok := b.pending[key]
 	if !ok {
-		return false
+		return false, nil
 	}
 	if now.Sub(p.at) >= tieBreakWindow {
 		delete(b.pending, key)
-		return false
+		return false, nil
 	}
-	return bytes.Compare(p.eph[:], init[ephemeralOffset:ephemeralOffset+ephemeralKeyBytes]) < 0
+	ours := p.msg[ephemeralOffset : ephemeralOffset+ephemeralKeyBytes]
+	if bytes.Compare(ours, init[ephemeralOffset:ephemeralOffset+ephemeralKeyBytes]) >= 0 {
+		return false, nil
+	}
+	if !p.resent {
+		p.resent = true
+		b.pending[key] = p
+		resend = bytes.Clone(p.msg[:])
+	}
+	return true, resend
 }
 
 // answered forgets the pending initiation to ep: a response came back.
@@ -157,7 +185,7 @@ func (b *tieBreakBind) Send(bufs [][]byte, ep conn.Endpoint) error {
 	for _, p := range bufs {
 		if isMessage(p, msgInitiation, initiationSize) && ep != nil {
 			var pi pendingInit
-			copy(pi.eph[:], p[ephemeralOffset:])
+			copy(pi.msg[:], p)
 			pi.at = b.clock.Now()
 			key := ep.DstToString()
 			b.mu.Lock()

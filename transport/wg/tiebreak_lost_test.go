@@ -110,17 +110,17 @@ func TestLostInitiationThenCrossing(t *testing.T) {
 		b := newRawNode(t, n, "b", "10.0.0.2")
 		pa, pb := a.peer("10.0.0.1/32"), b.peer("10.0.0.2/32")
 		pa.PersistentKeepalive, pb.PersistentKeepalive = 25*time.Second, 25*time.Second
-		n.Cut(a.bind.base, b.bind.base)
+		n.Cut(a.bind.Node(), b.bind.Node())
 		a.start(t, pb)
 		// a's first initiation reaches the cut link and is lost.
 		deadline := time.Now().Add(5 * time.Second)
-		for n.LinkStats(a.bind.base, b.bind.base).TotalDropped() == 0 {
+		for n.LinkStats(a.bind.Node(), b.bind.Node()).TotalDropped() == 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("trial %d: a sent no initiation towards b", trial)
 			}
 			time.Sleep(time.Millisecond) // polling a real-time wireguard-go device
 		}
-		n.HealLink(a.bind.base, b.bind.base)
+		n.HealLink(a.bind.Node(), b.bind.Node())
 		start := time.Now()
 		b.start(t, pa)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

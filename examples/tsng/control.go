@@ -82,10 +82,10 @@ type Control struct {
 	mu      sync.Mutex
 	peers   map[vip.NodeID]*peerConn
 	inbound map[vip.NodeID][]net.Conn // oldest first
-	stats  ControlStats
-	closed bool
-	wg     sync.WaitGroup
-	cancel context.CancelFunc
+	stats   ControlStats
+	closed  bool
+	wg      sync.WaitGroup
+	cancel  context.CancelFunc
 }
 
 var _ vip.Carrier = (*Control)(nil)

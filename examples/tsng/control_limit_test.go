@@ -110,7 +110,7 @@ func TestControlFrameDeadline(t *testing.T) {
 		Peer:     func(a netip.Addr) (vip.NodeID, bool) { return vip.NodeID{5}, a == p },
 		Addr:     func(vip.NodeID) (netip.Addr, bool) { return netip.Addr{}, false },
 		MaxFrame: 1024, FrameTimeout: 200 * time.Millisecond,
-		Handle:   func(context.Context, vip.NodeID, []byte) error { return nil }})
+		Handle: func(context.Context, vip.NodeID, []byte) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,10 @@ import (
 type Config struct {
 	DataDir string `json:"data_dir"`
 	Socket  string `json:"socket,omitempty"`
-	Metrics string `json:"metrics,omitempty"` // Prometheus listen address (loopback); empty: off
+	// Metrics is the Prometheus listen address, IP:port (or localhost:port);
+	// empty: off. It must be a loopback address unless MetricsAnyAddress.
+	Metrics           string `json:"metrics,omitempty"`
+	MetricsAnyAddress bool   `json:"metrics_any_address,omitempty"`
 	// UI is the editor's loopback address; empty means 127.0.0.1 on a free
 	// port, "off" turns it off.
 	UI       string          `json:"ui,omitempty"`
@@ -117,6 +120,15 @@ func (c *Config) Validate() error {
 	if len(c.Networks) == 0 {
 		return bad("no networks")
 	}
+	if c.Metrics != "" {
+		ap, err := c.metricsAddr()
+		if err != nil {
+			return bad("metrics %q: want IP:port, such as 127.0.0.1:9469", c.Metrics)
+		}
+		if !ap.Addr().IsLoopback() && !c.MetricsAnyAddress {
+			return bad("metrics %q is not a loopback address; set metrics_any_address to serve metrics there", c.Metrics)
+		}
+	}
 	names := map[string]bool{}
 	for i := range c.Networks {
 		n := &c.Networks[i]
@@ -183,6 +195,14 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// metricsAddr parses Metrics; localhost stands for 127.0.0.1.
+func (c *Config) metricsAddr() (netip.AddrPort, error) {
+	if rest, ok := strings.CutPrefix(c.Metrics, "localhost:"); ok {
+		return netip.ParseAddrPort("127.0.0.1:" + rest)
+	}
+	return netip.ParseAddrPort(c.Metrics)
 }
 
 // NetworkID returns the network's crdt id.

@@ -133,7 +133,8 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		d.ui = ui
 	}
 	if cfg.Metrics != "" {
-		ln, err := net.Listen("tcp", cfg.Metrics)
+		ap, _ := cfg.metricsAddr() // validated
+		ln, err := net.Listen("tcp", ap.String())
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("tsng: metrics: %w", err)

@@ -140,7 +140,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			return nil, fmt.Errorf("tsng: metrics: %w", err)
 		}
 		d.metricsLn = ln
-		d.metrics = &http.Server{Handler: http.HandlerFunc(d.serveMetrics), ReadHeaderTimeout: 10 * time.Second}
+		d.metrics = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
 	}

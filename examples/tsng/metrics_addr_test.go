@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/vipkit/vipkit/transport/wg"
 )
 
@@ -34,5 +36,32 @@ func TestMetricsLoopbackOnly(t *testing.T) {
 	}
 	if err := cfg("example.com:9469", true).Validate(); err == nil {
 		t.Error("metrics on a host name: want an IP:port")
+	}
+}
+
+// TestDaemonMetricsLint: the agent's registry, with a VIP and a running
+// control channel, passes client_golang's lint and carries the control
+// channel's counters.
+func TestDaemonMetricsLint(t *testing.T) {
+	d, f := uiDaemon(t)
+	f.must("vip", "create", "home", "api")
+	f.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443")
+	reg := d.metricsRegistry()
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP tsng_control_refused_total Control connections and frames refused: non-members, a member's connections over the limit, frames over the size limit or past the frame timeout.
+# TYPE tsng_control_refused_total counter
+tsng_control_refused_total{network="home"} 0
+# HELP tsng_vip_routable 1 when the VIP is routed.
+# TYPE tsng_vip_routable gauge
+tsng_vip_routable{network="home",vip="api"} 1
+`), "tsng_control_refused_total", "tsng_vip_routable"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -160,7 +160,11 @@ func report(w io.Writer, err error) int {
 		}
 		return ExitCode(ae.Code)
 	}
-	fmt.Fprintln(w, "tsng:", err)
+	// Errors from this package already carry the "tsng: " prefix.
+	fmt.Fprintln(w, "tsng:", strings.TrimPrefix(err.Error(), "tsng: "))
+	if errors.Is(err, ErrConfig) {
+		return ExitInvalid
+	}
 	return ExitError
 }
 
@@ -256,7 +260,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func rootCommand() *command {
-	return &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.", sub: []*command{
+	root := &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.", sub: []*command{
 		vipCommand(),
 		{name: "network", short: "List, start and stop networks.", sub: []*command{
 			{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
@@ -290,6 +294,9 @@ func rootCommand() *command {
 				return completion(c.env.Stdout, args[0])
 			}},
 	}}
+	root.sub = append(root.sub, keysCommands()...)
+	root.sub = append(root.sub, opsCommands()...)
+	return root
 }
 
 func vipCommand() *command {

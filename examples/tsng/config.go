@@ -17,7 +17,8 @@ import (
 	"github.com/vipkit/vipkit/vip"
 )
 
-// Config is the agent's config file (JSON).
+// Config is the agent's config file (JSON); docs/tsng-config.md describes
+// every field and its default, and `tsng init` writes one.
 //
 //	{
 //	  "data_dir": "/var/lib/tsng",
@@ -30,7 +31,7 @@ import (
 //	    "node": {"name": "server1", "address": "100.80.0.1",
 //	             "identity_key": "<base64 Ed25519 seed>", "wireguard_key": "<base64 private key>",
 //	             "listen_port": 51820},
-//	    "peers": [{"name": "server2", "address": "100.80.0.2", "identity": "<hex Ed25519 public key>",
+//	    "peers": [{"name": "server2", "address": "100.80.0.2", "identity": "<base64 Ed25519 public key>",
 //	               "wireguard_key": "<base64 public key>", "endpoint": "192.0.2.2:51820"}]
 //	  }]
 //	}
@@ -83,7 +84,9 @@ type NodeConfig struct {
 type PeerConfig struct {
 	Name         string `json:"name"`
 	Address      string `json:"address"`
-	Identity     string `json:"identity"`      // hex Ed25519 public key
+	// Identity is the peer's Ed25519 public key in base64 (as `tsng keygen`
+	// prints it); 64 hex digits are accepted with a warning.
+	Identity     string `json:"identity"`
 	WireGuardKey wg.Key `json:"wireguard_key"` // base64 Curve25519 public key
 	Endpoint     string `json:"endpoint,omitempty"`
 }
@@ -101,7 +104,7 @@ func LoadConfig(path string) (*Config, error) {
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, jsonError(b, err))
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -255,7 +258,7 @@ func (p *PeerConfig) info() (vip.NodeInfo, error) {
 	if err != nil || !a.Is4() {
 		return vip.NodeInfo{}, fmt.Errorf("address %q: want an IPv4 address", p.Address)
 	}
-	id, err := vip.ParseNodeID(p.Identity)
+	id, _, err := parseIdentity(p.Identity)
 	if err != nil {
 		return vip.NodeInfo{}, fmt.Errorf("identity: %v", err)
 	}

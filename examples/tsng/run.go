@@ -2,6 +2,7 @@ package tsng
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -12,6 +13,11 @@ import (
 // RunDaemon loads the config file and runs the agent until ctx ends or the
 // process gets SIGINT or SIGTERM. Logs are structured (log/slog) on stderr.
 func RunDaemon(ctx context.Context, configPath string) error {
+	return RunDaemonLog(ctx, configPath, os.Stderr)
+}
+
+// RunDaemonLog is RunDaemon logging to w.
+func RunDaemonLog(ctx context.Context, configPath string, w io.Writer) error {
 	cfg, err := LoadConfig(configPath)
 	if err != nil {
 		return err
@@ -22,7 +28,10 @@ func RunDaemon(ctx context.Context, configPath string) error {
 			return err
 		}
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	for _, warn := range cfg.Warnings() {
+		log.Warn("config: " + warn)
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	d, err := NewDaemon(ctx, cfg, DaemonOptions{Logger: log})

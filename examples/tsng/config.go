@@ -82,8 +82,8 @@ type NodeConfig struct {
 
 // PeerConfig is another member of a network.
 type PeerConfig struct {
-	Name         string `json:"name"`
-	Address      string `json:"address"`
+	Name    string `json:"name"`
+	Address string `json:"address"`
 	// Identity is the peer's Ed25519 public key in base64 (as `tsng keygen`
 	// prints it); 64 hex digits are accepted with a warning.
 	Identity     string `json:"identity"`

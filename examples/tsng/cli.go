@@ -93,6 +93,8 @@ type opts struct {
 	idle      int64
 	config    string
 	open      bool
+	yes       bool
+	set       map[string]bool // the flags given on the command line
 }
 
 type multiFlag []string
@@ -225,6 +227,8 @@ func (cmd *command) exec(ctx context.Context, c *cliCtx, parents []string, args 
 	if err != nil {
 		return usageError{fmt.Sprintf("%s: %v", cmd.path(parents), err)}
 	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if len(pos) < cmd.min || (cmd.max >= 0 && len(pos) > cmd.max) {
 		return usageError{fmt.Sprintf("usage: %s %s", cmd.path(parents), cmd.args)}
 	}
@@ -376,8 +380,15 @@ func vipCommand() *command {
 			}, run: runStatus},
 		{name: "edit", args: "NET VIP", short: "Edit a VIP as JSON in $VISUAL/$EDITOR and save it as one version-checked draft.", min: 2, max: 2,
 			long: "An invalid or rejected file is kept and its path printed.", run: runEdit},
-		{name: "remove", args: "NET VIP", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
+		{name: "remove", args: "NET VIP [--yes]", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
+			long:  "On a terminal it asks first; --yes skips the question.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.yes, "yes", false, "do not ask") },
 			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+				if !o.yes {
+					if err := confirmRemove(ctx, c, a[0], a[1]); err != nil {
+						return err
+					}
+				}
 				return c.client.Do(ctx, http.MethodDelete, vipPath(a[0], a[1]), nil, nil)
 			}},
 	}}
@@ -401,29 +412,39 @@ func mutateDoc(ctx context.Context, c *cliCtx, method, path string, body any) er
 
 func runPortSet(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 	var req PortSetRequest
-	set := false
 	switch o.portCheck {
 	case "":
 	case "on", "off":
 		v := o.portCheck == "on"
-		req.PortCheck, set = &v, true
+		req.PortCheck = &v
 	default:
 		return usageError{fmt.Sprintf("--port-check %q: want on or off", o.portCheck)}
 	}
-	if o.checkIv != 0 {
-		req.CheckIntervalMS, set = &o.checkIv, true
+	// A flag given is a value given, zero included: zero is outside every
+	// range, so it is refused with the range rather than ignored.
+	ranges := []struct {
+		flag   string
+		lo, hi int64
+		def    string
+		set    func()
+		value  int64
+	}{
+		{"check-interval-ms", vip.MinCheckInterval.Milliseconds(), vip.MaxCheckInterval.Milliseconds(), "3000", func() { req.CheckIntervalMS = &o.checkIv }, o.checkIv},
+		{"check-timeout-ms", vip.MinCheckTimeout.Milliseconds(), vip.MaxCheckInterval.Milliseconds(), "2000, at most the interval", func() { req.CheckTimeoutMS = &o.checkTo }, o.checkTo},
+		{"failures", 1, vip.MaxCheckCount, "2", func() { req.Failures = &o.failures }, int64(o.failures)},
+		{"successes", 1, vip.MaxCheckCount, "1", func() { req.Successes = &o.successes }, int64(o.successes)},
+		{"idle-timeout", int64(vip.MinIdleTimeout.Seconds()), int64(vip.MaxIdleTimeout.Seconds()), "7200 for TCP, 120 for UDP", func() { req.IdleTimeoutS = &o.idle }, o.idle},
 	}
-	if o.checkTo != 0 {
-		req.CheckTimeoutMS, set = &o.checkTo, true
-	}
-	if o.failures != 0 {
-		req.Failures, set = &o.failures, true
-	}
-	if o.successes != 0 {
-		req.Successes, set = &o.successes, true
-	}
-	if o.idle != 0 {
-		req.IdleTimeoutS, set = &o.idle, true
+	set := o.set["port-check"]
+	for _, r := range ranges {
+		if !o.set[r.flag] {
+			continue
+		}
+		if r.value < r.lo || r.value > r.hi {
+			return usageError{fmt.Sprintf("--%s %d: want %d-%d (default %s)", r.flag, r.value, r.lo, r.hi, r.def)}
+		}
+		r.set()
+		set = true
 	}
 	if !set {
 		return usageError{"port set needs at least one of --port-check, --check-interval-ms, --check-timeout-ms, --failures, --successes, --idle-timeout"}
@@ -512,7 +533,7 @@ func runList(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 		if len(ls) == 0 {
 			ls = []string{"-"}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.Network, d.Name, d.Addr, strings.Join(ls, ","), d.Revision, state(d.ServiceView))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.Network, d.Name, d.Addr, strings.Join(ls, ","), d.Revision, docState(d))
 	}
 	return tw.Flush()
 }
@@ -538,7 +559,7 @@ func printDoc(c *cliCtx, d ServiceDoc) error {
 		return enc.Encode(d)
 	}
 	w := c.env.Stdout
-	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", d.Name, d.Network, d.Addr, d.Revision, state(d.ServiceView))
+	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", d.Name, d.Network, d.Addr, d.Revision, docState(d))
 	for _, l := range d.Listeners {
 		ck := l.Check.Effective()
 		checks := "off"
@@ -549,7 +570,7 @@ func printDoc(c *cliCtx, d ServiceDoc) error {
 		}
 		fmt.Fprintf(w, "  %s  gen %d  idle %v  checks %s\n", l.Key(), l.Generation, l.EffectiveIdleTimeout(), checks)
 		for _, b := range l.Backends {
-			fmt.Fprintf(w, "    → %s:%d\n", b.Node, b.Port)
+			fmt.Fprintf(w, "    → %s:%d\n", d.nodeName(b.Node), b.Port)
 		}
 	}
 	fmt.Fprintf(w, "  id %s\n", d.ID)

@@ -110,6 +110,9 @@ func Main(ctx context.Context, args []string, env *Env) int {
 		env.Getenv = os.Getenv
 	}
 	root := rootCommand()
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"}
+	}
 	socket := env.Getenv("TSNG_SOCKET")
 	if socket == "" {
 		socket = DefaultSocket

@@ -3,6 +3,7 @@ package tsng
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +54,7 @@ type Daemon struct {
 	metrics   *http.Server
 	metricsLn net.Listener
 	ui        *UIServer
+	lock      *os.File
 	wg        sync.WaitGroup
 }
 
@@ -92,11 +95,16 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	d.lock = lock
 	for _, nc := range cfg.Networks {
 		n, err := d.openNetwork(ctx, nc)
 		if err != nil {
 			d.Close()
-			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, err)
+			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, trimPrefix(err))
 		}
 		d.nets = append(d.nets, n)
 	}
@@ -106,7 +114,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		}
 		if err := n.start(ctx); err != nil {
 			d.Close()
-			return nil, fmt.Errorf("tsng: network %s: %w", n.cfg.Name, err)
+			return nil, fmt.Errorf("tsng: network %s: %w", n.cfg.Name, trimPrefix(err))
 		}
 	}
 	if !o.NoAPI {
@@ -145,6 +153,14 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
 	}
 	return d, nil
+}
+
+// UIAddr returns the editor's listen address ("" when off).
+func (d *Daemon) UIAddr() string {
+	if d.ui == nil {
+		return ""
+	}
+	return d.ui.ln.Addr().String()
 }
 
 // UIURL returns the editor's address with this start's token ("" when
@@ -221,6 +237,10 @@ func (d *Daemon) Close() error {
 		if n.replica != nil {
 			errs = append(errs, n.replica.Close())
 		}
+	}
+	if d.lock != nil {
+		d.lock.Close()
+		d.lock = nil
 	}
 	return errors.Join(errs...)
 }
@@ -447,9 +467,27 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		n.d.log.Warn("routing", "err", err)
 	}
 	n.up.Store(true)
-	n.d.log.Info("network up", "network", n.cfg.Name, "address", self.Addr, "mode", n.mode())
+	n.d.log.Info("network up", "network", n.cfg.Name, "node", self.Name, "address", self.Addr, "mode", n.mode(),
+		"identity", base64.StdEncoding.EncodeToString(self.ID[:]), "wireguard_public_key", n.cfg.Node.WireGuardKey.PublicKey().String())
 	return nil
 }
+
+// trimPrefix drops a leading "tsng: " from err's message, for errors
+// wrapped into another tsng error.
+func trimPrefix(err error) error {
+	if m, ok := strings.CutPrefix(err.Error(), "tsng: "); ok {
+		return prefixless{m, err}
+	}
+	return err
+}
+
+type prefixless struct {
+	msg string
+	err error
+}
+
+func (p prefixless) Error() string { return p.msg }
+func (p prefixless) Unwrap() error { return p.err }
 
 func (n *netRuntime) mode() string {
 	if n.cfg.Mode == "" {

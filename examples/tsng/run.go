@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
+
+	"github.com/vipkit/vipkit/internal/buildinfo"
 )
 
 // RunDaemon loads the config file and runs the agent until ctx ends or the
@@ -38,7 +40,20 @@ func RunDaemonLog(ctx context.Context, configPath string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log.Info("tsng running", "networks", len(cfg.Networks), "socket", cfg.Socket)
+	sock := cfg.Socket
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	ui := d.UIAddr()
+	if ui == "" {
+		ui = "off"
+	}
+	metrics := d.MetricsAddr()
+	if metrics == "" {
+		metrics = "off"
+	}
+	log.Info("tsng running", "version", buildinfo.Read().String(), "networks", len(cfg.Networks), "socket", sock,
+		"ui", ui, "metrics", metrics, "data_dir", cfg.DataDir)
 	<-ctx.Done()
 	log.Info("tsng stopping")
 	return d.Close()

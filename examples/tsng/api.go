@@ -159,6 +159,7 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/nodes", s.listNodes)
+	s.mux.HandleFunc("POST /v1/networks/{net}/forward", s.forward)
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips", mutation(s, http.StatusCreated, create))
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips/{vip}", s.show)

@@ -303,6 +303,11 @@ func rootCommand() *command {
 	}}
 	root.sub = append(root.sub, keysCommands()...)
 	root.sub = append(root.sub, opsCommands()...)
+	for _, c := range root.sub {
+		if c.name == "vip" {
+			c.sub = append(c.sub, forwardCommand())
+		}
+	}
 	return root
 }
 

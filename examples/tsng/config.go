@@ -69,6 +69,11 @@ type NetworkConfig struct {
 	Peers     []PeerConfig `json:"peers"`
 	Limits    vip.Limits   `json:"limits,omitzero"`
 	ProbeFast bool         `json:"probe_fast,omitempty"` // probes every 250 ms expiring after 750 ms
+	// SOCKS5 and HTTPProxy are loopback IP:port listeners (netstack mode
+	// only; empty: off) through which host applications reach the
+	// network's VIPs and nodes by name.
+	SOCKS5    string `json:"socks5,omitempty"`
+	HTTPProxy string `json:"http_proxy,omitempty"`
 }
 
 // NodeConfig is this node in a network.
@@ -151,6 +156,17 @@ func (c *Config) Validate() error {
 		case "", "netstack", "tun":
 		default:
 			return bad("%s.mode %q: want netstack or tun", where, n.Mode)
+		}
+		for _, px := range []struct{ field, v string }{{"socks5", n.SOCKS5}, {"http_proxy", n.HTTPProxy}} {
+			if px.v == "" {
+				continue
+			}
+			if n.Mode == "tun" {
+				return bad("%s.%s: only in netstack mode (in tun mode host applications reach VIPs directly)", where, px.field)
+			}
+			if ap, err := netip.ParseAddrPort(px.v); err != nil || !ap.Addr().IsLoopback() {
+				return bad("%s.%s %q: want a loopback IP:port such as 127.0.0.1:1080", where, px.field, px.v)
+			}
 		}
 		if n.ID != "" {
 			if _, err := n.NetworkID(); err != nil {

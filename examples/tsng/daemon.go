@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -80,6 +81,10 @@ type netRuntime struct {
 	res     flow.PortReserver
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// proxies and forwards carry host applications into the netstack
+	// overlay (netstack mode only).
+	proxies  []io.Closer
+	forwards []*forwarder
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -373,7 +378,14 @@ func (n *netRuntime) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	return n.startOnLocked(ctx, host, host, netstackNet{host}, &netstackReserver{h: host, addr: self.Addr}, func(ap netip.AddrPort) (net.PacketConn, error) { return host.ListenUDP(ap) })
+	if err := n.startOnLocked(ctx, host, host, netstackNet{host}, &netstackReserver{h: host, addr: self.Addr}, func(ap netip.AddrPort) (net.PacketConn, error) { return host.ListenUDP(ap) }); err != nil {
+		return err
+	}
+	if err := n.startProxiesLocked(host); err != nil {
+		n.stopLocked()
+		return err
+	}
+	return nil
 }
 
 // startOnLocked starts everything on a host stack.
@@ -527,10 +539,21 @@ func (n *netRuntime) pathUp(dev func() *wg.Device) func(vip.NodeID) bool {
 func (n *netRuntime) stop() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.stopLocked()
+}
+
+func (n *netRuntime) stopLocked() {
 	if !n.up.Load() {
 		return
 	}
 	n.up.Store(false)
+	for _, p := range n.proxies {
+		p.Close()
+	}
+	for _, f := range n.forwards {
+		f.Close()
+	}
+	n.proxies, n.forwards = nil, nil
 	n.repl.Stop()
 	n.cancel()
 	if n.dns != nil {

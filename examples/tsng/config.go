@@ -58,17 +58,20 @@ type NetworkConfig struct {
 	Overlay string `json:"overlay"` // the agreed overlay range (IPv4)
 	// Mode is "netstack" (userspace, no root; the default) or "tun" (a
 	// kernel TUN, root).
-	Mode      string       `json:"mode,omitempty"`
-	TUN       string       `json:"tun,omitempty"` // kernel TUN name in tun mode
-	Stopped   bool         `json:"stopped,omitempty"`
-	DNS       *bool        `json:"dns,omitempty"`          // answer DNS on the overlay address (default on)
-	DNSPort   uint16       `json:"dns_port,omitempty"`     // default 53
-	Control   uint16       `json:"control_port,omitempty"` // default 51830
-	MaxFrame  int          `json:"max_frame,omitempty"`    // control frame limit; default crdt's
-	Node      NodeConfig   `json:"node"`
-	Peers     []PeerConfig `json:"peers"`
-	Limits    vip.Limits   `json:"limits,omitzero"`
-	ProbeFast bool         `json:"probe_fast,omitempty"` // probes every 250 ms expiring after 750 ms
+	Mode    string `json:"mode,omitempty"`
+	TUN     string `json:"tun,omitempty"` // kernel TUN name in tun mode
+	Stopped bool   `json:"stopped,omitempty"`
+	DNS     *bool  `json:"dns,omitempty"`      // answer DNS on the overlay address (default on)
+	DNSPort uint16 `json:"dns_port,omitempty"` // default 53
+	// DNSUpstreams are resolvers (IP or IP:port) for names outside the
+	// network's domain; empty (the default) answers them REFUSED.
+	DNSUpstreams []string     `json:"dns_upstreams,omitempty"`
+	Control      uint16       `json:"control_port,omitempty"` // default 51830
+	MaxFrame     int          `json:"max_frame,omitempty"`    // control frame limit; default crdt's
+	Node         NodeConfig   `json:"node"`
+	Peers        []PeerConfig `json:"peers"`
+	Limits       vip.Limits   `json:"limits,omitzero"`
+	ProbeFast    bool         `json:"probe_fast,omitempty"` // probes every 250 ms expiring after 750 ms
 	// SOCKS5 and HTTPProxy are loopback IP:port listeners (netstack mode
 	// only; empty: off) through which host applications reach the
 	// network's VIPs and nodes by name.
@@ -156,6 +159,9 @@ func (c *Config) Validate() error {
 		case "", "netstack", "tun":
 		default:
 			return bad("%s.mode %q: want netstack or tun", where, n.Mode)
+		}
+		if _, err := parseUpstreams(n.DNSUpstreams, p); err != nil {
+			return bad("%s.dns_upstreams: %v", where, err)
 		}
 		for _, px := range []struct{ field, v string }{{"socks5", n.SOCKS5}, {"http_proxy", n.HTTPProxy}} {
 			if px.v == "" {

@@ -77,7 +77,7 @@ type netRuntime struct {
 	dev     *wg.Device
 	control *Control
 	repl    *vip.Replicator
-	dns     *vip.DNSServer
+	dns     *dnsServers
 	res     flow.PortReserver
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -458,21 +458,35 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		if port == 0 {
 			port = 53
 		}
+		prefix, _ := netip.ParsePrefix(n.cfg.Overlay)
+		ups, err := parseUpstreams(n.cfg.DNSUpstreams, prefix)
+		if err != nil {
+			return fmt.Errorf("dns_upstreams: %w", err)
+		}
+		opts := eng.DNSOptions()
+		own, err := vip.NewDNSServer(opts)
+		if err != nil {
+			return err
+		}
 		pc, err := listenUDP(netip.AddrPortFrom(self.Addr, port))
 		if err != nil {
 			return fmt.Errorf("DNS on %v:%d: %w", self.Addr, port, err)
 		}
-		dns, err := vip.NewDNSServer(eng.DNSOptions())
+		ln, err := cn.Listen(netip.AddrPortFrom(self.Addr, port))
 		if err != nil {
 			pc.Close()
-			return err
+			return fmt.Errorf("DNS over TCP on %v:%d: %w", self.Addr, port, err)
 		}
-		n.dns = dns
-		done := n.done
-		go func() { defer close(done); _ = dns.Serve(rctx, pc) }()
-	} else {
-		close(n.done)
+		srvs, err := serveDNS(newDNSHandler(own, opts, ups, n.d.log.With("network", n.cfg.Name, "part", "dns")), pc, ln)
+		if err != nil {
+			pc.Close()
+			ln.Close()
+			return fmt.Errorf("DNS on %v:%d: %w", self.Addr, port, err)
+		}
+		n.dns = srvs
+		cleanup = append(cleanup, func() { srvs.Close(); n.dns = nil })
 	}
+	close(n.done)
 	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
 	repl.Start()
 	if err := eng.Apply(); err != nil {

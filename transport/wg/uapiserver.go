@@ -220,4 +220,3 @@ func drainBlank(r *bufio.Reader) bool {
 		}
 	}
 }
-

@@ -77,6 +77,10 @@ type NetworkConfig struct {
 	// network's VIPs and nodes by name.
 	SOCKS5    string `json:"socks5,omitempty"`
 	HTTPProxy string `json:"http_proxy,omitempty"`
+	// UAPI serves the device read-only for `wg show` at
+	// /var/run/wireguard/TUN.sock (tun mode only; default on when the
+	// agent runs as root).
+	UAPI *bool `json:"uapi,omitempty"`
 }
 
 // NodeConfig is this node in a network.
@@ -159,6 +163,9 @@ func (c *Config) Validate() error {
 		case "", "netstack", "tun":
 		default:
 			return bad("%s.mode %q: want netstack or tun", where, n.Mode)
+		}
+		if n.UAPI != nil && *n.UAPI && n.Mode != "tun" {
+			return bad("%s.uapi: only in tun mode (wg show names the TUN interface)", where)
 		}
 		if _, err := parseUpstreams(n.DNSUpstreams, p); err != nil {
 			return bad("%s.dns_upstreams: %v", where, err)

@@ -85,6 +85,8 @@ type netRuntime struct {
 	// overlay (netstack mode only).
 	proxies  []io.Closer
 	forwards []*forwarder
+	tunName  string         // the TUN interface in tun mode
+	uapi     *wg.UAPIServer // `wg show`'s socket, when served
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -434,6 +436,13 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { dev.Close() })
+	n.startUAPILocked(dev)
+	cleanup = append(cleanup, func() {
+		if n.uapi != nil {
+			n.uapi.Close()
+			n.uapi = nil
+		}
+	})
 	rctx, cancel := context.WithCancel(context.Background())
 	cleanup = append(cleanup, cancel)
 	var repl *vip.Replicator
@@ -575,6 +584,10 @@ func (n *netRuntime) stopLocked() {
 	}
 	<-n.done
 	n.control.Close()
+	if n.uapi != nil {
+		n.uapi.Close()
+		n.uapi = nil
+	}
 	n.dev.Close()
 	n.engine.Close()
 	if c, ok := n.res.(interface{ Close() error }); ok {

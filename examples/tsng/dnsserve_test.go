@@ -29,21 +29,7 @@ func startUpstream(t *testing.T, h dns.Handler) *testUpstream {
 	t.Helper()
 	u := &testUpstream{}
 	if h == nil {
-		h = dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-			if _, ok := w.RemoteAddr().(*net.TCPAddr); ok {
-				u.tcp.Add(1)
-			} else {
-				u.udp.Add(1)
-			}
-			m := new(dns.Msg)
-			m.SetReply(r)
-			if strings.EqualFold(r.Question[0].Name, "example.test.") {
-				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, 7)})
-			} else {
-				m.SetRcode(r, dns.RcodeNameError)
-			}
-			w.WriteMsg(m)
-		})
+		h = upstreamDNS(u)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -60,6 +46,26 @@ func startUpstream(t *testing.T, h dns.Handler) *testUpstream {
 	}
 	t.Cleanup(func() { srvs.Close() })
 	return u
+}
+
+// upstreamDNS answers example.test with 192.0.2.7 (NXDOMAIN otherwise)
+// and counts u's queries by protocol.
+func upstreamDNS(u *testUpstream) dns.Handler {
+	return dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		if _, ok := w.RemoteAddr().(*net.TCPAddr); ok {
+			u.tcp.Add(1)
+		} else {
+			u.udp.Add(1)
+		}
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if strings.EqualFold(r.Question[0].Name, "example.test.") {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: r.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, 7)})
+		} else {
+			m.SetRcode(r, dns.RcodeNameError)
+		}
+		w.WriteMsg(m)
+	})
 }
 
 // ask sends one query to the agent's DNS from inside its netstack host.

@@ -186,6 +186,9 @@ func (cmd *command) usage(w io.Writer, parents []string) {
 			fmt.Fprintf(tw, "  %s %s\t%s\n", s.name, s.args, s.short)
 		}
 		tw.Flush()
+		if cmd.long != "" {
+			fmt.Fprintf(w, "\n%s\n", cmd.long)
+		}
 		fmt.Fprintf(w, "\nRun '%s COMMAND --help' for a command's options.\n", p)
 		return
 	}
@@ -267,7 +270,8 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func rootCommand() *command {
-	root := &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.", sub: []*command{
+	root := &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.",
+		long: "Global options, before the command:\n  --socket PATH  the agent's local API socket (default: $TSNG_SOCKET, else " + DefaultSocket + ")\n  --version      print the version\n\nThe config file: docs/tsng-config.md (`tsng init` writes one).", sub: []*command{
 		vipCommand(),
 		{name: "network", short: "List, start and stop networks.", sub: []*command{
 			{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},

@@ -276,3 +276,14 @@ func TestCLIRemoveAsks(t *testing.T) {
 		t.Fatal("web still there after --yes")
 	}
 }
+
+// TestHelpNamesSocket: --help says how the CLI finds the agent.
+func TestHelpNamesSocket(t *testing.T) {
+	_, e := newTrial(t)
+	out := e.must("--help")
+	for _, want := range []string{"--socket PATH", "TSNG_SOCKET", "keygen", "init", "config", "version"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tsng --help lacks %q:\n%s", want, out)
+		}
+	}
+}

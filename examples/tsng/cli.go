@@ -272,39 +272,39 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 func rootCommand() *command {
 	root := &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.",
 		long: "Global options, before the command:\n  --socket PATH  the agent's local API socket (default: $TSNG_SOCKET, else " + DefaultSocket + ")\n  --version      print the version\n\nThe config file: docs/tsng-config.md (`tsng init` writes one).", sub: []*command{
-		vipCommand(),
-		{name: "network", short: "List, start and stop networks.", sub: []*command{
-			{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
-			{name: "up", args: "NET", short: "Start a network on this node.", min: 1, max: 1, run: runUpDown("up")},
-			{name: "down", args: "NET", short: "Stop a network on this node; its saved configuration stays readable.", min: 1, max: 1, run: runUpDown("down")},
-		}},
-		{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
-			},
-			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
-				if c.env.Daemon == nil {
-					return errors.New("tsng: daemon is not available in this build")
-				}
-				return c.env.Daemon(ctx, o.config)
+			vipCommand(),
+			{name: "network", short: "List, start and stop networks.", sub: []*command{
+				{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
+				{name: "up", args: "NET", short: "Start a network on this node.", min: 1, max: 1, run: runUpDown("up")},
+				{name: "down", args: "NET", short: "Stop a network on this node; its saved configuration stays readable.", min: 1, max: 1, run: runUpDown("down")},
 			}},
-		{name: "demo", short: "Run three in-process nodes (no root, no files): create api.home, send traffic, fail a backend over, print status.", max: 0,
-			run: func(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
-				if c.env.Demo == nil {
-					return errors.New("tsng: demo is not available in this build")
-				}
-				return c.env.Demo(ctx, c.env.Stdout)
-			}},
-		{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address")
-			},
-			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
-		{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
-			run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {
-				return completion(c.env.Stdout, args[0])
-			}},
-	}}
+			{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
+				flags: func(fs *flag.FlagSet, o *opts) {
+					fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
+				},
+				run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+					if c.env.Daemon == nil {
+						return errors.New("tsng: daemon is not available in this build")
+					}
+					return c.env.Daemon(ctx, o.config)
+				}},
+			{name: "demo", short: "Run three in-process nodes (no root, no files): create api.home, send traffic, fail a backend over, print status.", max: 0,
+				run: func(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
+					if c.env.Demo == nil {
+						return errors.New("tsng: demo is not available in this build")
+					}
+					return c.env.Demo(ctx, c.env.Stdout)
+				}},
+			{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
+				flags: func(fs *flag.FlagSet, o *opts) {
+					fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address")
+				},
+				run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
+			{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
+				run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {
+					return completion(c.env.Stdout, args[0])
+				}},
+		}}
 	root.sub = append(root.sub, keysCommands()...)
 	root.sub = append(root.sub, opsCommands()...)
 	for _, c := range root.sub {

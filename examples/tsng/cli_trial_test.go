@@ -54,8 +54,6 @@ func (e *trialEnv) must(args ...string) string {
 	return out
 }
 
-var hex64 = regexp.MustCompile(`[0-9a-f]{64}`)
-
 // TestCLIStatusTable: `vip status` prints a table (the demo's columns),
 // not JSON; --json still prints the JSON sample.
 func TestCLIStatusTable(t *testing.T) {

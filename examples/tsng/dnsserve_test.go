@@ -170,8 +170,11 @@ func TestDNSForwardingLoop(t *testing.T) {
 	if n := seen.Load(); n != maxForwardDepth+1 {
 		t.Fatalf("the loop went round %d times, want %d", n, maxForwardDepth+1)
 	}
-	if h.loops != 1 {
-		t.Fatalf("loops counted %d", h.loops)
+	h.mu.Lock()
+	loops := h.loops
+	h.mu.Unlock()
+	if loops != 1 {
+		t.Fatalf("loops counted %d", loops)
 	}
 	// Upstreams inside the overlay are refused in the config.
 	if _, err := parseUpstreams([]string{"100.80.0.1"}, netip.MustParsePrefix("100.80.0.0/24")); err == nil {

@@ -68,7 +68,7 @@ func runEdit(ctx context.Context, c *cliCtx, _ *opts, a []string) error {
 	if err := c.client.Do(ctx, http.MethodGet, "/v1/networks/"+url.PathEscape(a[0])+"/nodes", nil, &nodes); err != nil {
 		return err
 	}
-	comment := "Edit the service and save. The whole file is one draft, saved only if the service is still at this revision. A backend's node is a node name, id or unique id prefix. Nodes:"
+	comment := "Edit the service and save. The whole file is one draft, saved only if the service is still at this revision. A backend's node is a node name, id or unique id prefix. A check field left out or 0 takes its default (3s interval, 2s timeout, 2 failures, 1 success); idle_timeout 0 is the protocol's default (7200s TCP, 120s UDP). Nodes:"
 	for _, n := range nodes {
 		comment += fmt.Sprintf(" %s = %s;", n.Name, n.ID)
 	}

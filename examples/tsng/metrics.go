@@ -50,12 +50,14 @@ var (
 // controlCollector exports each running network's ControlStats.
 type controlCollector struct{ d *Daemon }
 
+// Describe implements prometheus.Collector.
 func (c controlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- controlFrames
 	ch <- controlDropped
 	ch <- controlRefused
 }
 
+// Collect implements prometheus.Collector.
 func (c controlCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, n := range c.d.nets {
 		n.mu.Lock()

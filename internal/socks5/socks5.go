@@ -75,6 +75,7 @@ type Addr struct {
 	Port uint16
 }
 
+// String returns host:port.
 func (a Addr) String() string {
 	if a.Name != "" {
 		return net.JoinHostPort(a.Name, fmt.Sprint(a.Port))

@@ -94,6 +94,7 @@ type opts struct {
 	config    string
 	open      bool
 	yes       bool
+	listen    string
 	set       map[string]bool // the flags given on the command line
 }
 

@@ -71,13 +71,13 @@ func forwardCommand() *command {
 		short: "Forward a local port to a VIP's listener (netstack mode), until interrupted.",
 		long:  "For applications that speak no proxy: TCP connections or UDP datagrams to the local port reach the VIP through the agent. The agent listens (on loopback only) while this command runs.",
 		flags: func(fs *flag.FlagSet, o *opts) {
-			fs.StringVar(&o.config, "listen", "127.0.0.1:0", "local loopback `IP:port` to listen on (port 0: any free one)")
+			fs.StringVar(&o.listen, "listen", "127.0.0.1:0", "local loopback `IP:port` to listen on (port 0: any free one)")
 		},
 		run: runForward}
 }
 
 func runForward(ctx context.Context, c *cliCtx, o *opts, a []string) error {
-	b, _ := json.Marshal(ForwardRequest{VIP: a[1], Listener: a[2], Listen: o.config})
+	b, _ := json.Marshal(ForwardRequest{VIP: a[1], Listener: a[2], Listen: o.listen})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://tsng/v1/networks/"+url.PathEscape(a[0])+"/forward", strings.NewReader(string(b)))
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -283,5 +284,21 @@ func TestHelpNamesSocket(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("tsng --help lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestCLIStatusWatchTable: --watch prints one table per sample, with the
+// byte rates from the second sample on.
+func TestCLIStatusWatchTable(t *testing.T) {
+	_, e := newTrial(t)
+	e.must("vip", "create", "home", "api")
+	e.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443")
+	env := &Env{Sleep: func(context.Context, time.Duration) error { return nil }}
+	code, out, errs := e.run(env, "vip", "status", "home", "api", "--watch", "--count", "2")
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	if strings.Count(out, "LISTENER") != 2 || strings.Count(out, "BYTES/S OUT/IN") != 1 || strings.Contains(out, "{") {
+		t.Fatalf("watch output:\n%s", out)
 	}
 }

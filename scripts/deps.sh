@@ -3,7 +3,8 @@
 # PostgreSQL (hosting's store tests start their own server), Chromium (the web
 # editor's tests), iproute2 (network namespaces), systemd (systemd-analyze
 # verifies keel-vip's and tsng's units), wireguard-tools (`wg show` reads
-# tsng's UAPI socket) and dnsutils (`dig +tcp` queries tsng's DNS). Needs root and apt; elsewhere it only says what
+# tsng's UAPI socket), dnsutils (`dig +tcp` queries tsng's DNS) and curl
+# (`curl --socks5-hostname` through tsng's proxy). Needs root and apt; elsewhere it only says what
 # is missing, and the tests that need it skip (or fail under
 # VIPKIT_REQUIRE_ALL=1).
 set -euo pipefail
@@ -15,6 +16,7 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v wg >/dev/null 2>&1 || missing+=(wireguard-tools)
 command -v dig >/dev/null 2>&1 || missing+=(dnsutils)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

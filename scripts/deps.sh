@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the system packages vipkit's tests need when they are missing:
 # PostgreSQL (hosting's store tests start their own server), Chromium (the web
-# editor's tests), iproute2 (network namespaces) and systemd (systemd-analyze
-# verifies keel-vip's units). Needs root and apt; elsewhere it only says what
+# editor's tests), iproute2 (network namespaces), systemd (systemd-analyze
+# verifies keel-vip's and tsng's units), wireguard-tools (`wg show` reads
+# tsng's UAPI socket), dnsutils (`dig +tcp` queries tsng's DNS) and curl
+# (`curl --socks5-hostname` through tsng's proxy). Needs root and apt; elsewhere it only says what
 # is missing, and the tests that need it skip (or fail under
 # VIPKIT_REQUIRE_ALL=1).
 set -euo pipefail
@@ -12,6 +14,9 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v wg >/dev/null 2>&1 || missing+=(wireguard-tools)
+command -v dig >/dev/null 2>&1 || missing+=(dnsutils)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -134,8 +134,13 @@ type NetworkSummary struct {
 // derived state and, when the network is up, this node's observation.
 type ServiceDoc struct {
 	Network string `json:"network"`
+	// NetworkUp is whether the network runs on this node; a stopped
+	// network's VIPs route nothing here.
+	NetworkUp bool `json:"network_up"`
 	vip.ServiceView
-	Status any `json:"status,omitempty"`
+	// NodeNames maps the id (hex) of each backend node to its name.
+	NodeNames map[string]string `json:"node_names,omitempty"`
+	Status    any               `json:"status,omitempty"`
 }
 
 // APIServer serves the local API over HTTP on a Unix socket.
@@ -154,6 +159,7 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/nodes", s.listNodes)
+	s.mux.HandleFunc("POST /v1/networks/{net}/forward", s.forward)
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips", mutation(s, http.StatusCreated, create))
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips/{vip}", s.show)
@@ -248,7 +254,19 @@ func (s *APIServer) upNetwork(sel string) (*Network, error) {
 }
 
 func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
-	d := ServiceDoc{Network: n.Name, ServiceView: v}
+	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v}
+	for _, m := range n.Registry.Nodes() {
+		for _, l := range v.Listeners {
+			for _, b := range l.Backends {
+				if b.Node == m.ID && m.Name != "" {
+					if d.NodeNames == nil {
+						d.NodeNames = map[string]string{}
+					}
+					d.NodeNames[m.ID.String()] = m.Name
+				}
+			}
+		}
+	}
 	if n.Up() && n.Status != nil {
 		d.Status = n.Status(v.ID)
 	}

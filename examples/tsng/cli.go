@@ -93,6 +93,9 @@ type opts struct {
 	idle      int64
 	config    string
 	open      bool
+	yes       bool
+	listen    string
+	set       map[string]bool // the flags given on the command line
 }
 
 type multiFlag []string
@@ -108,6 +111,9 @@ func Main(ctx context.Context, args []string, env *Env) int {
 		env.Getenv = os.Getenv
 	}
 	root := rootCommand()
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"}
+	}
 	socket := env.Getenv("TSNG_SOCKET")
 	if socket == "" {
 		socket = DefaultSocket
@@ -160,7 +166,11 @@ func report(w io.Writer, err error) int {
 		}
 		return ExitCode(ae.Code)
 	}
-	fmt.Fprintln(w, "tsng:", err)
+	// Errors from this package already carry the "tsng: " prefix.
+	fmt.Fprintln(w, "tsng:", strings.TrimPrefix(err.Error(), "tsng: "))
+	if errors.Is(err, ErrConfig) {
+		return ExitInvalid
+	}
 	return ExitError
 }
 
@@ -177,6 +187,9 @@ func (cmd *command) usage(w io.Writer, parents []string) {
 			fmt.Fprintf(tw, "  %s %s\t%s\n", s.name, s.args, s.short)
 		}
 		tw.Flush()
+		if cmd.long != "" {
+			fmt.Fprintf(w, "\n%s\n", cmd.long)
+		}
 		fmt.Fprintf(w, "\nRun '%s COMMAND --help' for a command's options.\n", p)
 		return
 	}
@@ -221,6 +234,8 @@ func (cmd *command) exec(ctx context.Context, c *cliCtx, parents []string, args 
 	if err != nil {
 		return usageError{fmt.Sprintf("%s: %v", cmd.path(parents), err)}
 	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if len(pos) < cmd.min || (cmd.max >= 0 && len(pos) > cmd.max) {
 		return usageError{fmt.Sprintf("usage: %s %s", cmd.path(parents), cmd.args)}
 	}
@@ -256,40 +271,49 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func rootCommand() *command {
-	return &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.", sub: []*command{
-		vipCommand(),
-		{name: "network", short: "List, start and stop networks.", sub: []*command{
-			{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
-			{name: "up", args: "NET", short: "Start a network on this node.", min: 1, max: 1, run: runUpDown("up")},
-			{name: "down", args: "NET", short: "Stop a network on this node; its saved configuration stays readable.", min: 1, max: 1, run: runUpDown("down")},
-		}},
-		{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
-			},
-			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
-				if c.env.Daemon == nil {
-					return errors.New("tsng: daemon is not available in this build")
-				}
-				return c.env.Daemon(ctx, o.config)
+	root := &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.",
+		long: "Global options, before the command:\n  --socket PATH  the agent's local API socket (default: $TSNG_SOCKET, else " + DefaultSocket + ")\n  --version      print the version\n\nThe config file: docs/tsng-config.md (`tsng init` writes one).", sub: []*command{
+			vipCommand(),
+			{name: "network", short: "List, start and stop networks.", sub: []*command{
+				{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
+				{name: "up", args: "NET", short: "Start a network on this node.", min: 1, max: 1, run: runUpDown("up")},
+				{name: "down", args: "NET", short: "Stop a network on this node; its saved configuration stays readable.", min: 1, max: 1, run: runUpDown("down")},
 			}},
-		{name: "demo", short: "Run three in-process nodes (no root, no files): create api.home, send traffic, fail a backend over, print status.", max: 0,
-			run: func(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
-				if c.env.Demo == nil {
-					return errors.New("tsng: demo is not available in this build")
-				}
-				return c.env.Demo(ctx, c.env.Stdout)
-			}},
-		{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
-			flags: func(fs *flag.FlagSet, o *opts) {
-				fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address")
-			},
-			run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
-		{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
-			run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {
-				return completion(c.env.Stdout, args[0])
-			}},
-	}}
+			{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
+				flags: func(fs *flag.FlagSet, o *opts) {
+					fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
+				},
+				run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+					if c.env.Daemon == nil {
+						return errors.New("tsng: daemon is not available in this build")
+					}
+					return c.env.Daemon(ctx, o.config)
+				}},
+			{name: "demo", short: "Run three in-process nodes (no root, no files): create api.home, send traffic, fail a backend over, print status.", max: 0,
+				run: func(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
+					if c.env.Demo == nil {
+						return errors.New("tsng: demo is not available in this build")
+					}
+					return c.env.Demo(ctx, c.env.Stdout)
+				}},
+			{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
+				flags: func(fs *flag.FlagSet, o *opts) {
+					fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address")
+				},
+				run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
+			{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,
+				run: func(_ context.Context, c *cliCtx, _ *opts, args []string) error {
+					return completion(c.env.Stdout, args[0])
+				}},
+		}}
+	root.sub = append(root.sub, keysCommands()...)
+	root.sub = append(root.sub, opsCommands()...)
+	for _, c := range root.sub {
+		if c.name == "vip" {
+			c.sub = append(c.sub, forwardCommand())
+		}
+	}
+	return root
 }
 
 func vipCommand() *command {
@@ -369,8 +393,15 @@ func vipCommand() *command {
 			}, run: runStatus},
 		{name: "edit", args: "NET VIP", short: "Edit a VIP as JSON in $VISUAL/$EDITOR and save it as one version-checked draft.", min: 2, max: 2,
 			long: "An invalid or rejected file is kept and its path printed.", run: runEdit},
-		{name: "remove", args: "NET VIP", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
+		{name: "remove", args: "NET VIP [--yes]", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
+			long:  "On a terminal it asks first; --yes skips the question.",
+			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.yes, "yes", false, "do not ask") },
 			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
+				if !o.yes {
+					if err := confirmRemove(ctx, c, a[0], a[1]); err != nil {
+						return err
+					}
+				}
 				return c.client.Do(ctx, http.MethodDelete, vipPath(a[0], a[1]), nil, nil)
 			}},
 	}}
@@ -394,29 +425,39 @@ func mutateDoc(ctx context.Context, c *cliCtx, method, path string, body any) er
 
 func runPortSet(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 	var req PortSetRequest
-	set := false
 	switch o.portCheck {
 	case "":
 	case "on", "off":
 		v := o.portCheck == "on"
-		req.PortCheck, set = &v, true
+		req.PortCheck = &v
 	default:
 		return usageError{fmt.Sprintf("--port-check %q: want on or off", o.portCheck)}
 	}
-	if o.checkIv != 0 {
-		req.CheckIntervalMS, set = &o.checkIv, true
+	// A flag given is a value given, zero included: zero is outside every
+	// range, so it is refused with the range rather than ignored.
+	ranges := []struct {
+		flag   string
+		lo, hi int64
+		def    string
+		set    func()
+		value  int64
+	}{
+		{"check-interval-ms", vip.MinCheckInterval.Milliseconds(), vip.MaxCheckInterval.Milliseconds(), "3000", func() { req.CheckIntervalMS = &o.checkIv }, o.checkIv},
+		{"check-timeout-ms", vip.MinCheckTimeout.Milliseconds(), vip.MaxCheckInterval.Milliseconds(), "2000, at most the interval", func() { req.CheckTimeoutMS = &o.checkTo }, o.checkTo},
+		{"failures", 1, vip.MaxCheckCount, "2", func() { req.Failures = &o.failures }, int64(o.failures)},
+		{"successes", 1, vip.MaxCheckCount, "1", func() { req.Successes = &o.successes }, int64(o.successes)},
+		{"idle-timeout", int64(vip.MinIdleTimeout.Seconds()), int64(vip.MaxIdleTimeout.Seconds()), "7200 for TCP, 120 for UDP", func() { req.IdleTimeoutS = &o.idle }, o.idle},
 	}
-	if o.checkTo != 0 {
-		req.CheckTimeoutMS, set = &o.checkTo, true
-	}
-	if o.failures != 0 {
-		req.Failures, set = &o.failures, true
-	}
-	if o.successes != 0 {
-		req.Successes, set = &o.successes, true
-	}
-	if o.idle != 0 {
-		req.IdleTimeoutS, set = &o.idle, true
+	set := o.set["port-check"]
+	for _, r := range ranges {
+		if !o.set[r.flag] {
+			continue
+		}
+		if r.value < r.lo || r.value > r.hi {
+			return usageError{fmt.Sprintf("--%s %d: want %d-%d (default %s)", r.flag, r.value, r.lo, r.hi, r.def)}
+		}
+		r.set()
+		set = true
 	}
 	if !set {
 		return usageError{"port set needs at least one of --port-check, --check-interval-ms, --check-timeout-ms, --failures, --successes, --idle-timeout"}
@@ -505,7 +546,7 @@ func runList(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 		if len(ls) == 0 {
 			ls = []string{"-"}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.Network, d.Name, d.Addr, strings.Join(ls, ","), d.Revision, state(d.ServiceView))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.Network, d.Name, d.Addr, strings.Join(ls, ","), d.Revision, docState(d))
 	}
 	return tw.Flush()
 }
@@ -531,7 +572,7 @@ func printDoc(c *cliCtx, d ServiceDoc) error {
 		return enc.Encode(d)
 	}
 	w := c.env.Stdout
-	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", d.Name, d.Network, d.Addr, d.Revision, state(d.ServiceView))
+	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", d.Name, d.Network, d.Addr, d.Revision, docState(d))
 	for _, l := range d.Listeners {
 		ck := l.Check.Effective()
 		checks := "off"
@@ -542,7 +583,7 @@ func printDoc(c *cliCtx, d ServiceDoc) error {
 		}
 		fmt.Fprintf(w, "  %s  gen %d  idle %v  checks %s\n", l.Key(), l.Generation, l.EffectiveIdleTimeout(), checks)
 		for _, b := range l.Backends {
-			fmt.Fprintf(w, "    → %s:%d\n", b.Node, b.Port)
+			fmt.Fprintf(w, "    → %s:%d\n", d.nodeName(b.Node), b.Port)
 		}
 	}
 	fmt.Fprintf(w, "  id %s\n", d.ID)

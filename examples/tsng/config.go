@@ -17,7 +17,8 @@ import (
 	"github.com/vipkit/vipkit/vip"
 )
 
-// Config is the agent's config file (JSON).
+// Config is the agent's config file (JSON); docs/tsng-config.md describes
+// every field and its default, and `tsng init` writes one.
 //
 //	{
 //	  "data_dir": "/var/lib/tsng",
@@ -30,14 +31,17 @@ import (
 //	    "node": {"name": "server1", "address": "100.80.0.1",
 //	             "identity_key": "<base64 Ed25519 seed>", "wireguard_key": "<base64 private key>",
 //	             "listen_port": 51820},
-//	    "peers": [{"name": "server2", "address": "100.80.0.2", "identity": "<hex Ed25519 public key>",
+//	    "peers": [{"name": "server2", "address": "100.80.0.2", "identity": "<base64 Ed25519 public key>",
 //	               "wireguard_key": "<base64 public key>", "endpoint": "192.0.2.2:51820"}]
 //	  }]
 //	}
 type Config struct {
 	DataDir string `json:"data_dir"`
 	Socket  string `json:"socket,omitempty"`
-	Metrics string `json:"metrics,omitempty"` // Prometheus listen address (loopback); empty: off
+	// Metrics is the Prometheus listen address, IP:port (or localhost:port);
+	// empty: off. It must be a loopback address unless MetricsAnyAddress.
+	Metrics           string `json:"metrics,omitempty"`
+	MetricsAnyAddress bool   `json:"metrics_any_address,omitempty"`
 	// UI is the editor's loopback address; empty means 127.0.0.1 on a free
 	// port, "off" turns it off.
 	UI       string          `json:"ui,omitempty"`
@@ -54,17 +58,29 @@ type NetworkConfig struct {
 	Overlay string `json:"overlay"` // the agreed overlay range (IPv4)
 	// Mode is "netstack" (userspace, no root; the default) or "tun" (a
 	// kernel TUN, root).
-	Mode      string       `json:"mode,omitempty"`
-	TUN       string       `json:"tun,omitempty"` // kernel TUN name in tun mode
-	Stopped   bool         `json:"stopped,omitempty"`
-	DNS       *bool        `json:"dns,omitempty"`          // answer DNS on the overlay address (default on)
-	DNSPort   uint16       `json:"dns_port,omitempty"`     // default 53
-	Control   uint16       `json:"control_port,omitempty"` // default 51830
-	MaxFrame  int          `json:"max_frame,omitempty"`    // control frame limit; default crdt's
-	Node      NodeConfig   `json:"node"`
-	Peers     []PeerConfig `json:"peers"`
-	Limits    vip.Limits   `json:"limits,omitzero"`
-	ProbeFast bool         `json:"probe_fast,omitempty"` // probes every 250 ms expiring after 750 ms
+	Mode    string `json:"mode,omitempty"`
+	TUN     string `json:"tun,omitempty"` // kernel TUN name in tun mode
+	Stopped bool   `json:"stopped,omitempty"`
+	DNS     *bool  `json:"dns,omitempty"`      // answer DNS on the overlay address (default on)
+	DNSPort uint16 `json:"dns_port,omitempty"` // default 53
+	// DNSUpstreams are resolvers (IP or IP:port) for names outside the
+	// network's domain; empty (the default) answers them REFUSED.
+	DNSUpstreams []string     `json:"dns_upstreams,omitempty"`
+	Control      uint16       `json:"control_port,omitempty"` // default 51830
+	MaxFrame     int          `json:"max_frame,omitempty"`    // control frame limit; default crdt's
+	Node         NodeConfig   `json:"node"`
+	Peers        []PeerConfig `json:"peers"`
+	Limits       vip.Limits   `json:"limits,omitzero"`
+	ProbeFast    bool         `json:"probe_fast,omitempty"` // probes every 250 ms expiring after 750 ms
+	// SOCKS5 and HTTPProxy are loopback IP:port listeners (netstack mode
+	// only; empty: off) through which host applications reach the
+	// network's VIPs and nodes by name.
+	SOCKS5    string `json:"socks5,omitempty"`
+	HTTPProxy string `json:"http_proxy,omitempty"`
+	// UAPI serves the device read-only for `wg show` at
+	// /var/run/wireguard/TUN.sock (tun mode only; default on when the
+	// agent runs as root).
+	UAPI *bool `json:"uapi,omitempty"`
 }
 
 // NodeConfig is this node in a network.
@@ -78,9 +94,11 @@ type NodeConfig struct {
 
 // PeerConfig is another member of a network.
 type PeerConfig struct {
-	Name         string `json:"name"`
-	Address      string `json:"address"`
-	Identity     string `json:"identity"`      // hex Ed25519 public key
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	// Identity is the peer's Ed25519 public key in base64 (as `tsng keygen`
+	// prints it); 64 hex digits are accepted with a warning.
+	Identity     string `json:"identity"`
 	WireGuardKey wg.Key `json:"wireguard_key"` // base64 Curve25519 public key
 	Endpoint     string `json:"endpoint,omitempty"`
 }
@@ -98,7 +116,7 @@ func LoadConfig(path string) (*Config, error) {
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, jsonError(b, err))
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -116,6 +134,15 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Networks) == 0 {
 		return bad("no networks")
+	}
+	if c.Metrics != "" {
+		ap, err := c.metricsAddr()
+		if err != nil {
+			return bad("metrics %q: want IP:port, such as 127.0.0.1:9469", c.Metrics)
+		}
+		if !ap.Addr().IsLoopback() && !c.MetricsAnyAddress {
+			return bad("metrics %q is not a loopback address; set metrics_any_address to serve metrics there", c.Metrics)
+		}
 	}
 	names := map[string]bool{}
 	for i := range c.Networks {
@@ -136,6 +163,23 @@ func (c *Config) Validate() error {
 		case "", "netstack", "tun":
 		default:
 			return bad("%s.mode %q: want netstack or tun", where, n.Mode)
+		}
+		if n.UAPI != nil && *n.UAPI && n.Mode != "tun" {
+			return bad("%s.uapi: only in tun mode (wg show names the TUN interface)", where)
+		}
+		if _, err := parseUpstreams(n.DNSUpstreams, p); err != nil {
+			return bad("%s.dns_upstreams: %v", where, err)
+		}
+		for _, px := range []struct{ field, v string }{{"socks5", n.SOCKS5}, {"http_proxy", n.HTTPProxy}} {
+			if px.v == "" {
+				continue
+			}
+			if n.Mode == "tun" {
+				return bad("%s.%s: only in netstack mode (in tun mode host applications reach VIPs directly)", where, px.field)
+			}
+			if ap, err := netip.ParseAddrPort(px.v); err != nil || !ap.Addr().IsLoopback() {
+				return bad("%s.%s %q: want a loopback IP:port such as 127.0.0.1:1080", where, px.field, px.v)
+			}
 		}
 		if n.ID != "" {
 			if _, err := n.NetworkID(); err != nil {
@@ -183,6 +227,14 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// metricsAddr parses Metrics; localhost stands for 127.0.0.1.
+func (c *Config) metricsAddr() (netip.AddrPort, error) {
+	if rest, ok := strings.CutPrefix(c.Metrics, "localhost:"); ok {
+		return netip.ParseAddrPort("127.0.0.1:" + rest)
+	}
+	return netip.ParseAddrPort(c.Metrics)
 }
 
 // NetworkID returns the network's crdt id.
@@ -235,7 +287,7 @@ func (p *PeerConfig) info() (vip.NodeInfo, error) {
 	if err != nil || !a.Is4() {
 		return vip.NodeInfo{}, fmt.Errorf("address %q: want an IPv4 address", p.Address)
 	}
-	id, err := vip.ParseNodeID(p.Identity)
+	id, _, err := parseIdentity(p.Identity)
 	if err != nil {
 		return vip.NodeInfo{}, fmt.Errorf("identity: %v", err)
 	}

@@ -46,9 +46,25 @@ type ControlOptions struct {
 	MaxFrame int
 	// Queue is the per-peer send queue in frames (64); a full queue drops
 	// the frame: the periodic rotation repairs it.
-	Queue  int
-	Logger *slog.Logger
+	Queue int
+	// ConnsPerPeer bounds the connections one member keeps open to this
+	// node (DefaultControlConnsPerPeer); a new one beyond it replaces the
+	// member's oldest, which is closed and counted as refused.
+	ConnsPerPeer int
+	// FrameTimeout bounds how long a frame's bytes may take to arrive once
+	// its length is read (DefaultControlFrameTimeout); IdleTimeout bounds
+	// the wait for the next frame (DefaultControlIdleTimeout). Senders
+	// close their idle connections sooner, at half of it.
+	FrameTimeout, IdleTimeout time.Duration
+	Logger                    *slog.Logger
 }
+
+// The control channel's defaults.
+const (
+	DefaultControlConnsPerPeer = 4
+	DefaultControlFrameTimeout = 30 * time.Second
+	DefaultControlIdleTimeout  = 5 * time.Minute
+)
 
 // ControlStats counts the control channel's traffic.
 type ControlStats struct {
@@ -63,12 +79,13 @@ type Control struct {
 	ctx context.Context
 	ln  net.Listener
 
-	mu     sync.Mutex
-	peers  map[vip.NodeID]*peerConn
-	stats  ControlStats
-	closed bool
-	wg     sync.WaitGroup
-	cancel context.CancelFunc
+	mu      sync.Mutex
+	peers   map[vip.NodeID]*peerConn
+	inbound map[vip.NodeID][]net.Conn // oldest first
+	stats   ControlStats
+	closed  bool
+	wg      sync.WaitGroup
+	cancel  context.CancelFunc
 }
 
 var _ vip.Carrier = (*Control)(nil)
@@ -91,6 +108,15 @@ func NewControl(ctx context.Context, o ControlOptions) (*Control, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.ConnsPerPeer <= 0 {
+		o.ConnsPerPeer = DefaultControlConnsPerPeer
+	}
+	if o.FrameTimeout <= 0 {
+		o.FrameTimeout = DefaultControlFrameTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultControlIdleTimeout
+	}
 	if o.MaxFrame <= 0 {
 		return nil, errors.New("tsng: ControlOptions.MaxFrame is required")
 	}
@@ -99,7 +125,7 @@ func NewControl(ctx context.Context, o ControlOptions) (*Control, error) {
 		return nil, fmt.Errorf("tsng: control channel: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	c := &Control{o: o, ctx: ctx, ln: ln, peers: map[vip.NodeID]*peerConn{}, cancel: cancel}
+	c := &Control{o: o, ctx: ctx, ln: ln, peers: map[vip.NodeID]*peerConn{}, inbound: map[vip.NodeID][]net.Conn{}, cancel: cancel}
 	c.wg.Add(1)
 	go c.accept()
 	return c, nil
@@ -147,7 +173,9 @@ func (c *Control) count(f func(*ControlStats)) {
 }
 
 // sender keeps a connection to one peer and writes its queue; on an error
-// it drops the connection and redials on the next frame.
+// it drops the connection and redials on the next frame. It closes the
+// connection after half the idle timeout without frames, before the
+// receiver's own idle deadline would.
 func (c *Control) sender(to vip.NodeID, p *peerConn) {
 	defer c.wg.Done()
 	var conn net.Conn
@@ -157,13 +185,22 @@ func (c *Control) sender(to vip.NodeID, p *peerConn) {
 			conn.Close()
 		}
 	}()
+	idle := time.NewTimer(c.o.IdleTimeout / 2)
+	defer idle.Stop()
 	for {
 		var frame []byte
 		select {
 		case <-c.ctx.Done():
 			return
+		case <-idle.C:
+			if conn != nil {
+				conn.Close()
+				conn = nil
+			}
+			continue
 		case frame = <-p.q:
 		}
+		idle.Reset(c.o.IdleTimeout / 2)
 		if conn == nil {
 			addr, ok := c.o.Addr(to)
 			if !ok {
@@ -217,19 +254,56 @@ func (c *Control) accept() {
 			conn.Close()
 			continue
 		}
+		c.mu.Lock()
+		in := append(c.inbound[from], conn)
+		var evict net.Conn
+		if len(in) > c.o.ConnsPerPeer {
+			evict, in = in[0], in[1:]
+			c.stats.Refused++
+		}
+		c.inbound[from] = in
+		c.mu.Unlock()
+		if evict != nil {
+			c.o.Logger.Debug("control connections over the per-peer limit; closing the oldest", "peer", from.String()[:12], "limit", c.o.ConnsPerPeer)
+			evict.Close()
+		}
 		c.wg.Add(1)
 		go c.receive(conn, from)
 	}
 }
 
+// forget drops conn from its member's inbound connections.
+func (c *Control) forget(from vip.NodeID, conn net.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in := c.inbound[from]
+	for i, x := range in {
+		if x == conn {
+			in = append(in[:i:i], in[i+1:]...)
+			break
+		}
+	}
+	if len(in) == 0 {
+		delete(c.inbound, from)
+	} else {
+		c.inbound[from] = in
+	}
+}
+
+// receive reads frames from one inbound connection. The wait for a frame
+// is bounded by the idle timeout and its bytes by the frame timeout; the
+// frame's buffer grows as its bytes arrive, so an announced length costs
+// nothing until it is sent.
 func (c *Control) receive(conn net.Conn, from vip.NodeID) {
 	defer c.wg.Done()
+	defer c.forget(from, conn)
 	defer conn.Close()
 	stop := context.AfterFunc(c.ctx, func() { conn.Close() })
 	defer stop()
-	r := bufio.NewReader(conn)
+	r := bufio.NewReaderSize(conn, 512)
 	var hdr [4]byte
 	for {
+		_ = conn.SetReadDeadline(time.Now().Add(c.o.IdleTimeout))
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return
 		}
@@ -239,8 +313,14 @@ func (c *Control) receive(conn net.Conn, from vip.NodeID) {
 			c.o.Logger.Warn("control frame over the limit; closing", "peer", from.String()[:12], "bytes", n, "limit", c.o.MaxFrame)
 			return
 		}
-		frame := make([]byte, n)
-		if _, err := io.ReadFull(r, frame); err != nil {
+		_ = conn.SetReadDeadline(time.Now().Add(c.o.FrameTimeout))
+		frame, err := io.ReadAll(io.LimitReader(r, int64(n)))
+		if len(frame) < int(n) {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				c.count(func(s *ControlStats) { s.Refused++ })
+				c.o.Logger.Warn("control frame not complete within the frame timeout; closing", "peer", from.String()[:12], "bytes", len(frame), "of", n, "timeout", c.o.FrameTimeout)
+			}
 			return
 		}
 		c.count(func(s *ControlStats) { s.Received++ })

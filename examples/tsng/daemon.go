@@ -3,14 +3,17 @@ package tsng
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +55,7 @@ type Daemon struct {
 	metrics   *http.Server
 	metricsLn net.Listener
 	ui        *UIServer
+	lock      *os.File
 	wg        sync.WaitGroup
 }
 
@@ -73,10 +77,16 @@ type netRuntime struct {
 	dev     *wg.Device
 	control *Control
 	repl    *vip.Replicator
-	dns     *vip.DNSServer
+	dns     *dnsServers
 	res     flow.PortReserver
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// proxies and forwards carry host applications into the netstack
+	// overlay (netstack mode only).
+	proxies  []io.Closer
+	forwards []*forwarder
+	tunName  string         // the TUN interface in tun mode
+	uapi     *wg.UAPIServer // `wg show`'s socket, when served
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -92,11 +102,16 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	d.lock = lock
 	for _, nc := range cfg.Networks {
 		n, err := d.openNetwork(ctx, nc)
 		if err != nil {
 			d.Close()
-			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, err)
+			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, trimPrefix(err))
 		}
 		d.nets = append(d.nets, n)
 	}
@@ -106,7 +121,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		}
 		if err := n.start(ctx); err != nil {
 			d.Close()
-			return nil, fmt.Errorf("tsng: network %s: %w", n.cfg.Name, err)
+			return nil, fmt.Errorf("tsng: network %s: %w", n.cfg.Name, trimPrefix(err))
 		}
 	}
 	if !o.NoAPI {
@@ -133,17 +148,26 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		d.ui = ui
 	}
 	if cfg.Metrics != "" {
-		ln, err := net.Listen("tcp", cfg.Metrics)
+		ap, _ := cfg.metricsAddr() // validated
+		ln, err := net.Listen("tcp", ap.String())
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("tsng: metrics: %w", err)
 		}
 		d.metricsLn = ln
-		d.metrics = &http.Server{Handler: http.HandlerFunc(d.serveMetrics), ReadHeaderTimeout: 10 * time.Second}
+		d.metrics = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
 	}
 	return d, nil
+}
+
+// UIAddr returns the editor's listen address ("" when off).
+func (d *Daemon) UIAddr() string {
+	if d.ui == nil {
+		return ""
+	}
+	return d.ui.ln.Addr().String()
 }
 
 // UIURL returns the editor's address with this start's token ("" when
@@ -220,6 +244,10 @@ func (d *Daemon) Close() error {
 		if n.replica != nil {
 			errs = append(errs, n.replica.Close())
 		}
+	}
+	if d.lock != nil {
+		d.lock.Close()
+		d.lock = nil
 	}
 	return errors.Join(errs...)
 }
@@ -352,7 +380,14 @@ func (n *netRuntime) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	return n.startOnLocked(ctx, host, host, netstackNet{host}, &netstackReserver{h: host, addr: self.Addr}, func(ap netip.AddrPort) (net.PacketConn, error) { return host.ListenUDP(ap) })
+	if err := n.startOnLocked(ctx, host, host, netstackNet{host}, &netstackReserver{h: host, addr: self.Addr}, func(ap netip.AddrPort) (net.PacketConn, error) { return host.ListenUDP(ap) }); err != nil {
+		return err
+	}
+	if err := n.startProxiesLocked(host); err != nil {
+		n.stopLocked()
+		return err
+	}
+	return nil
 }
 
 // startOnLocked starts everything on a host stack.
@@ -401,6 +436,13 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { dev.Close() })
+	n.startUAPILocked(dev)
+	cleanup = append(cleanup, func() {
+		if n.uapi != nil {
+			n.uapi.Close()
+			n.uapi = nil
+		}
+	})
 	rctx, cancel := context.WithCancel(context.Background())
 	cleanup = append(cleanup, cancel)
 	var repl *vip.Replicator
@@ -425,30 +467,62 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		if port == 0 {
 			port = 53
 		}
+		prefix, _ := netip.ParsePrefix(n.cfg.Overlay)
+		ups, err := parseUpstreams(n.cfg.DNSUpstreams, prefix)
+		if err != nil {
+			return fmt.Errorf("dns_upstreams: %w", err)
+		}
+		opts := eng.DNSOptions()
+		own, err := vip.NewDNSServer(opts)
+		if err != nil {
+			return err
+		}
 		pc, err := listenUDP(netip.AddrPortFrom(self.Addr, port))
 		if err != nil {
 			return fmt.Errorf("DNS on %v:%d: %w", self.Addr, port, err)
 		}
-		dns, err := vip.NewDNSServer(eng.DNSOptions())
+		ln, err := cn.Listen(netip.AddrPortFrom(self.Addr, port))
 		if err != nil {
 			pc.Close()
-			return err
+			return fmt.Errorf("DNS over TCP on %v:%d: %w", self.Addr, port, err)
 		}
-		n.dns = dns
-		done := n.done
-		go func() { defer close(done); _ = dns.Serve(rctx, pc) }()
-	} else {
-		close(n.done)
+		srvs, err := serveDNS(newDNSHandler(own, opts, ups, n.d.log.With("network", n.cfg.Name, "part", "dns")), pc, ln)
+		if err != nil {
+			pc.Close()
+			ln.Close()
+			return fmt.Errorf("DNS on %v:%d: %w", self.Addr, port, err)
+		}
+		n.dns = srvs
+		cleanup = append(cleanup, func() { srvs.Close(); n.dns = nil })
 	}
+	close(n.done)
 	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
 	repl.Start()
 	if err := eng.Apply(); err != nil {
 		n.d.log.Warn("routing", "err", err)
 	}
 	n.up.Store(true)
-	n.d.log.Info("network up", "network", n.cfg.Name, "address", self.Addr, "mode", n.mode())
+	n.d.log.Info("network up", "network", n.cfg.Name, "node", self.Name, "address", self.Addr, "mode", n.mode(),
+		"identity", base64.StdEncoding.EncodeToString(self.ID[:]), "wireguard_public_key", n.cfg.Node.WireGuardKey.PublicKey().String())
 	return nil
 }
+
+// trimPrefix drops a leading "tsng: " from err's message, for errors
+// wrapped into another tsng error.
+func trimPrefix(err error) error {
+	if m, ok := strings.CutPrefix(err.Error(), "tsng: "); ok {
+		return prefixless{m, err}
+	}
+	return err
+}
+
+type prefixless struct {
+	msg string
+	err error
+}
+
+func (p prefixless) Error() string { return p.msg }
+func (p prefixless) Unwrap() error { return p.err }
 
 func (n *netRuntime) mode() string {
 	if n.cfg.Mode == "" {
@@ -488,10 +562,21 @@ func (n *netRuntime) pathUp(dev func() *wg.Device) func(vip.NodeID) bool {
 func (n *netRuntime) stop() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.stopLocked()
+}
+
+func (n *netRuntime) stopLocked() {
 	if !n.up.Load() {
 		return
 	}
 	n.up.Store(false)
+	for _, p := range n.proxies {
+		p.Close()
+	}
+	for _, f := range n.forwards {
+		f.Close()
+	}
+	n.proxies, n.forwards = nil, nil
 	n.repl.Stop()
 	n.cancel()
 	if n.dns != nil {
@@ -499,6 +584,10 @@ func (n *netRuntime) stop() {
 	}
 	<-n.done
 	n.control.Close()
+	if n.uapi != nil {
+		n.uapi.Close()
+		n.uapi = nil
+	}
 	n.dev.Close()
 	n.engine.Close()
 	if c, ok := n.res.(interface{ Close() error }); ok {

@@ -16,8 +16,19 @@
 //	tsng vip status NET VIP [--watch] [--json]
 //	tsng vip edit NET VIP
 //	tsng vip port remove NET VIP PROTO/PORT
-//	tsng vip remove NET VIP
+//	tsng vip remove NET VIP [--yes]
+//	tsng vip forward NET VIP PROTO/PORT [--listen 127.0.0.1:PORT]
+//	tsng keygen [--json]
+//	tsng init --network NAME --overlay CIDR --address ADDR [--name NODE] [--config FILE]
+//	tsng config check FILE
+//	tsng daemon [--config FILE]
+//	tsng version (or --version)
 //	tsng completion bash|zsh
+//
+// The CLI finds the agent's socket with --socket PATH (before the
+// command), or TSNG_SOCKET, or at /run/tsng/tsng.sock. docs/tsng-config.md
+// describes the config file, the proxies for host applications in
+// netstack mode, DNS and `wg show`.
 //
 // Network and VIP selectors accept exact names, full ids and unique id
 // prefixes; backend node selectors also accept node names. An ambiguous

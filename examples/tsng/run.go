@@ -2,16 +2,24 @@ package tsng
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
 	"syscall"
+
+	"github.com/vipkit/vipkit/internal/buildinfo"
 )
 
 // RunDaemon loads the config file and runs the agent until ctx ends or the
 // process gets SIGINT or SIGTERM. Logs are structured (log/slog) on stderr.
 func RunDaemon(ctx context.Context, configPath string) error {
+	return RunDaemonLog(ctx, configPath, os.Stderr)
+}
+
+// RunDaemonLog is RunDaemon logging to w.
+func RunDaemonLog(ctx context.Context, configPath string, w io.Writer) error {
 	cfg, err := LoadConfig(configPath)
 	if err != nil {
 		return err
@@ -22,14 +30,30 @@ func RunDaemon(ctx context.Context, configPath string) error {
 			return err
 		}
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	for _, warn := range cfg.Warnings() {
+		log.Warn("config: " + warn)
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	d, err := NewDaemon(ctx, cfg, DaemonOptions{Logger: log})
 	if err != nil {
 		return err
 	}
-	log.Info("tsng running", "networks", len(cfg.Networks), "socket", cfg.Socket)
+	sock := cfg.Socket
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	ui := d.UIAddr()
+	if ui == "" {
+		ui = "off"
+	}
+	metrics := d.MetricsAddr()
+	if metrics == "" {
+		metrics = "off"
+	}
+	log.Info("tsng running", "version", buildinfo.Read().String(), "networks", len(cfg.Networks), "socket", sock,
+		"ui", ui, "metrics", metrics, "data_dir", cfg.DataDir)
 	<-ctx.Done()
 	log.Info("tsng stopping")
 	return d.Close()

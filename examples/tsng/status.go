@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -113,26 +111,4 @@ func runStatus(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 	}
 }
 
-func printStatus(c *cliCtx, raw map[string]any, s Sample) {
-	w := c.env.Stdout
-	fmt.Fprintf(w, "%s  %s.%s  revision %v\n", s.Time.Format(time.TimeOnly), s.Service, s.Network, raw["revision"])
-	if s.Status == nil {
-		fmt.Fprintln(w, "  no observation (network down or service not routed)")
-		return
-	}
-	b, _ := json.MarshalIndent(s.Status, "  ", "  ")
-	fmt.Fprintf(w, "  %s\n", b)
-	if len(s.Rates) > 0 {
-		keys := make([]string, 0, len(s.Rates))
-		for k := range s.Rates {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  RATE\tPER SECOND")
-		for _, k := range keys {
-			fmt.Fprintf(tw, "  %s\t%.1f\n", k, s.Rates[k])
-		}
-		tw.Flush()
-	}
-}
+func printStatus(c *cliCtx, raw map[string]any, s Sample) { printStatusTable(c, raw, s) }

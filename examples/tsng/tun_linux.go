@@ -33,6 +33,7 @@ func (n *netRuntime) startTUNLocked(ctx context.Context) error {
 			name = fmt.Sprintf("tsng-%.4s%06x", n.cfg.Name, h&0xffffff)
 		}
 	}
+	n.tunName = name
 	dev, err := tun.CreateTUN(name, 1420)
 	if err != nil {
 		return fmt.Errorf("creating TUN %s: %w", name, err)

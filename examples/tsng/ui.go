@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"mime"
 	"net"
 	"net/http"
 	"net/netip"
@@ -19,11 +20,18 @@ import (
 var webui embed.FS
 
 // UIServer serves the VIP editor: the embedded page and the local API
-// under /api/, on a loopback address only, to holders of a per-start
-// token. The token arrives in the URL that `tsng ui` prints; the first page
-// load turns it into a strict same-site cookie, so the page's own requests
-// carry it. Requests whose Host is not a loopback address are refused (no
-// DNS rebinding).
+// under /api/, on a loopback address only. The page is public; the API
+// answers holders of a per-start token. The token arrives in the URL that
+// `tsng ui` prints; the page keeps it in its own session storage (scoped
+// to this origin, port included) and sends it in the X-Tsng-Token header.
+// It is never a cookie: browsers send cookies to every port of a host.
+//
+// API requests must also be the page's own: a Host that is a loopback
+// address (no DNS rebinding), Sec-Fetch-Site "same-origin" when the
+// browser sends it, an Origin equal to the editor's when sent (other
+// loopback ports are "same-site", not same-origin), and mutations only
+// with an application/json body, which no page elsewhere can send without
+// a CORS preflight this server never grants.
 type UIServer struct {
 	token string
 	api   http.Handler
@@ -32,7 +40,8 @@ type UIServer struct {
 	srv   *http.Server
 }
 
-const uiCookie = "tsng_ui"
+// uiTokenHeader carries the token on the page's API requests.
+const uiTokenHeader = "X-Tsng-Token"
 
 // NewUIServer listens on addr ("127.0.0.1:0" when empty; a non-loopback
 // address is refused) and serves m's API behind a fresh token.
@@ -71,13 +80,14 @@ func (u *UIServer) URL() string {
 func (u *UIServer) Close() error { return u.srv.Close() }
 
 func (u *UIServer) authorized(r *http.Request) bool {
-	if t := r.URL.Query().Get("token"); t != "" {
-		return subtle.ConstantTimeCompare([]byte(t), []byte(u.token)) == 1
-	}
-	if c, err := r.Cookie(uiCookie); err == nil {
-		return subtle.ConstantTimeCompare([]byte(c.Value), []byte(u.token)) == 1
-	}
-	return false
+	t := r.Header.Get(uiTokenHeader)
+	return t != "" && subtle.ConstantTimeCompare([]byte(t), []byte(u.token)) == 1
+}
+
+// sameOrigin reports whether origin is the editor's own.
+func (u *UIServer) sameOrigin(origin string) bool {
+	_, port, _ := net.SplitHostPort(u.ln.Addr().String())
+	return origin == "http://"+u.ln.Addr().String() || origin == "http://localhost:"+port
 }
 
 // ServeHTTP implements http.Handler.
@@ -90,23 +100,36 @@ func (u *UIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "tsng ui: loopback only", http.StatusForbidden)
 		return
 	}
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	rest, isAPI := strings.CutPrefix(r.URL.Path, "/api/")
+	if !isAPI {
+		w.Header().Set("Cache-Control", "no-store")
+		u.files.ServeHTTP(w, r)
+		return
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
+		http.Error(w, "tsng ui: only the editor's own page may call its API (Sec-Fetch-Site "+site+")", http.StatusForbidden)
+		return
+	}
+	if o := r.Header.Get("Origin"); o != "" && !u.sameOrigin(o) {
+		http.Error(w, "tsng ui: only the editor's own page may call its API (Origin "+o+")", http.StatusForbidden)
+		return
+	}
 	if !u.authorized(r) {
 		http.Error(w, "tsng ui: open the address that `tsng ui` prints (it carries this start's token)", http.StatusUnauthorized)
 		return
 	}
-	if r.URL.Query().Get("token") != "" {
-		http.SetCookie(w, &http.Cookie{Name: uiCookie, Value: u.token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+			http.Error(w, "tsng ui: changes take an application/json body", http.StatusUnsupportedMediaType)
+			return
+		}
 	}
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if rest, ok := strings.CutPrefix(r.URL.Path, "/api"); ok {
-		r2 := r.Clone(r.Context())
-		r2.URL.Path = rest
-		u.api.ServeHTTP(w, r2)
-		return
-	}
-	w.Header().Set("Cache-Control", "no-store")
-	u.files.ServeHTTP(w, r)
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = "/" + rest
+	u.api.ServeHTTP(w, r2)
 }
 
 // uiInfo is the body of GET /v1/ui on the local API.

@@ -17,12 +17,22 @@ const el = (tag, attrs = {}, ...kids) => {
   return e;
 };
 
-async function api(method, path, body) {
-  const opts = { method, headers: {} };
-  if (body !== undefined) {
-    opts.headers["Content-Type"] = "application/json";
-    opts.body = JSON.stringify(body);
+// This start's token: from the address `tsng ui` printed, then kept in
+// this origin's session storage and sent as a header (never a cookie,
+// which every port of 127.0.0.1 would receive).
+const token = (() => {
+  const q = new URLSearchParams(location.search).get("token");
+  if (q) {
+    sessionStorage.setItem("tsng-token", q);
+    history.replaceState(null, "", location.pathname + location.hash);
   }
+  return sessionStorage.getItem("tsng-token") || "";
+})();
+
+async function api(method, path, body) {
+  const opts = { method, headers: { "X-Tsng-Token": token }, credentials: "omit" };
+  if (method !== "GET") opts.headers["Content-Type"] = "application/json";
+  if (body !== undefined) opts.body = JSON.stringify(body);
   const r = await fetch("/api" + path, opts);
   const text = await r.text();
   const data = text ? JSON.parse(text) : null;

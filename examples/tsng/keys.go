@@ -1,0 +1,231 @@
+package tsng
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/vip"
+)
+
+// Keys are a new node's keys, every one 32 bytes in standard base64 (the
+// encoding keel-vip's files use too).
+type Keys struct {
+	WireGuardKey       wg.Key `json:"wireguard_key"`        // private; the node's config
+	WireGuardPublicKey wg.Key `json:"wireguard_public_key"` // the peers' config
+	IdentityKey        string `json:"identity_key"`         // Ed25519 seed, private; the node's config
+	Identity           string `json:"identity"`             // Ed25519 public key; the peers' config
+}
+
+// GenerateKeys makes a new node's WireGuard key pair and Ed25519 identity.
+func GenerateKeys() (Keys, error) {
+	seed := make([]byte, ed25519.SeedSize)
+	if _, err := rand.Read(seed); err != nil {
+		return Keys{}, err
+	}
+	wk := wg.GeneratePrivateKey()
+	pub := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
+	return Keys{WireGuardKey: wk, WireGuardPublicKey: wk.PublicKey(),
+		IdentityKey: base64.StdEncoding.EncodeToString(seed), Identity: base64.StdEncoding.EncodeToString(pub)}, nil
+}
+
+// parseIdentity reads a peer's Ed25519 public key: standard base64, the
+// canonical form, or 64 hex digits, accepted with hex true.
+func parseIdentity(s string) (id vip.NodeID, isHex bool, err error) {
+	if len(s) == 2*len(id) {
+		if _, err := hex.Decode(id[:], []byte(s)); err == nil {
+			return id, true, nil
+		}
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b) != len(id) {
+		return vip.NodeID{}, false, fmt.Errorf("%q: want an Ed25519 public key of %d bytes in base64 (as `tsng keygen` prints it)", s, len(id))
+	}
+	copy(id[:], b)
+	return id, false, nil
+}
+
+// Warnings lists what the config accepts but should say otherwise: peer
+// identities in hex, with the canonical base64 form to write instead.
+func (c *Config) Warnings() []string {
+	var out []string
+	for i, n := range c.Networks {
+		for j, p := range n.Peers {
+			if id, isHex, err := parseIdentity(p.Identity); err == nil && isHex {
+				out = append(out, fmt.Sprintf("networks[%d].peers[%d].identity (%s) is hex; the canonical form is base64: %s",
+					i, j, p.Name, base64.StdEncoding.EncodeToString(id[:])))
+			}
+		}
+	}
+	return out
+}
+
+// jsonError adds the line and column (1-based) of a JSON decoding error
+// in b, when it has an offset.
+func jsonError(b []byte, err error) error {
+	var off int64
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		off = se.Offset
+	case errors.As(err, &te):
+		off = te.Offset
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		off = int64(len(b)) + 1
+	default:
+		return err
+	}
+	i := int(off) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i > len(b) {
+		i = len(b)
+	}
+	line := 1 + bytes.Count(b[:i], []byte{'\n'})
+	col := i - bytes.LastIndexByte(b[:i], '\n')
+	return fmt.Errorf("line %d, column %d: %w", line, col, err)
+}
+
+func runKeygen(_ context.Context, c *cliCtx, o *opts, _ []string) error {
+	k, err := GenerateKeys()
+	if err != nil {
+		return err
+	}
+	if o.json {
+		enc := json.NewEncoder(c.env.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(k)
+	}
+	fmt.Fprintf(c.env.Stdout, "wireguard_key: %s\nwireguard_public_key: %s\nidentity_key: %s\nidentity: %s\n",
+		k.WireGuardKey, k.WireGuardPublicKey, k.IdentityKey, k.Identity)
+	return nil
+}
+
+// initOpts are the flags of `tsng init`.
+type initOpts struct {
+	network, overlay, address, name, dataDir, socket, mode string
+	listenPort                                             uint
+}
+
+func initFlags(in *initOpts) func(fs *flag.FlagSet, o *opts) {
+	return func(fs *flag.FlagSet, o *opts) {
+		fs.StringVar(&in.network, "network", "", "the network's `name` (required)")
+		fs.StringVar(&in.overlay, "overlay", "", "the network's agreed overlay range, an IPv4 `CIDR` such as 100.80.0.0/16 (required)")
+		fs.StringVar(&in.address, "address", "", "this node's overlay `address` inside the range (required)")
+		fs.StringVar(&in.name, "name", "", "this node's `name` (default: the host name)")
+		fs.StringVar(&in.dataDir, "data-dir", "/var/lib/tsng", "the agent's state `directory`")
+		fs.StringVar(&in.socket, "socket", "", "the local API's socket `path` (default "+DefaultSocket+")")
+		fs.StringVar(&in.mode, "mode", "netstack", "netstack (userspace, no root) or tun (a kernel TUN, CAP_NET_ADMIN)")
+		fs.UintVar(&in.listenPort, "listen-port", 51820, "WireGuard's UDP `port` (0: any free port)")
+		fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "the config `file` to write (never overwritten)")
+	}
+}
+
+func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error {
+	return func(_ context.Context, c *cliCtx, o *opts, _ []string) error {
+		for _, r := range []struct{ flag, v string }{{"--network", in.network}, {"--overlay", in.overlay}, {"--address", in.address}} {
+			if r.v == "" {
+				return usageError{"init needs " + r.flag}
+			}
+		}
+		if in.listenPort > 65535 {
+			return usageError{fmt.Sprintf("--listen-port %d: want 0-65535", in.listenPort)}
+		}
+		name := in.name
+		if name == "" {
+			h, err := os.Hostname()
+			if err != nil || vip.ValidName(strings.ToLower(strings.Split(h, ".")[0])) != nil {
+				return usageError{fmt.Sprintf("init: the host name %q is not a valid node name; give --name", h)}
+			}
+			name = strings.ToLower(strings.Split(h, ".")[0])
+		}
+		k, err := GenerateKeys()
+		if err != nil {
+			return err
+		}
+		cfg := Config{DataDir: in.dataDir, Socket: in.socket, Networks: []NetworkConfig{{
+			Name: in.network, Overlay: in.overlay, Mode: in.mode, Peers: []PeerConfig{},
+			Node: NodeConfig{Name: name, Address: in.address, IdentityKey: k.IdentityKey, WireGuardKey: k.WireGuardKey, ListenPort: uint16(in.listenPort)},
+		}}}
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+		b, err := json.MarshalIndent(cfg, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(o.config), 0o755); err != nil {
+			return err
+		}
+		fh, err := os.OpenFile(o.config, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%s exists; not overwriting it (remove it or give another --config)", o.config)
+		}
+		if err != nil {
+			return err
+		}
+		_, err = fh.Write(append(b, '\n'))
+		if cerr := fh.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(o.config)
+			return err
+		}
+		entry, _ := json.MarshalIndent(PeerConfig{Name: name, Address: in.address, Identity: k.Identity, WireGuardKey: k.WireGuardPublicKey}, "", "  ")
+		fmt.Fprintf(c.env.Stdout, "wrote %s (mode 0600)\n\nThis node's entry for the other members' \"peers\" lists (add \"endpoint\", the IP:port they reach it at):\n%s\n", o.config, entry)
+		return nil
+	}
+}
+
+func runConfigCheck(_ context.Context, c *cliCtx, _ *opts, a []string) error {
+	cfg, err := LoadConfig(a[0])
+	if err != nil {
+		return err
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintln(c.env.Stderr, "tsng: warning:", w)
+	}
+	var parts []string
+	for _, n := range cfg.Networks {
+		parts = append(parts, fmt.Sprintf("%s (%s, %s, %d peers)", n.Name, nonEmpty(n.Mode, "netstack"), n.Node.Address, len(n.Peers)))
+	}
+	fmt.Fprintf(c.env.Stdout, "%s: ok: %s\n", a[0], strings.Join(parts, "; "))
+	return nil
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// keysCommands are `tsng keygen`, `tsng init` and `tsng config check`.
+func keysCommands() []*command {
+	in := &initOpts{}
+	return []*command{
+		{name: "keygen", args: "[--json]", short: "Print a new node's keys: WireGuard private and public key, identity seed and public key (base64).", max: 0, flags: jsonFlag, run: runKeygen},
+		{name: "init", args: "--network NAME --overlay CIDR --address ADDR [--name NODE] [--config FILE]", short: "Write a config file (mode 0600) with fresh keys for this node.", max: 0,
+			long:  "Prints this node's entry for the other members' peers lists. See docs/tsng-config.md for every field.",
+			flags: initFlags(in), run: runInit(in)},
+		{name: "config", short: "Check config files.", sub: []*command{
+			{name: "check", args: "FILE", short: "Check a config file; print each problem, or ok.", min: 1, max: 1, run: runConfigCheck},
+		}},
+	}
+}

@@ -1,0 +1,179 @@
+package tsng
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/transport/netns"
+	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg"
+)
+
+// logWriter passes a process's output to the test log.
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestTunModeDNSAndWgShow runs the real tsng binary in tun mode inside a
+// network namespace (root): dig +tcp and plain dig get the VIP's address
+// from the agent on its TUN address, a name outside the network is
+// answered by a test upstream on the namespace's loopback, and Debian's
+// wg show and wg showconf read the device through its UAPI socket.
+func TestTunModeDNSAndWgShow(t *testing.T) {
+	testenv.NeedRoot(t)
+	gobin := testenv.NeedBinary(t, "go")
+	dig := testenv.NeedBinary(t, "dig")
+	wgBin := testenv.NeedBinary(t, "wg")
+	h := netns.NewHostT(t, "tm")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The upstream resolver, on the namespace's loopback.
+	ln, err := h.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := h.ListenPacket(ctx, "udp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &testUpstream{addr: ln.Addr().String()}
+	upSrv, err := serveDNS(upstreamDNS(up), pc, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upSrv.Close()
+
+	bin := filepath.Join(t.TempDir(), "tsng")
+	if out, err := exec.CommandContext(ctx, gobin, "build", "-o", bin, "../../cmd/tsng").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	tun := fmt.Sprintf("tsngt%d", os.Getpid()%100000)
+	k, _ := GenerateKeys()
+	peer, _ := GenerateKeys()
+	cfg := Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"), UI: "off",
+		Networks: []NetworkConfig{{Name: "home", Overlay: "100.80.0.0/24", Mode: "tun", TUN: tun, DNSUpstreams: []string{up.addr},
+			Node:  NodeConfig{Name: "server1", Address: "100.80.0.1", IdentityKey: k.IdentityKey, WireGuardKey: k.WireGuardKey},
+			Peers: []PeerConfig{{Name: "server2", Address: "100.80.0.2", Identity: peer.Identity, WireGuardKey: peer.WireGuardPublicKey, Endpoint: "192.0.2.2:51820"}}}}}
+	b, _ := json.Marshal(cfg)
+	cfgPath := filepath.Join(dir, "tsng.json")
+	os.WriteFile(cfgPath, b, 0o600)
+	p, err := h.Start(ctx, []string{bin, "daemon", "--config", cfgPath}, netns.ProcOptions{Output: logWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	cli := func(args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, bin, append([]string{"--socket", cfg.Socket}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	waitFor(t, func() bool { out, err := cli("network", "list"); return err == nil && strings.Contains(out, "up") })
+	if out, err := cli("vip", "create", "home", "api"); err != nil {
+		t.Fatalf("vip create: %v\n%s", err, out)
+	}
+	out, _ := cli("vip", "show", "home", "api", "--json")
+	var doc ServiceDoc
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("show: %v\n%s", err, out)
+	}
+	digq := func(args ...string) string {
+		out, err := h.Run(ctx, append([]string{dig, "@100.80.0.1", "+short", "+time=2", "+tries=2"}, args...)...)
+		if err != nil {
+			t.Fatalf("dig %v: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if got := digq("+tcp", "api.home"); got != doc.Addr.String() {
+		t.Errorf("dig +tcp api.home: %q, want %v", got, doc.Addr)
+	}
+	if got := digq("+notcp", "api.home"); got != doc.Addr.String() {
+		t.Errorf("dig api.home: %q, want %v", got, doc.Addr)
+	}
+	if got := digq("+tcp", "example.test"); got != "192.0.2.7" {
+		t.Errorf("dig +tcp example.test (forwarded): %q", got)
+	}
+	if up.tcp.Load() != 1 {
+		t.Errorf("the upstream saw %d TCP queries, want 1", up.tcp.Load())
+	}
+
+	// wg show and wg showconf, through /var/run/wireguard/TUN.sock.
+	sock := filepath.Join(wg.UAPIDir, tun+".sock")
+	var st unix.Stat_t
+	if err := unix.Stat(sock, &st); err != nil || st.Mode&0o777 != 0o600 || st.Uid != 0 {
+		t.Fatalf("UAPI socket %s: mode %o uid %d %v", sock, st.Mode&0o777, st.Uid, err)
+	}
+	show, err := exec.CommandContext(ctx, wgBin, "show", tun).CombinedOutput()
+	if err != nil || !strings.Contains(string(show), "peer: "+peer.WireGuardPublicKey.String()) || !strings.Contains(string(show), "allowed ips: 100.80.0.2/32") {
+		t.Fatalf("wg show %s: %v\n%s", tun, err, show)
+	}
+	conf, err := exec.CommandContext(ctx, wgBin, "showconf", tun).CombinedOutput()
+	if err != nil || !strings.Contains(string(conf), "PublicKey = "+peer.WireGuardPublicKey.String()) || !strings.Contains(string(conf), "Endpoint = 192.0.2.2:51820") {
+		t.Fatalf("wg showconf %s: %v\n%s", tun, err, conf)
+	}
+	if out, err := exec.CommandContext(ctx, wgBin, "set", tun, "listen-port", "1").CombinedOutput(); err == nil || !strings.Contains(string(out), "Operation not permitted") {
+		t.Fatalf("wg set: %v %s", err, out)
+	}
+	// Stopping the network removes the socket.
+	if out, err := cli("network", "down", "home"); err != nil {
+		t.Fatalf("network down: %v\n%s", err, out)
+	}
+	if _, err := os.Lstat(sock); err == nil {
+		t.Fatal("the UAPI socket outlived the network")
+	}
+}
+
+// TestUAPIUnprivileged: an agent that is not root offers no socket and
+// says so; as root it serves one.
+func TestUAPIUnprivileged(t *testing.T) {
+	io, _ := transporttest.NewChanPair(transporttest.ChanPairOptions{})
+	dev, err := wg.NewDevice(io, wg.Config{PrivateKey: wg.GeneratePrivateKey()}, wg.Options{Bind: wg.NewUDPBind(wg.UDPBindOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	var logs syncBuffer
+	d := &Daemon{log: slog.New(slog.NewJSONHandler(&logs, nil))}
+	n := &netRuntime{d: d, cfg: NetworkConfig{Name: "home", Mode: "tun"}, tunName: "tsng-home"}
+	defer func(f func() int, dir string) { geteuid, uapiDir = f, dir }(geteuid, uapiDir)
+	geteuid = func() int { return 1000 }
+	uapiDir = filepath.Join(t.TempDir(), "wireguard")
+	n.startUAPILocked(dev)
+	if n.uapi != nil || !strings.Contains(logs.String(), "no UAPI socket: the agent does not run as root") {
+		t.Fatalf("unprivileged: server %v, log %s", n.uapi, logs.String())
+	}
+	if _, err := os.Stat(uapiDir); err == nil {
+		t.Fatal("an unprivileged agent created the socket directory")
+	}
+	if os.Geteuid() == 0 {
+		geteuid = os.Geteuid
+		n.startUAPILocked(dev)
+		if n.uapi == nil {
+			t.Fatalf("as root: no socket; log %s", logs.String())
+		}
+		n.uapi.Close()
+	}
+	// Off when the config says so, and never in netstack mode.
+	off := false
+	for _, c := range []NetworkConfig{{Name: "home", Mode: "tun", UAPI: &off}, {Name: "home"}} {
+		m := &netRuntime{d: d, cfg: c, tunName: "tsng-home"}
+		m.startUAPILocked(dev)
+		if m.uapi != nil {
+			t.Fatalf("%+v: served a socket", c)
+		}
+	}
+}

@@ -212,7 +212,7 @@ func demoConfigs(dir string, names []string) ([]*Config, error) {
 			if j == i {
 				continue
 			}
-			nc.Peers = append(nc.Peers, PeerConfig{Name: names[j], Address: p.addr.String(), Identity: p.id.String(),
+			nc.Peers = append(nc.Peers, PeerConfig{Name: names[j], Address: p.addr.String(), Identity: base64.StdEncoding.EncodeToString(p.id[:]),
 				WireGuardKey: p.wgKey.PublicKey(), Endpoint: fmt.Sprintf("127.0.0.1:%d", p.port)})
 		}
 		cfgs = append(cfgs, &Config{DataDir: fmt.Sprintf("%s/%s", dir, names[i]), Networks: []NetworkConfig{nc}})

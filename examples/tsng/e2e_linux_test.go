@@ -542,7 +542,7 @@ func writeConfigs(t *testing.T, nodes []*e2eNode, ifs []netns.Iface) {
 				WireGuardKey: keys[i], ListenPort: wgPort}}
 		for j, p := range nodes {
 			if j != i {
-				nc.Peers = append(nc.Peers, tsng.PeerConfig{Name: p.name, Address: p.addr.String(), Identity: ids[j].String(),
+				nc.Peers = append(nc.Peers, tsng.PeerConfig{Name: p.name, Address: p.addr.String(), Identity: base64.StdEncoding.EncodeToString(ids[j][:]),
 					WireGuardKey: keys[j].PublicKey(), Endpoint: ifs[j].AddrPort4(wgPort).String()})
 			}
 		}

@@ -117,7 +117,10 @@ type EngineOptions struct {
 //
 // Configuration: Apply reads Registry.List and routes only Routable
 // services; removed backends, listeners and VIPs stop new bindings while
-// existing bindings drain with their original VIP address. Whoever builds
+// existing bindings drain with their original VIP address. A draining UDP
+// binding keeps its removed backend until idle expiry as long as the
+// backend's path is healthy (it fails over when it is not), so the engine
+// keeps probing every peer that draining bindings still use. Whoever builds
 // the Registry calls Apply from RegistryOptions.OnChange, which runs after
 // the store commit, so a change reaches routing only once it is durable;
 // call Apply after membership changes too.
@@ -164,6 +167,7 @@ type Engine struct {
 	applied  map[flow.Listener]*route
 	draining map[flow.Listener]*route
 	subs     map[subKey]*probe.Subscription
+	used     map[NodeID]bool // peers of configured backends
 	probed   map[NodeID]bool
 	eligible map[NodeID]bool
 	applyErr error
@@ -522,22 +526,8 @@ func (e *Engine) Apply() error {
 		}
 	}
 	e.subs = newSubs
-	for id := range usedPeers {
-		if !e.probed[id] {
-			if err := e.prober.AddPeer(probe.NodeID(id), now); err != nil {
-				errs = append(errs, fmt.Errorf("vip: probe %s: %w", id.String()[:12], err))
-				continue
-			}
-			e.probed[id] = true
-		}
-	}
-	for id := range e.probed {
-		if !usedPeers[id] {
-			e.prober.RemovePeer(probe.NodeID(id))
-			delete(e.probed, id)
-			delete(e.eligible, id)
-		}
-	}
+	e.used = usedPeers
+	errs = append(errs, e.syncProbedLocked(now)...)
 	e.pruneDrainingLocked()
 	e.applyErr = errors.Join(errs...)
 	e.nat.HealthChanged()
@@ -570,6 +560,44 @@ func (e *Engine) buildPeers() *peerTable {
 	return pt
 }
 
+// syncProbedLocked makes the prober track exactly the peers of configured
+// backends and the peers that removed backends' active bindings still
+// use: a draining UDP binding keeps its backend while the backend's path is
+// healthy, which only probing tells. Called with cfgMu held.
+func (e *Engine) syncProbedLocked(now time.Time) []error {
+	want := make(map[NodeID]bool, len(e.used))
+	for id := range e.used {
+		want[id] = true
+	}
+	pt := e.peers.Load()
+	for _, b := range e.nat.DrainingBackends() {
+		if b.Backend.Peer == flow.LocalPeer {
+			continue
+		}
+		if id, ok := pt.node[b.Backend.Peer]; ok {
+			want[id] = true
+		}
+	}
+	var errs []error
+	for id := range want {
+		if !e.probed[id] {
+			if err := e.prober.AddPeer(probe.NodeID(id), now); err != nil {
+				errs = append(errs, fmt.Errorf("vip: probe %s: %w", id.String()[:12], err))
+				continue
+			}
+			e.probed[id] = true
+		}
+	}
+	for id := range e.probed {
+		if !want[id] {
+			e.prober.RemovePeer(probe.NodeID(id))
+			delete(e.probed, id)
+			delete(e.eligible, id)
+		}
+	}
+	return errs
+}
+
 // pruneDrainingLocked forgets removed listeners whose bindings are gone.
 func (e *Engine) pruneDrainingLocked() {
 	for fl := range e.draining {
@@ -588,6 +616,7 @@ func (e *Engine) pathTick() {
 	now := e.clock.Now()
 	changed := false
 	e.cfgMu.Lock()
+	_ = e.syncProbedLocked(now) // no peer is added here: draining peers were probed
 	for id := range e.probed {
 		if e.o.PathUp != nil {
 			_ = e.prober.SetPath(probe.NodeID(id), e.o.PathUp(id))

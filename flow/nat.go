@@ -1307,6 +1307,9 @@ func (n *NAT) removeListenerLocked(k lkey) bool {
 }
 
 func (n *NAT) dropListenerLocked(ls *listenerState) {
+	if n.o.OnListenerGone != nil {
+		n.o.OnListenerGone(ls.stats())
+	}
 	delete(n.lmap, ls.key)
 	n.lis[ls.idx] = nil
 	n.lisFree = append(n.lisFree, ls.idx)
@@ -1451,13 +1454,16 @@ func (n *NAT) ListenerStats(l Listener) (ListenerStats, bool) {
 	if !ok {
 		return ListenerStats{}, false
 	}
-	ls := n.lis[li]
+	return n.lis[li].stats(), true
+}
+
+func (ls *listenerState) stats() ListenerStats {
 	return ListenerStats{
 		Listener: ls.l, Removed: ls.removed, Backends: len(ls.backends),
 		Active: ls.active, Quarantined: ls.quarantined,
 		Created: ls.created, Retargets: ls.retargets, Failovers: ls.failovers,
 		Counters: ls.c,
-	}, true
+	}
 }
 
 // Stats returns a snapshot of the NAT's counters.

@@ -197,6 +197,14 @@ type Engine struct {
 	pathMu    sync.Mutex
 	pathTimer transport.Timer
 
+	// Per-VIP totals (status.go). totMu is a leaf lock: it is taken inside
+	// the NAT's lock (listenerGone), so nothing holding it calls the NAT.
+	totMu    sync.Mutex
+	flSvc    map[flow.Listener]ServiceID // the service of every listener the NAT has
+	carried  map[ServiceID]*vipCarry     // counts of the services' listeners the NAT forgot
+	services map[ServiceID]bool          // the services of the last Apply
+	totGen   atomic.Uint64               // counts listenerGone calls: Status retries across one
+
 	c engineCounters
 }
 
@@ -297,6 +305,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		peerIDs: map[NodeID]flow.PeerID{}, nextPeer: 1,
 		applied: map[flow.Listener]*route{}, draining: map[flow.Listener]*route{},
 		subs: map[subKey]*probe.Subscription{}, probed: map[NodeID]bool{}, eligible: map[NodeID]bool{},
+		flSvc: map[flow.Listener]ServiceID{}, carried: map[ServiceID]*vipCarry{}, services: map[ServiceID]bool{},
 		mtu:    o.Host.MTU(),
 		inject: make(chan []byte, o.Queue), hostQ: make(chan []byte, o.Queue),
 		done: make(chan struct{}), pumpDone: make(chan struct{}), hostDead: make(chan struct{}),
@@ -333,6 +342,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		MaxBackends:        lim.BackendsPerListener,
 		MaxListenersPerVIP: lim.Listeners,
 		Admit:              e.admit,
+		OnListenerGone:     e.listenerGone,
 	}
 	if o.Flow != nil {
 		o.Flow(&fo)
@@ -451,8 +461,10 @@ func (e *Engine) Apply() error {
 	desired := map[flow.Listener]*route{}
 	usedPeers := map[NodeID]bool{}
 	newSubs := map[subKey]*probe.Subscription{}
+	services := map[ServiceID]bool{}
 	var errs []error
 	for _, v := range e.reg.List() {
+		services[v.ID] = true
 		if !v.Routable || !v.Addr.Is4() {
 			continue
 		}
@@ -499,6 +511,15 @@ func (e *Engine) Apply() error {
 			desired[fl] = r
 		}
 	}
+	// The totals' listener → service map gains the new listeners before
+	// the NAT has them (a removed listener keeps its entry until the NAT
+	// forgets it: listenerGone).
+	e.totMu.Lock()
+	for fl, r := range desired {
+		e.flSvc[fl] = r.svc
+	}
+	e.services = services
+	e.totMu.Unlock()
 	// Publish the new selection state first, so that the NAT's next Select
 	// sees the new backends' health inputs, then the listeners.
 	e.routes.Store(&routeTable{m: desired})
@@ -529,6 +550,7 @@ func (e *Engine) Apply() error {
 	e.used = usedPeers
 	errs = append(errs, e.syncProbedLocked(now)...)
 	e.pruneDrainingLocked()
+	e.pruneTotals()
 	e.applyErr = errors.Join(errs...)
 	e.nat.HealthChanged()
 	return e.applyErr
@@ -617,6 +639,7 @@ func (e *Engine) pathTick() {
 	changed := false
 	e.cfgMu.Lock()
 	_ = e.syncProbedLocked(now) // no peer is added here: draining peers were probed
+	e.pruneTotals()
 	for id := range e.probed {
 		if e.o.PathUp != nil {
 			_ = e.prober.SetPath(probe.NodeID(id), e.o.PathUp(id))

@@ -186,7 +186,6 @@ func TestEngineCountersCumulativeAcrossRemoval(t *testing.T) {
 	if !json.Valid(u.e.Status().JSON()) {
 		t.Fatal("status JSON is not valid")
 	}
-
 	// An agent restart: a new engine on the same Registry starts at 0.
 	u.e.Close()
 	e2, err := NewEngine(EngineOptions{Registry: u.reg, Self: u.self.ID, Host: &recHost{done: make(chan struct{})}, Clock: u.clock})
@@ -200,5 +199,44 @@ func TestEngineCountersCumulativeAcrossRemoval(t *testing.T) {
 	}
 	if s.Totals.Traffic != (Traffic{}) || s.Totals.Created != 0 || s.Totals.Failovers != 0 {
 		t.Fatalf("a restarted engine's totals: %+v, want 0", s.Totals)
+	}
+}
+
+// TestEngineTotalsGoWithTheService: a deleted service's carried totals
+// and listener entries go once nothing of it is left in the NAT, so the
+// totals' memory stays bounded by what is configured.
+func TestEngineTotalsGoWithTheService(t *testing.T) {
+	checkLeaks(t)
+	u := newUnitEngine(t, testenv.Seed(t, 23))
+	u.host.onWrite = func([]byte) {}
+	ctx := context.Background()
+	if _, err := u.reg.PortAdd(ctx, "api", PortKey{UDP, 53}, []Backend{{u.peer.ID, 5353}}); err != nil {
+		t.Fatal(err)
+	}
+	u.udpExchange(t, netip.AddrPortFrom(u.self.Addr, 40000), u.svc.Addr, "q")
+	sizes := func() (int, int) {
+		u.e.cfgMu.Lock()
+		defer u.e.cfgMu.Unlock()
+		u.e.totMu.Lock()
+		defer u.e.totMu.Unlock()
+		return len(u.e.carried), len(u.e.flSvc)
+	}
+	if c, l := sizes(); c != 0 || l != 2 {
+		t.Fatalf("with two listeners: %d carried, %d listener entries", c, l)
+	}
+	sv, err := u.e.ServiceStatus("api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.reg.Remove(ctx, "api", sv.Revision); err != nil {
+		t.Fatal(err)
+	}
+	// tcp/443 had no binding: forgotten at once; udp/53 drains.
+	if c, l := sizes(); c != 1 || l != 1 {
+		t.Fatalf("udp/53 draining: %d carried, %d listener entries; want 1 and 1", c, l)
+	}
+	u.clock.Advance(DefaultUDPIdle + flow.DefaultQuarantine + 2*time.Second)
+	if c, l := sizes(); c != 0 || l != 0 {
+		t.Fatalf("after the drain: %d carried, %d listener entries; want none", c, l)
 	}
 }

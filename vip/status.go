@@ -242,11 +242,19 @@ func (e *Engine) listenerGone(ls flow.ListenerStats) {
 	e.totGen.Add(1)
 }
 
-// pruneTotals forgets the carried totals of services that are gone from
-// the configuration and have no listener left in the NAT.
+// pruneTotals forgets the listener → service entries of listeners that
+// are neither applied nor draining (a listener the NAT refused never
+// reaches listenerGone) and the carried totals of services that are gone
+// from the configuration and have no listener left. Called with cfgMu
+// held, after pruneDrainingLocked.
 func (e *Engine) pruneTotals() {
 	e.totMu.Lock()
 	defer e.totMu.Unlock()
+	for fl := range e.flSvc {
+		if e.applied[fl] == nil && e.draining[fl] == nil {
+			delete(e.flSvc, fl)
+		}
+	}
 	if len(e.carried) == 0 {
 		return
 	}

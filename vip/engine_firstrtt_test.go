@@ -117,8 +117,19 @@ func TestEngineFirstRTTAfterSlowHandshake(t *testing.T) {
 	if limit := pathRTT + slack; b.RTTMillis >= float64(limit)/float64(time.Millisecond) {
 		t.Fatalf("first RTT %.3f ms on a %v path, want below %v", b.RTTMillis, pathRTT, limit)
 	}
-	h := client.engine().Prober().Health(probe.NodeID(server.info.ID), client.engine().clock.Now())
-	if st := client.engine().Prober().Stats(); st.Unsampled == 0 || h.Replies < 2 {
+	e, id := client.engine(), probe.NodeID(server.info.ID)
+	h := e.Prober().Health(id, e.clock.Now())
+	if st := e.Prober().Stats(); st.Unsampled == 0 || h.Replies < 2 {
 		t.Fatalf("the reply that waited for the handshake: %d unsampled replies, %d replies", st.Unsampled, h.Replies)
+	}
+	// The probes sent while the handshake was pending came back right
+	// after the first reply; none of them may weigh on the average later.
+	replies := h.Replies
+	pollUntil(t, 10*time.Second, "two more samples", func() bool {
+		h = e.Prober().Health(id, e.clock.Now())
+		return h.Replies >= replies+2
+	})
+	if limit := pathRTT + slack; h.RTT >= limit {
+		t.Fatalf("smoothed RTT %v two samples later on a %v path, want below %v", h.RTT, pathRTT, limit)
 	}
 }

@@ -43,6 +43,12 @@
 // Removing a backend, listener or VIP stops new bindings; existing ones
 // drain until idle expiry.
 //
+// Counters are cumulative until Close: per listener (ListenerStats), per
+// backend of a listener for as long as it is configured or still drains
+// (BackendStats, which also counts the UDP failovers away from each
+// backend), and a removed listener's final counts go to
+// Options.OnListenerGone when the NAT forgets it.
+//
 // Fragments are reassembled before NAT in a cache scoped to the sender and
 // bounded in datagrams, bytes and fragments, expiring on the clock;
 // overlapping fragments discard the datagram. ICMP errors about a binding

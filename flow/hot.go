@@ -52,6 +52,7 @@ const (
 // bclass is a (listener, backend) pair that bindings share.
 type bclass struct {
 	ls   *listenerState
+	bs   *backendState // the backend's cumulative state in ls
 	peer PeerID
 	addr uint32
 	port uint16
@@ -235,7 +236,7 @@ func (n *NAT) classRefLocked(ls *listenerState, be Backend) uint32 {
 		ci = uint32(len(n.classes))
 		n.classes = append(n.classes, bclass{})
 	}
-	n.classes[ci] = bclass{ls: ls, peer: be.Peer, addr: k.addr, port: be.Port, refs: 1}
+	n.classes[ci] = bclass{ls: ls, bs: n.backendStateLocked(ls, be), peer: be.Peer, addr: k.addr, port: be.Port, refs: 1}
 	n.classMap[k] = ci
 	return ci
 }

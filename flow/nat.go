@@ -92,6 +92,10 @@ type listenerState struct {
 	active, quarantined           int
 	created, retargets, failovers uint64
 	c                             Counters
+
+	// bes holds the per-backend state of every configured backend and of
+	// every removed one that still has bindings (backends.go).
+	bes map[Backend]*backendState
 }
 
 type vipInfo struct{ listeners, bindings int }
@@ -687,6 +691,9 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 	ls.refs++
 	ls.active++
 	ls.created++
+	bs := n.classes[b.cls].bs
+	bs.active++
+	bs.created++
 	n.used++
 	n.created++
 	n.vipRefLocked(k.dst(), 0, +1)
@@ -715,12 +722,14 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 				return n.newFlowLocked(pkt, hl, k, now)
 			}
 			if b.st&(stSynAck|stSynData) == 0 && len(l4) == TCP(l4).HeaderLen() {
+				from := n.classes[b.cls].bs
 				if nid, moved := n.rebindLocked(id, SelectSYNRetry, now); moved {
 					if nid == noID {
 						return Result{Verdict: Drop, Reason: ReasonNoPort}
 					}
 					id = nid
 					n.classes[n.slots[id].cls].ls.retargets++
+					from.retargets++
 					n.retargets++
 				}
 			}
@@ -731,12 +740,14 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 			b.gen = n.gen.Load()
 			ls := n.classes[b.cls].ls
 			if !n.o.Selector.Available(ls.l, n.backendOf(b), n.timeOf(now)) {
+				from := n.classes[b.cls].bs
 				if nid, moved := n.rebindLocked(id, SelectFailover, now); moved {
 					if nid == noID {
 						return Result{Verdict: Drop, Reason: ReasonNoPort}
 					}
 					id = nid
 					n.classes[n.slots[id].cls].ls.failovers++
+					from.failovers++
 					n.failovers++
 				}
 			}
@@ -945,6 +956,9 @@ func (n *NAT) retireLocked(id uint32, at int64) {
 	ls := n.classes[b.cls].ls
 	ls.active--
 	ls.quarantined++
+	bs := n.classes[b.cls].bs
+	bs.active--
+	bs.quarantined++
 	n.nquar++
 	n.wheelUnlink(id)
 	n.wheelLink(id)
@@ -973,6 +987,7 @@ func (n *NAT) freeLocked(id uint32) {
 	n.wheelUnlink(id)
 	n.res.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
 	ls := n.classes[b.cls].ls
+	n.backendFreedLocked(n.classes[b.cls].bs, n.countersOf(id))
 	n.classUnrefLocked(b.cls)
 	ls.quarantined--
 	ls.refs--
@@ -1242,6 +1257,7 @@ func (n *NAT) SetListener(l Listener, cfg ListenerConfig) error {
 		n.vipRefLocked(k.vip, +1, 0)
 	}
 	ls.backends = append(ls.backends[:0:0], cfg.Backends...)
+	n.configureBackendsLocked(ls)
 	ls.idle = int64(cfg.IdleTimeout)
 	if ls.idle == 0 {
 		ls.idle = n.idleUDP
@@ -1282,6 +1298,7 @@ func (n *NAT) removeListenerLocked(k lkey) bool {
 	ls := n.lis[li]
 	ls.removed = true
 	ls.backends = nil
+	n.configureBackendsLocked(ls)
 	n.vipRefLocked(k.vip, -1, 0)
 	if ls.refs == 0 {
 		n.dropListenerLocked(ls)
@@ -1290,6 +1307,9 @@ func (n *NAT) removeListenerLocked(k lkey) bool {
 }
 
 func (n *NAT) dropListenerLocked(ls *listenerState) {
+	if n.o.OnListenerGone != nil {
+		n.o.OnListenerGone(ls.stats())
+	}
 	delete(n.lmap, ls.key)
 	n.lis[ls.idx] = nil
 	n.lisFree = append(n.lisFree, ls.idx)
@@ -1311,6 +1331,7 @@ func (n *NAT) RemoveBackend(l Listener, b Backend) bool {
 	for i, c := range ls.backends {
 		if c == b {
 			ls.backends = append(ls.backends[:i:i], ls.backends[i+1:]...)
+			n.configureBackendsLocked(ls)
 			return true
 		}
 	}
@@ -1433,13 +1454,16 @@ func (n *NAT) ListenerStats(l Listener) (ListenerStats, bool) {
 	if !ok {
 		return ListenerStats{}, false
 	}
-	ls := n.lis[li]
+	return n.lis[li].stats(), true
+}
+
+func (ls *listenerState) stats() ListenerStats {
 	return ListenerStats{
 		Listener: ls.l, Removed: ls.removed, Backends: len(ls.backends),
 		Active: ls.active, Quarantined: ls.quarantined,
 		Created: ls.created, Retargets: ls.retargets, Failovers: ls.failovers,
 		Counters: ls.c,
-	}, true
+	}
 }
 
 // Stats returns a snapshot of the NAT's counters.

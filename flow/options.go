@@ -58,6 +58,15 @@ type Options struct {
 	// HealthChanged). It is called after the NAT's lock is released, from
 	// the goroutine calling FromPeer or FromHost.
 	OnPortUnreachable func(l Listener, b Backend)
+	// OnListenerGone is told the final counters of a removed listener when
+	// the NAT forgets it: at RemoveListener (or RemoveVIP) when it has no
+	// bindings, else when its last binding leaves quarantine. Its backends'
+	// counters are part of the listener's. Whoever keeps totals above the
+	// listener (the vip engine's per-VIP totals) folds them in here. It is
+	// called with the NAT's lock held, from the control method, the packet
+	// path or the expiry sweep, so it must be quick and must not call back
+	// into the NAT. Close forgets listeners without calling it.
+	OnListenerGone func(ListenerStats)
 
 	MTU     int // the overlay MTU (bytes); 0 means 1420
 	HostMTU int // the host TUN's MTU; 0 means MTU

@@ -11,7 +11,13 @@
 //     RTT (7/8 old + 1/8 new, the first sample sets it); a probe expires
 //     after 3 s; two consecutive missing replies, or the engine's "no data
 //     path" input (SetPath), exclude the peer; a sample counts for 10 s;
-//     probing continues during failure, so recovery is automatic. Poll
+//     probing continues during failure, so recovery is automatic. A sample
+//     is a round trip on an established path: the first reply after a
+//     silence (none yet, or none for longer than the 3 s expiry) ends the
+//     run of misses but is no sample, nor is a reply to a probe sent before
+//     it (both may have waited for a tunnel handshake); the peer is then
+//     probed again at once, and that reply is the first sample
+//     (ProberStats.Unsampled counts the others; docs/probe.md). Poll
 //     returns the probes to send and HandleReply takes the replies; Drive
 //     runs it on a transport.Clock. The probe packet format (a versioned
 //     24-byte UDP payload to a reserved port on the peer's overlay address)

@@ -10,13 +10,23 @@ import (
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
-// A prober and the peer's responder exchanging one probe, the engine's
-// tunnel elided: Poll yields the probe, the peer's Responder answers the
-// packet, HandleReply takes the reply as an RTT sample.
+// A prober and the peer's responder exchanging probes, the engine's
+// tunnel elided: Poll yields a probe, the peer's Responder answers the
+// packet, HandleReply takes the reply. The first reply ends the peer's
+// silence and is no RTT sample (here it waited 1.2 s for the tunnel's
+// handshake); the prober probes again at once, and that reply is the first
+// sample.
 func ExampleProber() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	self, peerAddr := netip.MustParseAddr("100.64.0.1"), netip.MustParseAddr("100.64.0.2")
 	peer := probe.NodeID{2}
+	var r probe.Responder // on the peer
+	answer := func(pr probe.Probe) []byte {
+		pkt, _ := pr.AppendIPv4(nil, self, peerAddr, probe.DefaultPort)
+		replyPkt, _ := r.RespondIPv4(pkt, nil)
+		_, _, payload, _ := probe.ParseIPv4UDP(replyPkt) // back on our side
+		return payload
+	}
 
 	p, _ := probe.NewProber(probe.ProberConfig{Seed: probe.SeedFrom(1)})
 	_ = p.AddPeer(peer, now)
@@ -24,18 +34,22 @@ func ExampleProber() {
 	pkt, _ := probes[0].AppendIPv4(nil, self, peerAddr, probe.DefaultPort)
 	fmt.Println("probe packet:", len(pkt), "bytes; next poll in", next.Sub(now))
 
-	var r probe.Responder // on the peer
-	replyPkt, _ := r.RespondIPv4(pkt, nil)
+	now = now.Add(1200 * time.Millisecond)
+	_ = p.HandleReply(peer, answer(probes[0]), now)
+	h := p.Health(peer, now)
+	fmt.Println("first reply:", h.Reason, h.RTTKnown)
 
-	_, _, payload, _ := probe.ParseIPv4UDP(replyPkt) // back on our side
+	probes, _ = p.Poll(now, nil) // due at once
+	payload := answer(probes[0])
 	_ = p.HandleReply(peer, payload, now.Add(23*time.Millisecond))
-	h := p.Health(peer, now.Add(23*time.Millisecond))
-	fmt.Println(h.Reason, h.RTT)
+	h = p.Health(peer, now.Add(23*time.Millisecond))
+	fmt.Println("second reply:", h.Reason, h.RTT)
 	fmt.Println(p.HandleReply(peer, payload, now.Add(30*time.Millisecond))) // replayed
 	// Output:
 	// probe packet: 52 bytes; next poll in 1s
-	// ok 23ms
-	// probe: reply matches no outstanding probe: peer 0200000000000000 sequence 0
+	// first reply: rtt-unknown false
+	// second reply: ok 23ms
+	// probe: reply matches no outstanding probe: peer 0200000000000000 sequence 1
 }
 
 // Drive runs the prober on a clock; here a manual one, where a peer that
@@ -104,10 +118,14 @@ func ExampleSelector() {
 	p, _ := probe.NewProber(probe.ProberConfig{Seed: probe.SeedFrom(1)})
 	remote, untracked := probe.NodeID{2}, probe.NodeID{3}
 	_ = p.AddPeer(remote, now)
-	probes, _ := p.Poll(now, nil)
 	var r probe.Responder
-	reply, _ := r.Respond(probes[0].Message[:], make([]byte, probe.MessageLen))
-	_ = p.HandleReply(remote, reply, now.Add(8*time.Millisecond))
+	// The first exchange ends the peer's silence (no sample); the probe
+	// the prober sends at once measures the path.
+	for _, rtt := range []time.Duration{0, 8 * time.Millisecond} {
+		probes, _ := p.Poll(now, nil)
+		reply, _ := r.Respond(probes[0].Message[:], make([]byte, probe.MessageLen))
+		_ = p.HandleReply(remote, reply, now.Add(rtt))
+	}
 
 	sel := &probe.Selector{Prober: p}
 	backends := []probe.Backend{

@@ -20,7 +20,7 @@ const (
 	DefaultMaxPeers      = 1024             // peers probed at once
 
 	// MaxOutstanding bounds the probes outstanding to one peer: Timeout
-	// must be less than MaxOutstanding-1 Intervals.
+	// must be less than MaxOutstanding-2 Intervals.
 	MaxOutstanding = 64
 )
 
@@ -68,14 +68,16 @@ func (c ProberConfig) withDefaults() (ProberConfig, error) {
 		c.MaxPeers = DefaultMaxPeers
 	}
 	if c.window() > MaxOutstanding {
-		return c, invalid("prober timeout %v spans more than %d probes at interval %v", c.Timeout, MaxOutstanding-1, c.Interval)
+		return c, invalid("prober timeout %v spans more than %d probes at interval %v", c.Timeout, MaxOutstanding-2, c.Interval)
 	}
 	return c, nil
 }
 
-// window is the number of probes that can be outstanding to one peer.
+// window is the number of probes that can be outstanding to one peer: one
+// per Interval within Timeout, one more at the edge, and the probe sent at
+// once after a silence.
 func (c ProberConfig) window() int64 {
-	return int64((c.Timeout+c.Interval-1)/c.Interval) + 1
+	return int64((c.Timeout+c.Interval-1)/c.Interval) + 2
 }
 
 // Probe is one probe the engine must send to Peer through the tunnel: the
@@ -126,10 +128,13 @@ type ProberStats struct {
 	Peers      int
 	Sent       uint64 // probes emitted by Poll
 	SentBytes  uint64
-	Replies    uint64 // replies accepted as samples
+	Replies    uint64 // replies accepted: answered in time
 	ReplyBytes uint64
-	Expired    uint64 // probes that expired unanswered
-	Rejected   uint64 // replies refused by HandleReply (malformed, foreign, late, replayed)
+	// Unsampled counts accepted replies that were not RTT samples: the
+	// first after a silence, and those to probes sent during one.
+	Unsampled uint64
+	Expired   uint64 // probes that expired unanswered
+	Rejected  uint64 // replies refused by HandleReply (malformed, foreign, late, replayed)
 }
 
 type outstanding struct {
@@ -151,6 +156,8 @@ type peer struct {
 	rtt, lastRTT time.Duration
 	hasRTT       bool
 	lastSample   time.Time
+	lastReply    time.Time // arrival of the newest accepted reply; zero: none
+	sampleFrom   time.Time // replies to probes sent before it are not samples
 
 	sent, replies, expired uint64
 }
@@ -342,11 +349,20 @@ func (p *Prober) nextExpiry(pe *peer) (time.Time, bool) {
 
 // HandleReply takes the UDP payload of a probe reply that arrived from peer
 // id through the tunnel at now. A reply that matches an outstanding probe
-// (same session, sequence and nonce, before the probe expired) becomes an RTT
-// sample: the first sample sets the RTT, later ones move it by 1/8 (EWMA
-// 7/8 old + 1/8 new), and the peer's run of misses ends. A sample that
-// follows an expired one (older than StaleAfter) counts as a first sample:
-// an expired measurement does not weigh on the new one. Anything else is
+// (same session, sequence and nonce, before the probe expired) is accepted:
+// the peer's run of misses ends, and the reply becomes an RTT sample unless
+// it ends a silence. The first sample sets the RTT, later ones move it by
+// 1/8 (EWMA 7/8 old + 1/8 new). A sample that follows an expired one (older
+// than StaleAfter) counts as a first sample: an expired measurement does
+// not weigh on the new one.
+//
+// A sample is a round trip on an established path. The first reply after a
+// silence (no reply accepted yet, or none for longer than Timeout) is not a
+// sample, and neither is a reply to a probe sent before it: while a tunnel
+// has no session, its first packets wait for the handshake (a WireGuard
+// handshake, or its retries after a loss), and their round trips measure
+// that wait rather than the path. Such a reply makes the peer due for a
+// probe at once, whose reply is the first sample. Anything else is
 // counted as rejected, changes nothing and returns an error: ErrMalformed,
 // ErrVersion, ErrMessageType, ErrSession, ErrUnknownPeer or
 // ErrUnmatchedReply (late, duplicate, replayed, never sent, wrong nonce).
@@ -356,7 +372,13 @@ func (p *Prober) HandleReply(id NodeID, payload []byte, now time.Time) error {
 		err = fmt.Errorf("%w: %v where a reply is expected", ErrMessageType, m.Type)
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var wake func()
+	defer func() {
+		p.mu.Unlock()
+		if wake != nil {
+			wake()
+		}
+	}()
 	if err == nil && m.Session != p.session {
 		err = fmt.Errorf("%w: session %#x, ours is %#x", ErrSession, m.Session, p.session)
 	}
@@ -381,7 +403,19 @@ func (p *Prober) HandleReply(id NodeID, payload []byte, now time.Time) error {
 			break
 		}
 		o.done = true
-		p.sample(pe, now.Sub(o.sent), now)
+		switch {
+		case pe.lastReply.IsZero() || now.Sub(pe.lastReply) > p.cfg.Timeout:
+			// The end of a silence: measure again at once.
+			pe.sampleFrom = now
+			pe.nextSend = now
+			wake = p.wake
+			p.stats.Unsampled++
+		case o.sent.Before(pe.sampleFrom):
+			p.stats.Unsampled++
+		default:
+			p.sample(pe, now.Sub(o.sent), now)
+		}
+		pe.lastReply = now
 		pe.answered = max(pe.answered, o.seq+1)
 		pe.misses = 0
 		pe.replies++

@@ -48,6 +48,31 @@ func poll(p *Prober, now time.Time) []Probe {
 	return out
 }
 
+// warmUp ends the initial silence of peers ids at now, as a tunnel's first
+// exchange does: the probes due at now are answered at once, those replies
+// (the first after a silence) are no samples, and the prober, which then
+// probes the peers again at once, reports no RTT yet. Every probe due at now
+// must belong to ids. The sample tests start after it.
+func warmUp(t testing.TB, p *Prober, now time.Time, ids ...NodeID) {
+	t.Helper()
+	probes := poll(p, now)
+	if len(probes) != len(ids) {
+		t.Fatalf("warm-up at %v: %d probes for %d peers", now.Sub(t0), len(probes), len(ids))
+	}
+	before := p.Stats().Unsampled
+	for _, pr := range probes {
+		if err := p.HandleReply(pr.Peer, reply(t, pr), now); err != nil {
+			t.Fatal(err)
+		}
+		if h := p.Health(pr.Peer, now); h.RTTKnown || h.SampleAge != -1 {
+			t.Fatalf("warm-up reply of %v became a sample: %+v", pr.Peer, h)
+		}
+	}
+	if got := p.Stats().Unsampled - before; got != uint64(len(ids)) {
+		t.Fatalf("warm-up: %d unsampled replies, want %d", got, len(ids))
+	}
+}
+
 func TestProberConfig(t *testing.T) {
 	p := newProber(t, ProberConfig{})
 	c := p.Config()
@@ -73,12 +98,13 @@ func TestProberFirstSampleAndEWMA(t *testing.T) {
 	if h := p.Health(id, t0); h.Reason != ReasonRTTUnknown || !h.Eligible() || h.RTTKnown || h.SampleAge != -1 {
 		t.Fatalf("before any sample: %+v", h)
 	}
+	warmUp(t, p, t0, id) // probe 0: the path's first exchange
 	samples := []time.Duration{80 * time.Millisecond, 40 * time.Millisecond, 40 * time.Millisecond, 200 * time.Millisecond}
 	var want time.Duration
 	for i, s := range samples {
 		sent := at(time.Duration(i) * time.Second)
 		probes := poll(p, sent)
-		if len(probes) != 1 || probes[0].Sequence != uint64(i) {
+		if len(probes) != 1 || probes[0].Sequence != uint64(i+1) {
 			t.Fatalf("probe %d: %+v", i, probes)
 		}
 		if err := p.HandleReply(id, reply(t, probes[0]), sent.Add(s)); err != nil {
@@ -100,6 +126,7 @@ func TestProberRejectsBadReplies(t *testing.T) {
 	p := newProber(t, ProberConfig{})
 	id := nodeID(1)
 	_ = p.AddPeer(id, t0)
+	warmUp(t, p, t0, id)
 	probes := poll(p, t0)
 	good := reply(t, probes[0])
 	tamper := func(f func(m *Message)) []byte {
@@ -128,7 +155,7 @@ func TestProberRejectsBadReplies(t *testing.T) {
 		if err := p.HandleReply(tc.peer, tc.b, at(10*time.Millisecond)); !errors.Is(err, tc.want) {
 			t.Errorf("%s: err %v, want %v", tc.name, err, tc.want)
 		}
-		if h := p.Health(id, at(10*time.Millisecond)); h.Replies != 0 || h.RTTKnown {
+		if h := p.Health(id, at(10*time.Millisecond)); h.Replies != 1 || h.RTTKnown { // 1: the warm-up
 			t.Fatalf("%s produced a sample: %+v", tc.name, h)
 		}
 	}
@@ -139,10 +166,10 @@ func TestProberRejectsBadReplies(t *testing.T) {
 		t.Fatalf("replayed reply: %v", err)
 	}
 	h := p.Health(id, at(30*time.Millisecond))
-	if h.Replies != 1 || h.RTT != 20*time.Millisecond {
+	if h.Replies != 2 || h.RTT != 20*time.Millisecond {
 		t.Fatalf("replay changed the sample: %+v", h)
 	}
-	if st := p.Stats(); st.Rejected != 7 || st.Replies != 1 || st.ReplyBytes != PacketLen || st.Sent != 1 || st.SentBytes != PacketLen {
+	if st := p.Stats(); st.Rejected != 7 || st.Replies != 2 || st.Unsampled != 1 || st.ReplyBytes != 2*PacketLen || st.Sent != 2 || st.SentBytes != 2*PacketLen {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -188,13 +215,25 @@ func TestProberConsecutiveMisses(t *testing.T) {
 	if h := p.Health(id, at(6*time.Second)); h.Misses != 2 || h.Reason != ReasonProbeTimeout {
 		t.Fatalf("at 6s: %+v", h)
 	}
-	// One answer ends the exclusion.
+	// One answer ends the exclusion. It ends a silence (the replies to
+	// probes 0 and 1 were the first, and none came for 4.9 s), so it is no
+	// sample; the peer is probed again at once, and that reply is.
 	pr := poll(p, at(6*time.Second))
 	if err := p.HandleReply(id, reply(t, pr[0]), at(6*time.Second+time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	if h := p.Health(id, at(6*time.Second+time.Millisecond)); h.Reason != ReasonOK || h.Misses != 0 {
+	if h := p.Health(id, at(6*time.Second+time.Millisecond)); h.Reason != ReasonRTTUnknown || h.Misses != 0 || !h.Eligible() {
 		t.Fatalf("after recovery: %+v", h)
+	}
+	pr = poll(p, at(6*time.Second+time.Millisecond))
+	if len(pr) != 1 {
+		t.Fatalf("no probe at once after the silence: %+v", pr)
+	}
+	if err := p.HandleReply(id, reply(t, pr[0]), at(6*time.Second+3*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if h := p.Health(id, at(6*time.Second+3*time.Millisecond)); h.Reason != ReasonOK || h.Misses != 0 || h.RTT != 2*time.Millisecond {
+		t.Fatalf("after the first sample: %+v", h)
 	}
 }
 
@@ -308,6 +347,8 @@ func TestProberModel(t *testing.T) {
 			accepted  bool // delivered before the probe expired
 		}
 		var hist []sent
+		var lastAccepted time.Time // arrival of the newest accepted reply
+		silenceEnded := false      // a delivered reply ended a silence since the last poll
 		lossy := rng.Float64()
 		now := t0
 		for step := 0; step < 400; step++ {
@@ -330,19 +371,33 @@ func TestProberModel(t *testing.T) {
 				if h.accepted != (err == nil) {
 					t.Fatalf("round %d: reply to %d sent %v arriving %v: %v", round, j, h.at, h.arrive, err)
 				}
+				if h.accepted {
+					// The model's rule for the immediate probe: the end of a
+					// silence (no accepted reply yet, or none for longer
+					// than Timeout) makes the peer due at once.
+					silenceEnded = silenceEnded || lastAccepted.IsZero() || h.arrive.Sub(lastAccepted) > cfg.Timeout
+					lastAccepted = h.arrive
+				}
 			}
-			for _, pr := range poll(p, now) {
+			probes := poll(p, now)
+			if silenceEnded && len(probes) == 0 {
+				t.Fatalf("round %d step %d at %v: no probe at once after the end of a silence", round, step, now.Sub(t0))
+			}
+			silenceEnded = false
+			for _, pr := range probes {
 				h := sent{pr: pr, at: now}
 				if rng.Float64() >= lossy {
 					h.arrive = now.Add(time.Duration(1+rng.IntN(int(cfg.Timeout/time.Millisecond)*3/2)) * time.Millisecond)
 				}
 				hist = append(hist, h)
 			}
-			// Naive model at now: accepted replies are samples in arrival
-			// order; the run of misses counts expired probes newer than the
-			// newest answered one.
+			// Naive model at now: accepted replies in arrival order are
+			// samples, but for the end of a silence (no accepted reply
+			// before it, or none for longer than Timeout) and replies to
+			// probes sent before that end; the run of misses counts
+			// expired probes newer than the newest answered one.
 			var rtt, last time.Duration
-			var lastAt time.Time
+			var lastAt, prevReply, sampleFrom time.Time
 			have := false
 			answered := -1
 			var order []int
@@ -361,6 +416,15 @@ func TestProberModel(t *testing.T) {
 				}
 				h := hist[order[j]]
 				order = append(order[:j], order[j+1:]...)
+				silence := prevReply.IsZero() || h.arrive.Sub(prevReply) > cfg.Timeout
+				prevReply = h.arrive
+				if silence {
+					sampleFrom = h.arrive
+					continue
+				}
+				if h.at.Before(sampleFrom) {
+					continue
+				}
 				if !have || h.arrive.Sub(lastAt) >= cfg.StaleAfter {
 					rtt, have = h.arrive.Sub(h.at), true
 				} else {

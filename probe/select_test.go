@@ -110,15 +110,29 @@ func newSelectorFixture(t *testing.T) *selectorFixture {
 	for _, id := range []NodeID{f.stale, f.timeout, f.nopath} {
 		_ = p.AddPeer(id, t0)
 	}
+	// Each measured peer's first reply ends its silence and is no sample;
+	// the prober probes it again at once, and that reply is the sample.
 	first := poll(p, t0)
-	answer(first[0], 10*time.Millisecond)
-	answer(first[2], 20*time.Millisecond)
+	answer(first[0], 0)
+	answer(first[2], 0)
+	again := poll(p, t0)
+	if len(again) != 2 || again[0].Peer != f.stale || again[1].Peer != f.nopath {
+		t.Fatalf("probes after the first replies: %+v", again)
+	}
+	answer(again[0], 10*time.Millisecond)
+	answer(again[1], 20*time.Millisecond)
 	_ = p.SetPath(f.nopath, false)
 	_ = p.AddPeer(f.fast, at(400*time.Millisecond))
 	_ = p.AddPeer(f.slow, at(400*time.Millisecond))
 	second := poll(p, at(400*time.Millisecond))
-	answer(second[0], 405*time.Millisecond)
-	answer(second[1], 440*time.Millisecond)
+	answer(second[0], 400*time.Millisecond)
+	answer(second[1], 400*time.Millisecond)
+	again = poll(p, at(400*time.Millisecond))
+	if len(again) != 2 || again[0].Peer != f.fast || again[1].Peer != f.slow {
+		t.Fatalf("probes after the first replies at 400ms: %+v", again)
+	}
+	answer(again[0], 405*time.Millisecond)
+	answer(again[1], 440*time.Millisecond)
 	_ = p.AddPeer(f.unkn, at(450*time.Millisecond))
 
 	s := newScheduler(t, SchedulerConfig{})

@@ -78,9 +78,11 @@ func (s *simPair) health(at time.Time) PeerHealth {
 
 // TestSimCutExcludedAtSpecTiming cuts the path between two probes and
 // checks the exclusion at exactly the first lost probe's send time +
-// (MissLimit-1) intervals + the probe timeout (15 s for a cut at 10.5 s with
-// the defaults), that probing continues during the cut, and that the peer
-// returns with the first reply after the heal.
+// (MissLimit-1) intervals + the probe timeout (15.02 s for a cut at 10.5 s
+// with the defaults: the first reply, at 20 ms, ends the initial silence and
+// the schedule restarts from it), that probing continues during the cut, and
+// that the peer returns with the first reply after the heal and is measured
+// again by the next one.
 func TestSimCutExcludedAtSpecTiming(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -93,11 +95,14 @@ func TestSimCutExcludedAtSpecTiming(t *testing.T) {
 			const lat = 10 * time.Millisecond
 			s := newSimPair(t, tc.cfg, transporttest.LinkConfig{Latency: lat})
 			c := s.prober.Config()
+			warm := 2 * lat // the first reply: the probe schedule restarts from it
 			cut := at(10*c.Interval + c.Interval/2)
-			firstLost := at(11 * c.Interval)
+			firstLost := at(warm + 11*c.Interval)
 			exclude := firstLost.Add(time.Duration(c.MissLimit-1)*c.Interval + c.Timeout)
 
-			if h := s.health(cut); h.Reason != ReasonOK || h.RTT != 2*lat || h.Replies != 11 {
+			// Probes at 0, then at 20 ms + k intervals for k = 0..10: 12
+			// replies, the first no sample.
+			if h := s.health(cut); h.Reason != ReasonOK || h.RTT != 2*lat || h.Replies != 12 || s.prober.Stats().Unsampled != 1 {
 				t.Fatalf("before the cut: %+v", h)
 			}
 			s.net.CutBoth(s.a, s.b)
@@ -116,8 +121,11 @@ func TestSimCutExcludedAtSpecTiming(t *testing.T) {
 			if drops := s.net.LinkStats(s.a, s.b).Dropped[transporttest.DropPartition]; drops < 5 {
 				t.Fatalf("only %d probes hit the cut", drops)
 			}
-			// The path heals with a longer latency: the first sample after
-			// the old one expired sets the RTT; it is not blended with it.
+			// The path heals with a longer latency. The first reply ends the
+			// silence: the peer is eligible again (its old sample expired:
+			// rtt-stale) but the reply is no sample. The probe sent at once
+			// measures the path: the first sample after the old one expired
+			// sets the RTT; it is not blended with it.
 			const lat2 = 30 * time.Millisecond
 			_ = s.net.SetLinkBoth(s.a, s.b, transporttest.LinkConfig{Latency: lat2})
 			s.net.Heal()
@@ -125,7 +133,13 @@ func TestSimCutExcludedAtSpecTiming(t *testing.T) {
 			if h := s.health(back.Add(-1)); h.Eligible() {
 				t.Fatalf("eligible before any reply after the heal: %+v", h)
 			}
-			if h := s.health(back); h.Reason != ReasonOK || h.Misses != 0 || h.RTT != 2*lat2 || h.SampleAge != 0 {
+			if h := s.health(back); h.Reason != ReasonRTTStale || h.Misses != 0 || h.LastRTT != 2*lat {
+				t.Fatalf("after the first reply after the heal: %+v", h)
+			}
+			if h := s.health(back.Add(2*lat2 - 1)); h.RTTKnown {
+				t.Fatalf("sampled before the reply to the probe sent at once: %+v", h)
+			}
+			if h := s.health(back.Add(2 * lat2)); h.Reason != ReasonOK || h.Misses != 0 || h.RTT != 2*lat2 || h.SampleAge != 0 {
 				t.Fatalf("after the heal: %+v", h)
 			}
 			for _, err := range s.errs {
@@ -168,14 +182,16 @@ func TestSimRTTConvergesUnderJitter(t *testing.T) {
 	prev := PeerHealth{}
 	for sec := 1; sec <= 60; sec++ {
 		h := s.health(at(time.Duration(sec) * time.Second))
-		if h.Replies != uint64(sec) {
+		// The probe at 0 s is answered first (no sample), the one sent
+		// at once after it and one a second from then on are samples.
+		if h.Replies != uint64(sec)+1 {
 			t.Fatalf("at %ds: %d replies", sec, h.Replies)
 		}
 		if h.LastRTT < 2*(lat-jitter) || h.LastRTT > 2*(lat+jitter) {
 			t.Fatalf("sample %v outside the link's %v ± %v", h.LastRTT, 2*lat, 2*jitter)
 		}
 		want := h.LastRTT
-		if prev.Replies > 0 {
+		if sec > 1 {
 			want = (7*prev.RTT + h.LastRTT) / 8
 		}
 		if h.RTT != want {
@@ -225,7 +241,9 @@ func TestSimStaleAt10s(t *testing.T) {
 			staleAfter := s.prober.Config().StaleAfter
 			s.health(at(5500 * time.Millisecond))
 			s.net.CutBoth(s.a, s.b)
-			lastSample := at(5*time.Second + 2*lat)
+			// The first reply (at 2·lat) restarted the schedule: the last
+			// probe before the cut went out at 5 s + 2·lat.
+			lastSample := at(5*time.Second + 4*lat)
 			h := s.health(lastSample.Add(staleAfter - 1))
 			if !h.RTTKnown || h.RTT != 2*lat || h.SampleAge != staleAfter-1 {
 				t.Fatalf("1 ns before expiry: %+v", h)
@@ -305,7 +323,12 @@ func TestSimSelectionFollowsPaths(t *testing.T) {
 	if i := pick(5 * time.Millisecond); i != 0 || st[0].Reason != ReasonRTTUnknown {
 		t.Fatalf("before any sample: picked %d (%+v); ties among unknown RTTs go by node id", i, st)
 	}
-	if i := pick(30 * time.Millisecond); i != 0 || st[0].RTT != 20*time.Millisecond || st[2].Reason != ReasonRTTUnknown {
+	// Peer 0's first reply (20 ms) is no sample; the probe it sends at
+	// once is answered at 40 ms.
+	if i := pick(30 * time.Millisecond); i != 0 || st[0].Reason != ReasonRTTUnknown || st[0].RTTKnown {
+		t.Fatalf("first reply in: picked %d %+v", i, st)
+	}
+	if i := pick(40 * time.Millisecond); i != 0 || st[0].RTT != 20*time.Millisecond || st[2].Reason != ReasonRTTUnknown {
 		t.Fatalf("first sample in: picked %d %+v", i, st)
 	}
 	if i := pick(5 * time.Second); i != 0 {
@@ -313,19 +336,22 @@ func TestSimSelectionFollowsPaths(t *testing.T) {
 	}
 	clock.AdvanceTo(at(5500 * time.Millisecond))
 	net.CutBoth(c, peers[0].node)
-	// Probes at 6 s and 7 s are lost: excluded at 7 s + 3 s.
-	if i := pick(10*time.Second - 1); i != 0 {
+	// Peer 0 is probed at 20 ms + k s: those at 6.02 s and 7.02 s are
+	// lost, so it is excluded at 7.02 s + 3 s.
+	if i := pick(10*time.Second + 20*time.Millisecond - 1); i != 0 {
 		t.Fatalf("moved early: %d", i)
 	}
-	if i := pick(10 * time.Second); i != 1 || st[0].Reason != ReasonProbeTimeout || st[1].RTT != 40*time.Millisecond {
+	if i := pick(10*time.Second + 20*time.Millisecond); i != 1 || st[0].Reason != ReasonProbeTimeout || st[1].RTT != 40*time.Millisecond {
 		t.Fatalf("at exclusion: picked %d %+v", i, st)
 	}
 	clock.AdvanceTo(at(12500 * time.Millisecond))
 	net.Heal()
-	if i := pick(13*time.Second + 20*time.Millisecond - 1); i != 1 {
+	// The probe at 13.02 s is answered at 13.04 s: it ends the silence (no
+	// sample), and the 20 ms sample of 5.04 s still counts.
+	if i := pick(13*time.Second + 40*time.Millisecond - 1); i != 1 {
 		t.Fatalf("returned before a reply: %d", i)
 	}
-	if i := pick(13*time.Second + 20*time.Millisecond); i != 0 || st[0].RTT != 20*time.Millisecond {
+	if i := pick(13*time.Second + 40*time.Millisecond); i != 0 || st[0].RTT != 20*time.Millisecond {
 		t.Fatalf("after the heal: picked %d %+v", i, st)
 	}
 }

@@ -31,7 +31,9 @@
 //     wireguard-go that NATs connections to VIPs at the client's ingress,
 //     picks the eligible backend with the lowest smoothed RTT, probes peers
 //     through the tunnel, runs TCP connect checks, fails UDP over on ICMP
-//     port unreachable, and reports Status.
+//     port unreachable, and reports Status: health and RTT per backend, and
+//     cumulative counters per backend, listener and VIP (Totals) that reset
+//     only when the engine is rebuilt (docs/counters.md).
 //   - DNSServer: answers VIP and node names of the network's domain on the
 //     overlay, with a 30 s TTL.
 //

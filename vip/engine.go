@@ -117,7 +117,10 @@ type EngineOptions struct {
 //
 // Configuration: Apply reads Registry.List and routes only Routable
 // services; removed backends, listeners and VIPs stop new bindings while
-// existing bindings drain with their original VIP address. Whoever builds
+// existing bindings drain with their original VIP address. A draining UDP
+// binding keeps its removed backend until idle expiry as long as the
+// backend's path is healthy (it fails over when it is not), so the engine
+// keeps probing every peer that draining bindings still use. Whoever builds
 // the Registry calls Apply from RegistryOptions.OnChange, which runs after
 // the store commit, so a change reaches routing only once it is durable;
 // call Apply after membership changes too.
@@ -164,6 +167,7 @@ type Engine struct {
 	applied  map[flow.Listener]*route
 	draining map[flow.Listener]*route
 	subs     map[subKey]*probe.Subscription
+	used     map[NodeID]bool // peers of configured backends
 	probed   map[NodeID]bool
 	eligible map[NodeID]bool
 	applyErr error
@@ -192,6 +196,14 @@ type Engine struct {
 
 	pathMu    sync.Mutex
 	pathTimer transport.Timer
+
+	// Per-VIP totals (status.go). totMu is a leaf lock: it is taken inside
+	// the NAT's lock (listenerGone), so nothing holding it calls the NAT.
+	totMu    sync.Mutex
+	flSvc    map[flow.Listener]ServiceID // the service of every listener the NAT has
+	carried  map[ServiceID]*vipCarry     // counts of the services' listeners the NAT forgot
+	services map[ServiceID]bool          // the services of the last Apply
+	totGen   atomic.Uint64               // counts listenerGone calls: Status retries across one
 
 	c engineCounters
 }
@@ -293,6 +305,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		peerIDs: map[NodeID]flow.PeerID{}, nextPeer: 1,
 		applied: map[flow.Listener]*route{}, draining: map[flow.Listener]*route{},
 		subs: map[subKey]*probe.Subscription{}, probed: map[NodeID]bool{}, eligible: map[NodeID]bool{},
+		flSvc: map[flow.Listener]ServiceID{}, carried: map[ServiceID]*vipCarry{}, services: map[ServiceID]bool{},
 		mtu:    o.Host.MTU(),
 		inject: make(chan []byte, o.Queue), hostQ: make(chan []byte, o.Queue),
 		done: make(chan struct{}), pumpDone: make(chan struct{}), hostDead: make(chan struct{}),
@@ -329,6 +342,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		MaxBackends:        lim.BackendsPerListener,
 		MaxListenersPerVIP: lim.Listeners,
 		Admit:              e.admit,
+		OnListenerGone:     e.listenerGone,
 	}
 	if o.Flow != nil {
 		o.Flow(&fo)
@@ -447,8 +461,10 @@ func (e *Engine) Apply() error {
 	desired := map[flow.Listener]*route{}
 	usedPeers := map[NodeID]bool{}
 	newSubs := map[subKey]*probe.Subscription{}
+	services := map[ServiceID]bool{}
 	var errs []error
 	for _, v := range e.reg.List() {
+		services[v.ID] = true
 		if !v.Routable || !v.Addr.Is4() {
 			continue
 		}
@@ -495,6 +511,15 @@ func (e *Engine) Apply() error {
 			desired[fl] = r
 		}
 	}
+	// The totals' listener → service map gains the new listeners before
+	// the NAT has them (a removed listener keeps its entry until the NAT
+	// forgets it: listenerGone).
+	e.totMu.Lock()
+	for fl, r := range desired {
+		e.flSvc[fl] = r.svc
+	}
+	e.services = services
+	e.totMu.Unlock()
 	// Publish the new selection state first, so that the NAT's next Select
 	// sees the new backends' health inputs, then the listeners.
 	e.routes.Store(&routeTable{m: desired})
@@ -522,23 +547,10 @@ func (e *Engine) Apply() error {
 		}
 	}
 	e.subs = newSubs
-	for id := range usedPeers {
-		if !e.probed[id] {
-			if err := e.prober.AddPeer(probe.NodeID(id), now); err != nil {
-				errs = append(errs, fmt.Errorf("vip: probe %s: %w", id.String()[:12], err))
-				continue
-			}
-			e.probed[id] = true
-		}
-	}
-	for id := range e.probed {
-		if !usedPeers[id] {
-			e.prober.RemovePeer(probe.NodeID(id))
-			delete(e.probed, id)
-			delete(e.eligible, id)
-		}
-	}
+	e.used = usedPeers
+	errs = append(errs, e.syncProbedLocked(now)...)
 	e.pruneDrainingLocked()
+	e.pruneTotals()
 	e.applyErr = errors.Join(errs...)
 	e.nat.HealthChanged()
 	return e.applyErr
@@ -570,6 +582,44 @@ func (e *Engine) buildPeers() *peerTable {
 	return pt
 }
 
+// syncProbedLocked makes the prober track exactly the peers of configured
+// backends and the peers that removed backends' active bindings still
+// use: a draining UDP binding keeps its backend while the backend's path is
+// healthy, which only probing tells. Called with cfgMu held.
+func (e *Engine) syncProbedLocked(now time.Time) []error {
+	want := make(map[NodeID]bool, len(e.used))
+	for id := range e.used {
+		want[id] = true
+	}
+	pt := e.peers.Load()
+	for _, b := range e.nat.DrainingBackends() {
+		if b.Backend.Peer == flow.LocalPeer {
+			continue
+		}
+		if id, ok := pt.node[b.Backend.Peer]; ok {
+			want[id] = true
+		}
+	}
+	var errs []error
+	for id := range want {
+		if !e.probed[id] {
+			if err := e.prober.AddPeer(probe.NodeID(id), now); err != nil {
+				errs = append(errs, fmt.Errorf("vip: probe %s: %w", id.String()[:12], err))
+				continue
+			}
+			e.probed[id] = true
+		}
+	}
+	for id := range e.probed {
+		if !want[id] {
+			e.prober.RemovePeer(probe.NodeID(id))
+			delete(e.probed, id)
+			delete(e.eligible, id)
+		}
+	}
+	return errs
+}
+
 // pruneDrainingLocked forgets removed listeners whose bindings are gone.
 func (e *Engine) pruneDrainingLocked() {
 	for fl := range e.draining {
@@ -588,6 +638,8 @@ func (e *Engine) pathTick() {
 	now := e.clock.Now()
 	changed := false
 	e.cfgMu.Lock()
+	_ = e.syncProbedLocked(now) // no peer is added here: draining peers were probed
+	e.pruneTotals()
 	for id := range e.probed {
 		if e.o.PathUp != nil {
 			_ = e.prober.SetPath(probe.NodeID(id), e.o.PathUp(id))

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"golang.zx2c4.com/wireguard/conn"
 
 	"github.com/vipkit/vipkit/crdt"
 	"github.com/vipkit/vipkit/probe"
@@ -42,6 +43,7 @@ type cnode struct {
 	key    ed25519.PrivateKey
 	wgKey  wg.Key
 	bind   *wg.SimBind
+	dbind  conn.Bind // what the device runs on: bind, or clusterOptions.bind's wrapper
 	host   *netstack.Host
 	reg    *Registry
 	eng    atomic.Pointer[Engine]
@@ -55,6 +57,12 @@ type clusterOptions struct {
 	latency map[[2]int]time.Duration // one-way latency per pair (both directions)
 	engine  func(*EngineOptions)
 	limits  Limits
+	// coldStart skips warm: the nodes' first packets to each other start
+	// their WireGuard handshakes, as on a fresh start.
+	coldStart bool
+	// bind, when set, wraps node i's SimBind (for example to delay
+	// handshake messages); the device runs on what it returns.
+	bind func(i int, b conn.Bind) conn.Bind
 }
 
 func newCluster(t testing.TB, o clusterOptions) *cluster {
@@ -84,6 +92,10 @@ func newCluster(t testing.TB, o clusterOptions) *cluster {
 	}
 	for _, nd := range c.nodes {
 		nd.bind = wg.NewSimBind(c.net, nd.name)
+		nd.dbind = nd.bind
+		if o.bind != nil {
+			nd.dbind = o.bind(nd.i, nd.bind)
+		}
 	}
 	for pair, d := range o.latency {
 		if err := c.net.SetLinkBoth(c.nodes[pair[0]].bind.Node(), c.nodes[pair[1]].bind.Node(), transporttest.LinkConfig{Latency: d}); err != nil {
@@ -113,13 +125,16 @@ func newCluster(t testing.TB, o clusterOptions) *cluster {
 		}
 		c.start(nd, o)
 	}
-	c.warm()
+	if !o.coldStart {
+		c.warm()
+	}
 	return c
 }
 
 // warm brings up the WireGuard sessions between all nodes before any
-// service exists, so that the probes' first RTT samples measure the path,
-// not the handshake. Each pair is started from one side only (a datagram
+// service exists, so that tests start on established paths (the prober
+// takes no sample from a reply that ends a silence, so the first RTT
+// measures the path either way; clusterOptions.coldStart tests that). Each pair is started from one side only (a datagram
 // from the lower to the higher node), retried until its handshake is seen:
 // simultaneous initiations from both sides were seen to stall a session
 // for over 20 s on the simulated network.
@@ -197,7 +212,7 @@ func (c *cluster) start(nd *cnode, o clusterOptions) {
 		t.Fatal(err)
 	}
 	nd.eng.Store(e)
-	d, err := wg.NewDevice(e, wg.Config{PrivateKey: nd.wgKey, Peers: peers}, wg.Options{Bind: nd.bind})
+	d, err := wg.NewDevice(e, wg.Config{PrivateKey: nd.wgKey, Peers: peers}, wg.Options{Bind: nd.dbind})
 	if err != nil {
 		e.Close()
 		t.Fatal(err)

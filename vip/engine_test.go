@@ -90,9 +90,9 @@ func failover(t *testing.T, prober probe.ProberConfig, limit time.Duration) time
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first sample of each peer includes the WireGuard handshake; the
-	// EWMA (7/8 old + 1/8 new) then converges on the path RTT, and the
-	// closer backend wins.
+	// Each peer's first sample is a round trip on its established path
+	// (docs/probe.md); the EWMA (7/8 old + 1/8 new) follows the path RTT,
+	// and the closer backend wins.
 	pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
 		return c.settledOn(cn, "api", "tcp/443", c.nodes[nA], 50*time.Millisecond)
 	})

@@ -15,10 +15,13 @@ import (
 // Status is this node's observation of one network's VIPs, as tsng's CLI
 // (`vip status --json`) and web UI print it: the configuration with its
 // revision, and the engine's counters and health observations. Counters are
-// cumulative since the engine started (they reset on restart; watchers
-// derive rates from them). They are IP forwarding counters, not delivered
-// application bytes. Probe traffic is counted apart (Probe) and never in
-// user traffic.
+// cumulative since the engine started and reset only on restart, so
+// watchers derive rates from them: a backend's counters survive the expiry
+// of its bindings and last as long as the backend is configured (and while
+// a removed one still drains); a removed backend's counts stay in its
+// listener's, and a removed listener's in its VIP's Totals. They are IP
+// forwarding counters, not delivered application bytes. Probe traffic is
+// counted apart (Probe) and never in user traffic.
 type Status struct {
 	Network string     `json:"network"`
 	Node    NodeID     `json:"node"`
@@ -80,16 +83,28 @@ type FlowStatus struct {
 // ServiceStatus is one VIP: its configuration, revision, effective address
 // and name state, and its listeners' observations.
 type ServiceStatus struct {
-	ID           ServiceID        `json:"id"`
-	Name         string           `json:"name"`
-	Revision     Revision         `json:"revision"`
-	Addr         netip.Addr       `json:"addr"`
-	AddrMoved    bool             `json:"addr_moved,omitempty"`
-	NameConflict string           `json:"name_conflict,omitempty"`
-	Error        string           `json:"error,omitempty"`
-	Routable     bool             `json:"routable"`
-	Config       Service          `json:"config"`
-	Listeners    []ListenerStatus `json:"listeners"`
+	ID           ServiceID  `json:"id"`
+	Name         string     `json:"name"`
+	Revision     Revision   `json:"revision"`
+	Addr         netip.Addr `json:"addr"`
+	AddrMoved    bool       `json:"addr_moved,omitempty"`
+	NameConflict string     `json:"name_conflict,omitempty"`
+	Error        string     `json:"error,omitempty"`
+	Routable     bool       `json:"routable"`
+	Config       Service    `json:"config"`
+	// Totals are the VIP's cumulative counters: its listeners', including
+	// removed listeners and backends, since the engine started.
+	Totals    Totals           `json:"totals"`
+	Listeners []ListenerStatus `json:"listeners"`
+}
+
+// Totals are a VIP's cumulative counters over all its listeners.
+type Totals struct {
+	Created   uint64 `json:"bindings_created"`
+	Failovers uint64 `json:"udp_failovers"`
+	Retargets uint64 `json:"retargets"`
+	Traffic
+	Drops map[string]uint64 `json:"drops,omitempty"`
 }
 
 // ListenerStatus is one listener's observation.
@@ -112,6 +127,10 @@ type ListenerStatus struct {
 	Traffic
 	Drops    map[string]uint64 `json:"drops,omitempty"`
 	Backends []BackendStatus   `json:"backends"`
+	// DrainingBackends are removed backends whose bindings still drain
+	// (Draining set), with their health: a UDP binding keeps such a
+	// backend while it is eligible.
+	DrainingBackends []BackendStatus `json:"draining_backends,omitempty"`
 }
 
 // BackendRef names a backend.
@@ -138,7 +157,14 @@ type BackendStatus struct {
 	RTTMillis       float64 `json:"rtt_ms"`
 	RTTKnown        bool    `json:"rtt_known"`
 	SampleAgeMillis float64 `json:"sample_age_ms"`
-	Active          int     `json:"active_bindings"`
+	// Draining is set for a removed backend whose bindings still drain.
+	Draining bool `json:"draining,omitempty"`
+	Active   int  `json:"active_bindings"`
+	// Created counts the bindings made to the backend; Failovers the UDP
+	// bindings that moved away from it. Both and Traffic are cumulative
+	// (see Status).
+	Created   uint64 `json:"bindings_created"`
+	Failovers uint64 `json:"udp_failovers"`
 	Traffic
 	Drops map[string]uint64 `json:"drops,omitempty"`
 }
@@ -171,9 +197,76 @@ type bindKey struct {
 	b  flow.Backend
 }
 
-type bindAgg struct {
-	active int
-	c      flow.Counters
+// vipCarry holds the counts of a service's listeners that the NAT forgot
+// (removed, drained): part of the service's Totals.
+type vipCarry struct {
+	created, failovers, retargets uint64
+	c                             flow.Counters
+}
+
+func (v *vipCarry) add(ls *flow.ListenerStats) {
+	v.created += ls.Created
+	v.failovers += ls.Failovers
+	v.retargets += ls.Retargets
+	v.c.PacketsOut += ls.PacketsOut
+	v.c.BytesOut += ls.BytesOut
+	v.c.PacketsIn += ls.PacketsIn
+	v.c.BytesIn += ls.BytesIn
+	for r := range v.c.Drops {
+		v.c.Drops[r] += ls.Drops[r]
+	}
+}
+
+func (v *vipCarry) totals() Totals {
+	return Totals{
+		Created: v.created, Failovers: v.failovers, Retargets: v.retargets,
+		Traffic: Traffic{PacketsOut: v.c.PacketsOut, BytesOut: v.c.BytesOut, PacketsIn: v.c.PacketsIn, BytesIn: v.c.BytesIn},
+		Drops:   dropMap(&v.c.Drops),
+	}
+}
+
+// listenerGone is flow's OnListenerGone: a removed listener's final counts
+// fold into its service's totals. It runs with the NAT's lock held.
+func (e *Engine) listenerGone(ls flow.ListenerStats) {
+	e.totMu.Lock()
+	defer e.totMu.Unlock()
+	if svc, ok := e.flSvc[ls.Listener]; ok {
+		c := e.carried[svc]
+		if c == nil {
+			c = &vipCarry{}
+			e.carried[svc] = c
+		}
+		c.add(&ls)
+		delete(e.flSvc, ls.Listener)
+	}
+	e.totGen.Add(1)
+}
+
+// pruneTotals forgets the listener → service entries of listeners that
+// are neither applied nor draining (a listener the NAT refused never
+// reaches listenerGone) and the carried totals of services that are gone
+// from the configuration and have no listener left. Called with cfgMu
+// held, after pruneDrainingLocked.
+func (e *Engine) pruneTotals() {
+	e.totMu.Lock()
+	defer e.totMu.Unlock()
+	for fl := range e.flSvc {
+		if e.applied[fl] == nil && e.draining[fl] == nil {
+			delete(e.flSvc, fl)
+		}
+	}
+	if len(e.carried) == 0 {
+		return
+	}
+	inNAT := make(map[ServiceID]bool, len(e.flSvc))
+	for _, svc := range e.flSvc {
+		inNAT[svc] = true
+	}
+	for svc := range e.carried {
+		if !e.services[svc] && !inNAT[svc] {
+			delete(e.carried, svc)
+		}
+	}
 }
 
 // Status returns this node's observation of every service, listener and
@@ -183,26 +276,6 @@ type bindAgg struct {
 func (e *Engine) Status() Status {
 	now := e.clock.Now()
 	st := Status{Network: e.reg.Network(), Node: e.self, Addr: e.selfAddr, At: now}
-
-	agg := map[bindKey]*bindAgg{}
-	for _, b := range e.nat.Bindings() {
-		k := bindKey{b.Listener, b.Backend}
-		a := agg[k]
-		if a == nil {
-			a = &bindAgg{}
-			agg[k] = a
-		}
-		if b.State == flow.Active {
-			a.active++
-		}
-		a.c.PacketsOut += b.PacketsOut
-		a.c.BytesOut += b.BytesOut
-		a.c.PacketsIn += b.PacketsIn
-		a.c.BytesIn += b.BytesIn
-		for r := range b.Drops {
-			a.c.Drops[r] += b.Drops[r]
-		}
-	}
 
 	e.cfgMu.Lock()
 	applied := make(map[flow.Listener]*route, len(e.applied))
@@ -219,11 +292,95 @@ func (e *Engine) Status() Status {
 	e.cfgMu.Unlock()
 	pt := e.peers.Load()
 
+	// One consistent view of the counters: the listeners the NAT has and
+	// the carried counts of those it forgot. A listener forgotten between
+	// the two reads (listenerGone) would count twice or not at all; then
+	// read again.
+	var (
+		lstats  map[flow.Listener]flow.ListenerStats
+		bstats  []flow.BackendStats
+		carried map[ServiceID]Totals
+	)
+	for try := 0; ; try++ {
+		gen := e.totGen.Load()
+		lstats = make(map[flow.Listener]flow.ListenerStats, len(applied)+len(draining))
+		for fl := range applied {
+			if ls, ok := e.nat.ListenerStats(fl); ok {
+				lstats[fl] = ls
+			}
+		}
+		for _, r := range draining {
+			if ls, ok := e.nat.ListenerStats(r.fl); ok {
+				lstats[r.fl] = ls
+			}
+		}
+		bstats = e.nat.BackendStats()
+		e.totMu.Lock()
+		carried = make(map[ServiceID]Totals, len(e.carried))
+		for svc, c := range e.carried {
+			carried[svc] = c.totals()
+		}
+		e.totMu.Unlock()
+		if e.totGen.Load() == gen || try == 3 {
+			break
+		}
+	}
+	bmap := make(map[bindKey]*flow.BackendStats, len(bstats))
+	drainingBackends := map[flow.Listener][]*flow.BackendStats{}
+	for i := range bstats {
+		b := &bstats[i]
+		bmap[bindKey{b.Listener, b.Backend}] = b
+		if !b.Configured {
+			drainingBackends[b.Listener] = append(drainingBackends[b.Listener], b)
+		}
+	}
+	totals := map[ServiceID]*Totals{}
+	addTotals := func(svc ServiceID, ls flow.ListenerStats) {
+		t := totals[svc]
+		if t == nil {
+			c := carried[svc]
+			t = &c
+			totals[svc] = t
+		}
+		t.Created += ls.Created
+		t.Failovers += ls.Failovers
+		t.Retargets += ls.Retargets
+		t.PacketsOut += ls.PacketsOut
+		t.BytesOut += ls.BytesOut
+		t.PacketsIn += ls.PacketsIn
+		t.BytesIn += ls.BytesIn
+		for r, v := range ls.Drops {
+			if v == 0 {
+				continue
+			}
+			if t.Drops == nil {
+				t.Drops = map[string]uint64{}
+			}
+			t.Drops[flow.DropReason(r).String()] += v
+		}
+	}
+	for fl, r := range applied {
+		if ls, ok := lstats[fl]; ok {
+			addTotals(r.svc, ls)
+		}
+	}
+	for _, r := range draining {
+		if ls, ok := lstats[r.fl]; ok {
+			addTotals(r.svc, ls)
+		}
+	}
+	view := &statusView{pt: pt, lstats: lstats, backends: bmap, draining: drainingBackends, now: now}
+
 	for _, v := range e.reg.List() {
 		ss := ServiceStatus{
 			ID: v.ID, Name: v.Name, Revision: v.Revision, Addr: v.Addr, AddrMoved: v.AddrMoved,
 			NameConflict: v.NameConflict, Error: v.Err, Routable: v.Routable, Config: v.Service,
 			Listeners: []ListenerStatus{},
+		}
+		if t := totals[v.ID]; t != nil {
+			ss.Totals = *t
+		} else {
+			ss.Totals = carried[v.ID]
 		}
 		for _, l := range v.Listeners {
 			fl := flow.Listener{VIP: v.Addr, Proto: flow.Proto(l.Proto), Port: l.Port}
@@ -236,7 +393,7 @@ func (e *Engine) Status() Status {
 				ss.Listeners = append(ss.Listeners, ls)
 				continue
 			}
-			ss.Listeners = append(ss.Listeners, e.listenerStatus(r, false, pt, agg, now))
+			ss.Listeners = append(ss.Listeners, e.listenerStatus(r, false, view))
 		}
 		st.Services = append(st.Services, ss)
 	}
@@ -244,7 +401,7 @@ func (e *Engine) Status() Status {
 		return cmp.Or(a.fl.VIP.Compare(b.fl.VIP), cmp.Compare(a.fl.Proto, b.fl.Proto), cmp.Compare(a.fl.Port, b.fl.Port))
 	})
 	for _, r := range draining {
-		ls := e.listenerStatus(r, true, pt, agg, now)
+		ls := e.listenerStatus(r, true, view)
 		ls.Next = nil
 		st.Draining = append(st.Draining, ls)
 	}
@@ -294,12 +451,22 @@ func (e *Engine) ServiceStatus(sel string) (ServiceStatus, error) {
 	return ServiceStatus{}, ErrNotFound
 }
 
-func (e *Engine) listenerStatus(r *route, draining bool, pt *peerTable, agg map[bindKey]*bindAgg, now time.Time) ListenerStatus {
+// statusView is what one Status call read, shared by its listeners.
+type statusView struct {
+	pt       *peerTable
+	lstats   map[flow.Listener]flow.ListenerStats
+	backends map[bindKey]*flow.BackendStats
+	draining map[flow.Listener][]*flow.BackendStats // removed backends with bindings, per listener
+	now      time.Time
+}
+
+func (e *Engine) listenerStatus(r *route, draining bool, v *statusView) ListenerStatus {
+	pt, now := v.pt, v.now
 	ls := ListenerStatus{Listener: r.key.String(), VIP: r.fl.VIP, Generation: r.gen, Routed: !draining, Draining: draining, Backends: []BackendStatus{}}
 	if r.err != nil {
 		ls.Error = r.err.Error()
 	}
-	if fs, ok := e.nat.ListenerStats(r.fl); ok {
+	if fs, ok := v.lstats[r.fl]; ok {
 		ls.Active, ls.Quarantined, ls.Created = fs.Active, fs.Quarantined, fs.Created
 		ls.Failovers, ls.Retargets = fs.Failovers, fs.Retargets
 		ls.Traffic = Traffic{PacketsOut: fs.PacketsOut, BytesOut: fs.BytesOut, PacketsIn: fs.PacketsIn, BytesIn: fs.BytesIn}
@@ -311,35 +478,58 @@ func (e *Engine) listenerStatus(r *route, draining bool, pt *peerTable, agg map[
 		ls.Next = &BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}
 	}
 	for i, b := range r.cfg {
-		s := statuses[i]
-		bs := BackendStatus{
-			BackendRef: BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port},
-			Addr:       r.pbs[i].Addr, Local: r.pbs[i].Local,
-			Reason: s.Reason.String(), Eligible: s.Eligible(),
-			RTTKnown: s.RTTKnown, SampleAgeMillis: -1,
-		}
-		if s.RTTKnown {
-			bs.RTTMillis = float64(s.RTT) / float64(time.Millisecond)
-		}
-		if s.SampleAge >= 0 {
-			bs.SampleAgeMillis = float64(s.SampleAge) / float64(time.Millisecond)
-		}
-		if s.Err != nil {
-			bs.CheckError = s.Err.Error()
-		}
-		if s.Reason == probe.ReasonICMPUnreachable {
-			u := s.Until
-			bs.UnreachableUntil = &u
-		}
-		if a := agg[bindKey{r.fl, r.backends[i]}]; a != nil {
-			bs.Active = a.active
-			bs.Traffic = Traffic{PacketsOut: a.c.PacketsOut, BytesOut: a.c.BytesOut, PacketsIn: a.c.PacketsIn, BytesIn: a.c.BytesIn}
-			bs.Drops = dropMap(&a.c.Drops)
-		}
+		bs := backendStatus(BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}, r.pbs[i], statuses[i])
+		bs.addCounters(v.backends[bindKey{r.fl, r.backends[i]}])
 		ls.Backends = append(ls.Backends, bs)
 	}
 	for _, b := range r.missing {
 		ls.Backends = append(ls.Backends, BackendStatus{BackendRef: BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}, Reason: "unknown-node", SampleAgeMillis: -1})
 	}
+	for _, fb := range v.draining[r.fl] {
+		if slices.Contains(r.backends, fb.Backend) {
+			continue // configured again: listed above
+		}
+		pb := e.probeBackend(r.fl, fb.Backend)
+		node := NodeID(pb.Node)
+		bs := backendStatus(BackendRef{Node: node, NodeName: pt.name[node], Port: fb.Backend.Port}, pb, e.sel.Evaluate(&pb, now))
+		bs.Draining = true
+		bs.addCounters(fb)
+		ls.DrainingBackends = append(ls.DrainingBackends, bs)
+	}
 	return ls
+}
+
+// backendStatus is one backend's health as the selector sees it.
+func backendStatus(ref BackendRef, pb probe.Backend, s probe.Status) BackendStatus {
+	bs := BackendStatus{
+		BackendRef: ref, Addr: pb.Addr, Local: pb.Local,
+		Reason: s.Reason.String(), Eligible: s.Eligible(),
+		RTTKnown: s.RTTKnown, SampleAgeMillis: -1,
+	}
+	if s.RTTKnown {
+		bs.RTTMillis = float64(s.RTT) / float64(time.Millisecond)
+	}
+	if s.SampleAge >= 0 {
+		bs.SampleAgeMillis = float64(s.SampleAge) / float64(time.Millisecond)
+	}
+	if s.Err != nil {
+		bs.CheckError = s.Err.Error()
+	}
+	if s.Reason == probe.ReasonICMPUnreachable {
+		u := s.Until
+		bs.UnreachableUntil = &u
+	}
+	return bs
+}
+
+// addCounters fills in the NAT's cumulative counters of the backend (nil:
+// none yet).
+func (bs *BackendStatus) addCounters(fb *flow.BackendStats) {
+	if fb == nil {
+		return
+	}
+	bs.Active = fb.Active
+	bs.Created, bs.Failovers = fb.Created, fb.Failovers
+	bs.Traffic = Traffic{PacketsOut: fb.PacketsOut, BytesOut: fb.BytesOut, PacketsIn: fb.PacketsIn, BytesIn: fb.BytesIn}
+	bs.Drops = dropMap(&fb.Drops)
 }

@@ -319,11 +319,12 @@ func (t *memTx) Save(ctx context.Context, s Share, now time.Time) error {
 	}
 	s = s.Clone()
 	s.CreatedAt, s.DeletedAt, s.UpdatedAt = old.CreatedAt, old.DeletedAt, now
+	s.CreatedBy, s.DeletedBy = old.CreatedBy, old.DeletedBy
 	t.writes[s.ID] = s
 	return nil
 }
 
-func (t *memTx) Delete(ctx context.Context, id string, now time.Time) error {
+func (t *memTx) Delete(ctx context.Context, id string, now time.Time, by string) error {
 	if !t.held[id] {
 		return fmt.Errorf("%w: delete of share %s that this transaction did not lock", ErrStore, id)
 	}
@@ -332,7 +333,7 @@ func (t *memTx) Delete(ctx context.Context, id string, now time.Time) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	if s.Live() {
-		s.DeletedAt, s.UpdatedAt = now, now
+		s.DeletedAt, s.UpdatedAt, s.DeletedBy, s.UpdatedBy = now, now, by, by
 	}
 	t.writes[id] = s
 	return nil

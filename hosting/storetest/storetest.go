@@ -37,6 +37,7 @@ func Run(t *testing.T, newStore func(t *testing.T) hosting.Store, o Options) {
 	t.Run("SaveByDifference", func(t *testing.T) { saveByDifference(t, newStore(t)) })
 	t.Run("DeletedShareKeepsHosts", func(t *testing.T) { deletedKeepsHosts(t, newStore(t)) })
 	t.Run("RollbackLosesNothing", func(t *testing.T) { rollback(t, newStore(t)) })
+	t.Run("AuditPrincipals", func(t *testing.T) { auditPrincipals(t, newStore(t)) })
 	t.Run("CreateTwice", func(t *testing.T) { createTwice(t, newStore(t)) })
 	t.Run("LockSeesCommitted", func(t *testing.T) { lockSeesCommitted(t, newStore(t)) })
 	t.Run("ConcurrentCascades", func(t *testing.T) {
@@ -199,7 +200,7 @@ func finders(t *testing.T, st hosting.Store) {
 		if _, err := tx.Lock(ctx, s2.ID, s1.ID); err != nil {
 			return err
 		}
-		if err := tx.Delete(ctx, s2.ID, t0); err != nil {
+		if err := tx.Delete(ctx, s2.ID, t0, "tester"); err != nil {
 			return err
 		}
 		s1b := s1.Clone()
@@ -252,7 +253,7 @@ func deletedKeepsHosts(t *testing.T, st hosting.Store) {
 		if _, err := tx.Lock(ctx, s.ID); err != nil {
 			return err
 		}
-		return tx.Delete(ctx, s.ID, t0.Add(time.Minute))
+		return tx.Delete(ctx, s.ID, t0.Add(time.Minute), "tester")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +287,51 @@ func rollback(t *testing.T, st hosting.Store) {
 	got, _ := st.Get(ctx, s.ID)
 	if !got.Hosts.Equal(s.Hosts) {
 		t.Fatalf("rolled-back write is visible: %+v", got.Hosts)
+	}
+}
+
+// auditPrincipals: the *By columns round-trip: created by the creator,
+// updated by the last writer, deleted by the deleter.
+func auditPrincipals(t *testing.T, st hosting.Store) {
+	ctx := context.Background()
+	seed(t, st, "acct", "a1", "p1")
+	s := share([]string{"a1"}, nil)
+	s.CreatedBy, s.UpdatedBy = "alice", "alice"
+	create(t, st, s)
+	step := func(fn func(ctx context.Context, tx hosting.Tx) error) hosting.Share {
+		t.Helper()
+		err := st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+			if _, err := tx.Lock(ctx, s.ID); err != nil {
+				return err
+			}
+			return fn(ctx, tx)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := st.Get(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	got := step(func(context.Context, hosting.Tx) error { return nil })
+	if got.CreatedBy != "alice" || got.UpdatedBy != "alice" || got.DeletedBy != "" {
+		t.Fatalf("created: %q %q %q", got.CreatedBy, got.UpdatedBy, got.DeletedBy)
+	}
+	got = step(func(ctx context.Context, tx hosting.Tx) error {
+		n := s.Clone()
+		n.Hosts, n.UpdatedBy = hosting.NewHosts([]string{"a1"}, []string{"p1"}), "bob"
+		return tx.Save(ctx, n, t0.Add(time.Minute))
+	})
+	if got.CreatedBy != "alice" || got.UpdatedBy != "bob" {
+		t.Fatalf("saved: %q %q", got.CreatedBy, got.UpdatedBy)
+	}
+	got = step(func(ctx context.Context, tx hosting.Tx) error {
+		return tx.Delete(ctx, s.ID, t0.Add(time.Hour), "carol")
+	})
+	if got.CreatedBy != "alice" || got.UpdatedBy != "carol" || got.DeletedBy != "carol" || got.Live() {
+		t.Fatalf("deleted: %q %q %q", got.CreatedBy, got.UpdatedBy, got.DeletedBy)
 	}
 }
 

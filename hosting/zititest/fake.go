@@ -9,6 +9,11 @@
 // parameter, a body that breaks its schema or a missing zt-session is
 // refused with the specification's error envelope, as the controller would.
 //
+// Config data is validated against its config type's JSON Schema (host.v1's
+// from host.v1.schema.json, next to management.yml) on create and on patch,
+// with santhosh-tekuri/jsonschema: a body that breaks it is refused with
+// 400 COULD_NOT_VALIDATE and changes nothing.
+//
 // Then the fake applies the controller's rules for identities' service-config
 // overrides:
 //
@@ -77,6 +82,7 @@ type Fake struct {
 	mu         sync.Mutex
 	seq        int
 	ctypes     map[string]ziti.ConfigType
+	schemas    map[string]*ConfigSchema // config type id → its JSON Schema
 	configs    map[string]ziti.Config
 	services   map[string]ziti.Service
 	policies   map[string]ziti.ServicePolicy
@@ -95,8 +101,12 @@ func Start(o Options) (*Fake, error) {
 	if err != nil {
 		return nil, err
 	}
+	hs, err := LoadHostSchema()
+	if err != nil {
+		return nil, err
+	}
 	f := &Fake{
-		spec: s, session: o.Session,
+		spec: s, session: o.Session, schemas: map[string]*ConfigSchema{},
 		ctypes: map[string]ziti.ConfigType{}, configs: map[string]ziti.Config{},
 		services: map[string]ziti.Service{}, policies: map[string]ziti.ServicePolicy{},
 		idents: map[string]ziti.Identity{}, overrides: map[string]map[[2]string]string{},
@@ -108,6 +118,9 @@ func Start(o Options) (*Fake, error) {
 	for _, n := range []string{"host.v1", "intercept.v1", "ziti-tunneler-server.v1"} {
 		id := f.newID("ct")
 		f.ctypes[id] = ziti.ConfigType{ID: id, Name: n}
+		if n == "host.v1" {
+			f.schemas[id] = hs
+		}
 	}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	return f, nil
@@ -386,7 +399,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 	id := params["id"]
 	switch op {
 	case "listConfigTypes":
-		f.list(w, r, "config-types", func() []any { return values(f.ctypes, ctypeJSON) })
+		f.list(w, r, "config-types", func() []any { return values(f.ctypes, f.ctypeJSON) })
 	case "createConfig":
 		var c ziti.ConfigCreate
 		if !f.decode(w, body, &c) {
@@ -396,6 +409,10 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		defer f.mu.Unlock()
 		if _, ok := f.ctypes[c.ConfigTypeID]; !ok {
 			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "configTypeId not found: "+c.ConfigTypeID)
+			return
+		}
+		if err := f.validateData(c.ConfigTypeID, c.Data); err != nil {
+			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, err.Error())
 			return
 		}
 		if slices.ContainsFunc(slices.Collect(maps.Values(f.configs)), func(x ziti.Config) bool { return x.Name == c.Name }) {
@@ -429,6 +446,10 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			c.Name = *p.Name
 		}
 		if p.Data != nil {
+			if err := f.validateData(c.ConfigTypeID, p.Data); err != nil {
+				f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, err.Error())
+				return
+			}
 			c.Data = p.Data
 		}
 		if p.Tags != nil {
@@ -786,10 +807,26 @@ func base(id string, tags ziti.Tags, kind string) map[string]any {
 		"_links": map[string]any{"self": map[string]any{"href": "./" + kind + "/" + id}}}
 }
 
-func ctypeJSON(c ziti.ConfigType) any {
+func (f *Fake) ctypeJSON(c ziti.ConfigType) any {
 	m := base(c.ID, nil, "config-types")
 	m["name"], m["schema"] = c.Name, map[string]any{}
+	if s := f.schemas[c.ID]; s != nil {
+		m["schema"] = s.Raw
+	}
 	return m
+}
+
+// validateData checks config data against its type's schema, as the
+// controller does on create and on patch. f.mu is held.
+func (f *Fake) validateData(typeID string, data map[string]any) error {
+	s := f.schemas[typeID]
+	if s == nil {
+		return nil
+	}
+	if err := s.Validate(data); err != nil {
+		return fmt.Errorf("schema validation failed: %w", err)
+	}
+	return nil
 }
 
 func configJSON(c ziti.Config) any {

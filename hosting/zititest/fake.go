@@ -27,8 +27,15 @@
 //   - an empty assign or remove list is refused;
 //   - both writes are idempotent.
 //
-// Terminators carry a precedence and a hostId (the hosting identity's id);
-// tests add them with AddTerminator, as a tunneler binding would.
+// The fake is also a model of the data plane that routes. Terminators come
+// from simulated hosting agents (StartAgent): an identity named on a Bind
+// policy binds each service with the host.v1 it sees (its override, else
+// the service's own) at that config's precedence, rebinds when that config
+// changes, and runs the config's portChecks as real TCP connects, dropping
+// its terminator to failed after the configured failures and back to its
+// baseline on the first pass. Route and Dial send a new circuit to the
+// highest band that holds a terminator (required > default > failed).
+// Tests that need a terminator without an agent add it with AddTerminator.
 //
 // Usage:
 //
@@ -89,6 +96,10 @@ type Fake struct {
 	idents     map[string]ziti.Identity
 	overrides  map[string]map[[2]string]string // identity → (service, config type) → config
 	terms      map[string]ziti.Terminator
+	termAgent  map[string]*HostAgent // terminator → the agent that bound it
+	agents     map[*HostAgent]bool
+	changed    chan struct{} // closed at every change, for the agents
+	rr         int           // round robin of Route
 	calls      []Call
 	fail       map[string][]int // operationId → statuses to answer next
 	badAnswers []error
@@ -111,6 +122,7 @@ func Start(o Options) (*Fake, error) {
 		services: map[string]ziti.Service{}, policies: map[string]ziti.ServicePolicy{},
 		idents: map[string]ziti.Identity{}, overrides: map[string]map[[2]string]string{},
 		terms: map[string]ziti.Terminator{}, fail: map[string][]int{},
+		termAgent: map[string]*HostAgent{}, agents: map[*HostAgent]bool{}, changed: make(chan struct{}),
 	}
 	if f.session == "" {
 		f.session = "zititest-session"
@@ -132,8 +144,17 @@ func (f *Fake) URL() string { return f.srv.URL }
 // Session is the token to send as zt-session.
 func (f *Fake) Session() string { return f.session }
 
-// Close stops the server and waits for its requests.
-func (f *Fake) Close() { f.srv.Close() }
+// Close stops the server and waits for its requests, and stops every
+// simulated agent.
+func (f *Fake) Close() {
+	f.srv.Close()
+	f.mu.Lock()
+	agents := slices.Collect(maps.Keys(f.agents))
+	f.mu.Unlock()
+	for _, a := range agents {
+		a.Stop()
+	}
+}
 
 // Client returns a ziti.Client for the fake.
 func (f *Fake) Client() *ziti.Client {
@@ -156,7 +177,14 @@ func (f *Fake) AddIdentity(agent string) string {
 	defer f.mu.Unlock()
 	id := f.newID("ident")
 	f.idents[id] = ziti.Identity{ID: id, Name: "agent " + agent, RoleAttributes: []string{"agent | " + agent}, Tags: ziti.Tags{"agent-id": agent}}
+	f.changedLocked()
 	return id
+}
+
+// changedLocked wakes the agents; f.mu is held.
+func (f *Fake) changedLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
 }
 
 // DeleteIdentity deletes an identity and every override on it, as the
@@ -166,6 +194,7 @@ func (f *Fake) DeleteIdentity(id string) {
 	defer f.mu.Unlock()
 	delete(f.idents, id)
 	delete(f.overrides, id)
+	f.changedLocked()
 }
 
 // AddTerminator adds a terminator of a service bound by the identity hostID
@@ -338,6 +367,9 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	f.dispatch(rec, r, op, params, body)
+	if r.Method != http.MethodGet && rec.status < 300 {
+		f.bump()
+	}
 	// The fake's own answers must satisfy the specification too.
 	rin := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: rec.status, Header: w.Header(),
 		Body: io.NopCloser(bytes.NewReader(rec.body.Bytes())), Options: &openapi3filter.Options{}}

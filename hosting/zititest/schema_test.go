@@ -36,9 +36,11 @@ func TestConfigDataIsValidatedAgainstTheTypeSchema(t *testing.T) {
 		"port out of range":     func(m map[string]any) { m["port"] = 70000 },
 		"unknown property":      func(m map[string]any) { m["colour"] = "blue" },
 		"interval not duration": func(m map[string]any) { m["portChecks"].([]any)[0].(map[string]any)["interval"] = "five" },
-		"bad action":            func(m map[string]any) { m["portChecks"].([]any)[0].(map[string]any)["actions"] = []any{map[string]any{"trigger": "fail", "action": "reboot"}} },
-		"empty address":         func(m map[string]any) { m["address"] = "" },
-		"cost over 65535":       func(m map[string]any) { m["listenOptions"] = map[string]any{"cost": 65536} },
+		"bad action": func(m map[string]any) {
+			m["portChecks"].([]any)[0].(map[string]any)["actions"] = []any{map[string]any{"trigger": "fail", "action": "reboot"}}
+		},
+		"empty address":   func(m map[string]any) { m["address"] = "" },
+		"cost over 65535": func(m map[string]any) { m["listenOptions"] = map[string]any{"cost": 65536} },
 	}
 	for name, mut := range bad {
 		t.Run(name, func(t *testing.T) {

@@ -90,7 +90,7 @@ func (m *MemStore) Get(ctx context.Context, id string) (Share, error) {
 }
 
 func match(s Share, f Filter) bool {
-	if !s.Live() || f.AccountID != "" && s.AccountID != f.AccountID {
+	if !s.Live() || f.AccountID != "" && s.AccountID != f.AccountID || f.Kind != "" && s.Kind != f.Kind {
 		return false
 	}
 	if _, ok := s.Hosts.RoleOf(f.AgentID); f.AgentID != "" && !ok {

@@ -39,6 +39,7 @@ type Store interface {
 // Filter selects live shares. Empty fields match everything.
 type Filter struct {
 	AccountID      string
+	Kind           Kind   // a share kind
 	AgentID        string // a host in either role
 	ActiveAgentID  string // an active host
 	PassiveAgentID string // a passive host

@@ -236,6 +236,9 @@ func (s *Store) Find(ctx context.Context, f hosting.Filter) ([]hosting.Share, er
 	if f.AccountID != "" {
 		add("s.account_id = $%d", f.AccountID)
 	}
+	if f.Kind != "" {
+		add("s.kind = $%d", string(f.Kind))
+	}
 	if f.AgentID != "" {
 		add("EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.agent_id = $%d)", f.AgentID)
 	}

@@ -169,6 +169,7 @@ func finders(t *testing.T, st hosting.Store) {
 	s2 := share([]string{"p1"}, nil)
 	s3 := share([]string{"a2"}, nil)
 	s3.AccountID = "other"
+	s2.Kind = hosting.KindIPsec
 	for _, s := range []hosting.Share{s1, s2, s3} {
 		create(t, st, s)
 	}
@@ -186,6 +187,8 @@ func finders(t *testing.T, st hosting.Store) {
 	check("active", hosting.Filter{ActiveAgentID: "p1"}, s2.ID)
 	check("passive", hosting.Filter{PassiveAgentID: "p1"}, s1.ID)
 	check("account", hosting.Filter{AccountID: "other"}, s3.ID)
+	check("kind", hosting.Filter{Kind: hosting.KindIPsec}, s2.ID)
+	check("kind and agent", hosting.Filter{Kind: hosting.KindTCP, AgentID: "p1"}, s1.ID)
 	check("all", hosting.Filter{}, s1.ID, s2.ID, s3.ID)
 	hb, err := st.SharesHostedBy(ctx, "p1")
 	if err != nil || !slices.Equal(hb, sorted(s1.ID, s2.ID)) {

@@ -47,6 +47,7 @@ package zititest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,17 +59,28 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/vipkit/vipkit/hosting/ziti"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // Options configure a Fake.
 type Options struct {
-	// Session is the zt-session token the fake accepts; "" means a fixed
-	// test token.
+	// Session is a zt-session token the fake always accepts; "" means a
+	// fixed test token. Sessions made by authenticate are accepted too,
+	// until they expire.
 	Session string
+	// SessionTTL is the lifetime of a session made by authenticate; 0
+	// means 30 minutes.
+	SessionTTL time.Duration
+	// Clock tells the sessions' age; nil means the real clock.
+	Clock transport.Clock
+	// TLS serves HTTPS and asks for a client certificate, for the cert
+	// authentication method.
+	TLS bool
 }
 
 // Call is one request the fake accepted (it passed the specification).
@@ -85,6 +97,8 @@ type Fake struct {
 	srv     *httptest.Server
 	spec    *Spec
 	session string
+	ttl     time.Duration
+	clk     transport.Clock
 
 	mu         sync.Mutex
 	seq        int
@@ -98,8 +112,12 @@ type Fake struct {
 	terms      map[string]ziti.Terminator
 	termAgent  map[string]*HostAgent // terminator → the agent that bound it
 	agents     map[*HostAgent]bool
-	changed    chan struct{} // closed at every change, for the agents
-	rr         int           // round robin of Route
+	changed    chan struct{}        // closed at every change, for the agents
+	rr         int                  // round robin of Route
+	sessions   map[string]time.Time // token → expiry
+	users      map[string]user      // username → updb authenticator
+	certs      map[[32]byte]string  // client certificate SHA-256 → identity
+	logins     int
 	calls      []Call
 	fail       map[string][]int // operationId → statuses to answer next
 	badAnswers []error
@@ -123,6 +141,11 @@ func Start(o Options) (*Fake, error) {
 		idents: map[string]ziti.Identity{}, overrides: map[string]map[[2]string]string{},
 		terms: map[string]ziti.Terminator{}, fail: map[string][]int{},
 		termAgent: map[string]*HostAgent{}, agents: map[*HostAgent]bool{}, changed: make(chan struct{}),
+		sessions: map[string]time.Time{}, users: map[string]user{}, certs: map[[32]byte]string{},
+		ttl: o.SessionTTL, clk: transport.Or(o.Clock),
+	}
+	if f.ttl <= 0 {
+		f.ttl = 30 * time.Minute
 	}
 	if f.session == "" {
 		f.session = "zititest-session"
@@ -134,7 +157,13 @@ func Start(o Options) (*Fake, error) {
 			f.schemas[id] = hs
 		}
 	}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	if o.TLS {
+		f.srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+		f.srv.StartTLS()
+	} else {
+		f.srv.Start()
+	}
 	return f, nil
 }
 
@@ -216,7 +245,8 @@ func (f *Fake) FailNext(operationID string, statuses ...int) {
 	f.fail[operationID] = append(f.fail[operationID], statuses...)
 }
 
-// Calls returns the requests that passed the specification, in order.
+// Calls returns the requests that passed the specification, and those
+// refused 401 for their session, in order.
 func (f *Fake) Calls() []Call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -349,6 +379,9 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 		var se *openapi3filter.SecurityRequirementsError
 		if errors.As(err, &se) {
 			f.writeError(w, http.StatusUnauthorized, codeUnauth, msgUnauth, "", nil)
+			f.mu.Lock()
+			f.calls = append(f.calls, Call{Method: r.Method, OperationID: route.Operation.OperationID, Path: path, Body: string(body), Status: http.StatusUnauthorized})
+			f.mu.Unlock()
 			return
 		}
 		f.writeError(w, http.StatusBadRequest, codeInvalid, msgInvalid, err.Error(), params)
@@ -413,7 +446,14 @@ func (f *Fake) authenticate(ctx context.Context, in *openapi3filter.Authenticati
 	if in.SecuritySchemeName != "ztSession" {
 		return in.NewError(fmt.Errorf("zititest accepts only ztSession"))
 	}
-	if in.RequestValidationInput.Request.Header.Get("zt-session") != f.session {
+	tok := in.RequestValidationInput.Request.Header.Get("zt-session")
+	if tok == f.session {
+		return nil
+	}
+	f.mu.Lock()
+	exp, ok := f.sessions[tok]
+	f.mu.Unlock()
+	if !ok || !f.clk.Now().Before(exp) {
 		return in.NewError(nil)
 	}
 	return nil
@@ -430,6 +470,8 @@ func empty(w http.ResponseWriter) {
 func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, params map[string]string, body []byte) {
 	id := params["id"]
 	switch op {
+	case "authenticate":
+		f.authenticateOp(w, r, body)
 	case "listConfigTypes":
 		f.list(w, r, "config-types", func() []any { return values(f.ctypes, f.ctypeJSON) })
 	case "createConfig":

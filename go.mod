@@ -9,6 +9,7 @@ require (
 	github.com/hdevalence/ed25519consensus v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/miekg/dns v1.1.73
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	github.com/stretchr/testify v1.12.1
 	github.com/vishvananda/netlink v1.3.1

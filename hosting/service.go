@@ -21,8 +21,10 @@ const (
 
 // Event tells other services that a share changed.
 type Event struct {
+	ID    string // a UUID, the message id on the bus
 	Type  EventType
-	Share Share // the share after the change (a deleted share keeps its hosts)
+	Share Share     // the share after the change (a deleted share keeps its hosts)
+	At    time.Time // when the change was made
 }
 
 // Publisher sends share events. Publish is called after the transaction
@@ -56,6 +58,10 @@ type Options struct {
 	Network NetworkAvailability
 	// Ingress is the TCP shares' ingress; nil means they have none.
 	Ingress Ingress
+	// Outbox writes each change's events into the store's outbox in the
+	// change's transaction (the store's Tx must implement OutboxTx), for
+	// a relay to publish (hosting/events); Publisher is then not called.
+	Outbox bool
 }
 
 // Service holds the share-host logic: validated create, update (PUT and
@@ -74,6 +80,7 @@ type Service struct {
 	val Validator
 	net NetworkAvailability
 	ing Ingress
+	box bool
 }
 
 // NewService returns a service. It fails when Store or Projection is nil.
@@ -81,7 +88,7 @@ func NewService(o Options) (*Service, error) {
 	if o.Store == nil || o.Projection == nil {
 		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrSettings)
 	}
-	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress}, nil
+	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox}, nil
 }
 
 // NewID returns a random (version 4) UUID.
@@ -298,24 +305,39 @@ func (sv *Service) tearDownIngress(ctx context.Context, ss []Share) error {
 
 // run runs fn in a transaction, compensates Ziti when it fails (or its
 // commit does), and publishes one event per changed share after commit.
-func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, done *[]change) error) ([]change, error) {
+func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, done *[]change) error) ([]Event, error) {
 	var done []change
+	var evs []Event
 	err := sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
 		done = done[:0]
-		return fn(ctx, tx, &done)
+		if err := fn(ctx, tx, &done); err != nil {
+			return err
+		}
+		evs = sv.eventsOf(done)
+		if !sv.box || len(evs) == 0 {
+			return nil
+		}
+		ob, ok := tx.(OutboxTx)
+		if !ok {
+			return fmt.Errorf("%w: the store's transactions hold no outbox", ErrStore)
+		}
+		msgs := make([]EventMessage, 0, len(evs))
+		for _, e := range evs {
+			m, err := e.Message()
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, m)
+		}
+		return ob.AddEvents(ctx, msgs)
 	})
 	if err != nil {
 		return nil, errors.Join(err, sv.compensate(ctx, done))
 	}
-	evs := make([]Event, 0, len(done))
-	for _, c := range done {
-		t := EventUpdated
-		if c.removed {
-			t = EventDeleted
-		}
-		evs = append(evs, Event{Type: t, Share: c.next})
+	if sv.box {
+		return evs, nil
 	}
-	return done, sv.publish(ctx, evs)
+	return evs, sv.publish(ctx, evs)
 }
 
 // Update applies u (PUT or PATCH) to share id: it locks the share, merges,
@@ -400,7 +422,7 @@ func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Even
 			return nil, err
 		}
 	}
-	done, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+	evs, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
 		ids, err := tx.SharesHostedBy(ctx, agent)
 		if err != nil || len(ids) == 0 {
 			return err
@@ -428,7 +450,7 @@ func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Even
 		}
 		return nil
 	})
-	return eventsOf(done), err
+	return evs, err
 }
 
 // RemoveAccount deletes every share of an account, under the same locks,
@@ -443,7 +465,7 @@ func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, 
 			return nil, err
 		}
 	}
-	done, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+	evs, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
 		ids, err := tx.SharesOfAccount(ctx, account)
 		if err != nil || len(ids) == 0 {
 			return err
@@ -462,17 +484,19 @@ func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, 
 		}
 		return nil
 	})
-	return eventsOf(done), err
+	return evs, err
 }
 
-func eventsOf(done []change) []Event {
+// eventsOf makes one event per changed share.
+func (sv *Service) eventsOf(done []change) []Event {
 	var out []Event
+	now := sv.clk.Now()
 	for _, c := range done {
 		t := EventUpdated
 		if c.removed {
 			t = EventDeleted
 		}
-		out = append(out, Event{Type: t, Share: c.next})
+		out = append(out, Event{ID: NewID(), Type: t, Share: c.next, At: now})
 	}
 	return out
 }

@@ -48,7 +48,11 @@ type Store struct {
 	iso  pgx.TxIsoLevel
 }
 
-var _ hosting.Store = (*Store)(nil)
+var (
+	_ hosting.Store    = (*Store)(nil)
+	_ hosting.Outbox   = (*Store)(nil)
+	_ hosting.OutboxTx = (*tx)(nil)
+)
 
 // New returns a store on pool, which must be migrated (Migrate).
 func New(pool *pgxpool.Pool, o Options) *Store {
@@ -450,5 +454,41 @@ func (t *tx) Delete(ctx context.Context, id string, now time.Time, by string) er
 	}
 	_, err := t.t.Exec(ctx, `UPDATE share SET deleted_at = COALESCE(deleted_at, $2), updated_at = $2,
 		deleted_by = COALESCE(deleted_by, nullif($3, '')), updated_by = nullif($3, '') WHERE id = $1 AND deleted_at IS NULL`, id, now, by)
+	return storeErr(err)
+}
+
+// AddEvents implements hosting.OutboxTx: the events go into the outbox
+// table in this transaction.
+func (t *tx) AddEvents(ctx context.Context, msgs []hosting.EventMessage) error {
+	for _, m := range msgs {
+		if !validUUID(m.ID) {
+			return fmt.Errorf("%w: event id %q is not a lowercase UUID", hosting.ErrStore, m.ID)
+		}
+		if _, err := t.t.Exec(ctx, "INSERT INTO outbox (event_id, routing_key, body, occurred_at) VALUES ($1, $2, $3, $4)",
+			m.ID, m.RoutingKey, m.Body, m.OccurredAt); err != nil {
+			return storeErr(err)
+		}
+	}
+	return nil
+}
+
+// Pending implements hosting.Outbox.
+func (s *Store) Pending(ctx context.Context, limit int) ([]hosting.OutboxEntry, error) {
+	rows, err := s.pool.Query(ctx, `SELECT seq, event_id::text, routing_key, body, occurred_at FROM outbox
+		WHERE published_at IS NULL ORDER BY seq LIMIT $1`, limit)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (hosting.OutboxEntry, error) {
+		var e hosting.OutboxEntry
+		err := r.Scan(&e.Seq, &e.ID, &e.RoutingKey, &e.Body, &e.OccurredAt)
+		return e, err
+	})
+	return out, storeErr(err)
+}
+
+// MarkPublished implements hosting.Outbox.
+func (s *Store) MarkPublished(ctx context.Context, seqs []int64, at time.Time) error {
+	_, err := s.pool.Exec(ctx, "UPDATE outbox SET published_at = $2 WHERE seq = ANY($1) AND published_at IS NULL", seqs, at)
 	return storeErr(err)
 }

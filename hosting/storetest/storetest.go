@@ -38,6 +38,7 @@ func Run(t *testing.T, newStore func(t *testing.T) hosting.Store, o Options) {
 	t.Run("DeletedShareKeepsHosts", func(t *testing.T) { deletedKeepsHosts(t, newStore(t)) })
 	t.Run("RollbackLosesNothing", func(t *testing.T) { rollback(t, newStore(t)) })
 	t.Run("AuditPrincipals", func(t *testing.T) { auditPrincipals(t, newStore(t)) })
+	t.Run("OutboxCommitsWithTheChange", func(t *testing.T) { outbox(t, newStore(t)) })
 	t.Run("CreateTwice", func(t *testing.T) { createTwice(t, newStore(t)) })
 	t.Run("LockSeesCommitted", func(t *testing.T) { lockSeesCommitted(t, newStore(t)) })
 	t.Run("ConcurrentCascades", func(t *testing.T) {
@@ -335,6 +336,67 @@ func auditPrincipals(t *testing.T, st hosting.Store) {
 	})
 	if got.CreatedBy != "alice" || got.UpdatedBy != "carol" || got.DeletedBy != "carol" || got.Live() {
 		t.Fatalf("deleted: %q %q %q", got.CreatedBy, got.UpdatedBy, got.DeletedBy)
+	}
+}
+
+// outbox: events added in a transaction are pending only once it commits,
+// in order, and leave the pending list once marked published.
+func outbox(t *testing.T, st hosting.Store) {
+	ob, ok := st.(hosting.Outbox)
+	if !ok {
+		t.Fatalf("%T has no outbox", st)
+	}
+	ctx := context.Background()
+	msg := func(key string) hosting.EventMessage {
+		return hosting.EventMessage{ID: hosting.NewID(), RoutingKey: key, Body: []byte(`{"k":"` + key + `"}`), OccurredAt: t0}
+	}
+	add := func(fail bool, keys ...string) error {
+		return st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+			otx, ok := tx.(hosting.OutboxTx)
+			if !ok {
+				t.Fatalf("%T has no outbox", tx)
+			}
+			var ms []hosting.EventMessage
+			for _, k := range keys {
+				ms = append(ms, msg(k))
+			}
+			if err := otx.AddEvents(ctx, ms); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("rolled back")
+			}
+			return nil
+		})
+	}
+	if err := add(true, "rolled.back"); err == nil {
+		t.Fatal("no error")
+	}
+	if err := add(false, "share.UPDATED", "share.DELETED"); err != nil {
+		t.Fatal(err)
+	}
+	if err := add(false, "share.UPDATED"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ob.Pending(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for i, e := range p {
+		keys = append(keys, e.RoutingKey)
+		if i > 0 && e.Seq <= p[i-1].Seq {
+			t.Fatalf("pending out of order: %v", p)
+		}
+	}
+	if !slices.Equal(keys, []string{"share.UPDATED", "share.DELETED", "share.UPDATED"}) {
+		t.Fatalf("pending %v", keys)
+	}
+	if err := ob.MarkPublished(ctx, []int64{p[0].Seq, p[1].Seq}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if p2, _ := ob.Pending(ctx, 10); len(p2) != 1 || p2[0].Seq != p[2].Seq || string(p2[0].Body) != string(p[2].Body) || !p2[0].OccurredAt.Equal(t0) {
+		t.Fatalf("after marking: %+v", p2)
 	}
 }
 

@@ -17,9 +17,9 @@ import (
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/events"
-	"github.com/vipkit/vipkit/hosting/internal/pgtest"
-	"github.com/vipkit/vipkit/hosting/internal/rmqtest"
+	"github.com/vipkit/vipkit/hosting/events/rmqtest"
 	"github.com/vipkit/vipkit/hosting/pgstore"
+	"github.com/vipkit/vipkit/hosting/pgstore/pgtest"
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"

@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/vipkit/vipkit/hosting/internal/rmqtest"
+	"github.com/vipkit/vipkit/hosting/events/rmqtest"
 	"github.com/vipkit/vipkit/internal/testenv"
 )
 

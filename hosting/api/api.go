@@ -385,10 +385,18 @@ func validUUID(id string) bool {
 }
 
 // owned reads share id and checks that it is in the path's account and
-// kind (account and kind never change, so the unlocked read decides).
-func (h *Handler) owned(w http.ResponseWriter, r *http.Request, kind hosting.Kind) (hosting.View, bool) {
+// kind (account and kind never change, so the unlocked read decides). A
+// single read (withHosting) asks the controller for the hosting block; a
+// write only checks the path.
+func (h *Handler) owned(w http.ResponseWriter, r *http.Request, kind hosting.Kind, withHosting bool) (hosting.View, bool) {
 	id := r.PathValue("id")
-	v, err := h.svc.Get(r.Context(), id)
+	var v hosting.View
+	var err error
+	if withHosting {
+		v, err = h.svc.Get(r.Context(), id)
+	} else {
+		v.Share, err = h.svc.Store().Get(r.Context(), id)
+	}
 	if err == nil && (v.AccountID != r.PathValue("account") || v.Kind != kind || !v.Live()) {
 		err = fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
 	}
@@ -404,7 +412,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	v, ok := h.owned(w, r, kind)
+	v, ok := h.owned(w, r, kind, true)
 	if !ok {
 		return
 	}
@@ -426,7 +434,7 @@ func (h *Handler) update(m hosting.Method) http.HandlerFunc {
 			h.fail(w, r, err)
 			return
 		}
-		if _, ok := h.owned(w, r, kind); !ok {
+		if _, ok := h.owned(w, r, kind, false); !ok {
 			return
 		}
 		id := r.PathValue("id")
@@ -452,7 +460,7 @@ func (h *Handler) delete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if _, ok := h.owned(w, r, kind); !ok {
+	if _, ok := h.owned(w, r, kind, false); !ok {
 		return
 	}
 	if err := h.svc.Delete(r.Context(), r.PathValue("id")); err != nil {

@@ -473,7 +473,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 	case "authenticate":
 		f.authenticateOp(w, r, body)
 	case "listConfigTypes":
-		f.list(w, r, "config-types", func() []any { return values(f.ctypes, f.ctypeJSON) })
+		f.list(w, r, "config-types", func(Filter) []any { return values(f.ctypes, f.ctypeJSON) })
 	case "createConfig":
 		var c ziti.ConfigCreate
 		if !f.decode(w, body, &c) {
@@ -497,7 +497,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.configs[nid] = ziti.Config{ID: nid, Name: c.Name, ConfigTypeID: c.ConfigTypeID, Data: c.Data, Tags: c.Tags}
 		created(w, nid, "configs")
 	case "listConfigs":
-		f.list(w, r, "configs", func() []any { return values(f.configs, configJSON) })
+		f.list(w, r, "configs", func(flt Filter) []any {
+			return valuesWhere(f.configs, configJSON, flt, func(c ziti.Config) ziti.Tags { return c.Tags })
+		})
 	case "detailConfig":
 		f.detail(w, id, func() (any, bool) { c, ok := f.configs[id]; return configJSON(c), ok })
 	case "patchConfig":
@@ -587,7 +589,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.services[nid] = ziti.Service{ID: nid, Name: s.Name, Configs: slices.Clone(s.Configs), EncryptionRequired: s.EncryptionRequired, TerminatorStrategy: "smartrouting", Tags: s.Tags}
 		created(w, nid, "services")
 	case "listServices":
-		f.list(w, r, "services", func() []any { return values(f.services, serviceJSON) })
+		f.list(w, r, "services", func(flt Filter) []any {
+			return valuesWhere(f.services, serviceJSON, flt, func(s ziti.Service) ziti.Tags { return s.Tags })
+		})
 	case "detailService":
 		f.detail(w, id, func() (any, bool) { s, ok := f.services[id]; return serviceJSON(s), ok })
 	case "deleteService":
@@ -628,7 +632,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.policies[nid] = ziti.ServicePolicy{ID: nid, Name: p.Name, Type: p.Type, Semantic: p.Semantic, ServiceRoles: nonNil(p.ServiceRoles), IdentityRoles: nonNil(p.IdentityRoles), Tags: p.Tags}
 		created(w, nid, "service-policies")
 	case "listServicePolicies":
-		f.list(w, r, "service-policies", func() []any { return values(f.policies, policyJSON) })
+		f.list(w, r, "service-policies", func(flt Filter) []any {
+			return valuesWhere(f.policies, policyJSON, flt, func(p ziti.ServicePolicy) ziti.Tags { return p.Tags })
+		})
 	case "detailServicePolicy":
 		f.detail(w, id, func() (any, bool) { p, ok := f.policies[id]; return policyJSON(p), ok })
 	case "patchServicePolicy":
@@ -664,7 +670,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		delete(f.policies, id)
 		empty(w)
 	case "listIdentities":
-		f.list(w, r, "identities", func() []any { return values(f.idents, identJSON) })
+		f.list(w, r, "identities", func(Filter) []any { return values(f.idents, identJSON) })
 	case "detailIdentity":
 		f.detail(w, id, func() (any, bool) { x, ok := f.idents[id]; return identJSON(x), ok })
 	case "listIdentitysServiceConfigs":
@@ -740,9 +746,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			"identityRouterCount": 1, "serviceRouterCount": 1, "commonRouters": []any{}}
 		writeJSON(w, http.StatusOK, map[string]any{"data": adv, "meta": metaBody})
 	case "listTerminators":
-		f.list(w, r, "terminators", func() []any { return values(f.terms, termJSON) })
+		f.list(w, r, "terminators", func(Filter) []any { return values(f.terms, termJSON) })
 	case "listServiceTerminators":
-		f.list(w, r, "terminators", func() []any {
+		f.list(w, r, "terminators", func(Filter) []any {
 			var out []any
 			for _, t := range f.terms {
 				if t.ServiceID == id {
@@ -822,7 +828,7 @@ func (f *Fake) detail(w http.ResponseWriter, id string, get func() (any, bool)) 
 }
 
 // list answers a list operation: filter, then sort by id, then page.
-func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all func() []any) {
+func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all func(Filter) []any) {
 	q := r.URL.Query()
 	flt, err := ParseFilter(q.Get("filter"))
 	if err != nil {
@@ -843,7 +849,7 @@ func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all fun
 		offset = 0
 	}
 	f.mu.Lock()
-	items := all()
+	items := all(flt)
 	f.mu.Unlock()
 	var out []any
 	for _, it := range items {
@@ -863,6 +869,19 @@ func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all fun
 	meta["pagination"] = map[string]any{"limit": limit, "offset": offset, "totalCount": total}
 	writeJSON(w, http.StatusOK, map[string]any{"data": page, "meta": meta})
 	_ = kind
+}
+
+// valuesWhere is values for the objects whose tags may match flt: a
+// "tags.k = v" clause is checked on the typed object first, so that a
+// filtered list does not build the answer of every object.
+func valuesWhere[T any](m map[string]T, conv func(T) any, flt Filter, tags func(T) ziti.Tags) []any {
+	out := []any{}
+	for _, v := range m {
+		if flt.mayMatchTags(tags(v)) {
+			out = append(out, conv(v))
+		}
+	}
+	return out
 }
 
 func values[T any](m map[string]T, conv func(T) any) []any {

@@ -99,6 +99,9 @@ func DecodeAgentDeleted(body []byte) (id string, d AgentDeleted, err error) {
 	if err := json.Unmarshal(body, &env); err != nil {
 		return "", d, fmt.Errorf("%w: %v", ErrEvent, err)
 	}
+	if env.ID == "" || len(env.ID) > 128 {
+		return "", d, fmt.Errorf("%w: bad event id %q", ErrEvent, env.ID)
+	}
 	if env.Entity != EntityAgent || env.Type != EventDeleted {
 		return "", d, fmt.Errorf("%w: want an agent DELETED event, got %s %s", ErrEvent, env.Entity, env.Type)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/vipkit/vipkit/hosting"
 )
@@ -101,4 +102,29 @@ func TestHostsWithout(t *testing.T) {
 			t.Errorf("%s: got %+v promoted=%v", tc.name, got, promoted)
 		}
 	}
+}
+
+func FuzzDecodeAgentDeleted(f *testing.F) {
+	m, _ := hosting.AgentDeletedMessage("id-1", hosting.AgentDeleted{AgentID: "a1", AccountID: "acct"}, time.Unix(0, 0))
+	for _, s := range []string{string(m.Body), `{}`, `null`, `{"entity":"agent","type":"DELETED","data":{"agentId":""}}`, `{"entity":"share","type":"DELETED","data":{}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, d, err := hosting.DecodeAgentDeleted(b)
+		if err != nil {
+			if !errors.Is(err, hosting.ErrEvent) {
+				t.Fatalf("error %v is not ErrEvent", err)
+			}
+			return
+		}
+		// What decodes encodes back to the same event.
+		m, err := hosting.AgentDeletedMessage(id, d, time.Unix(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id2, d2, err := hosting.DecodeAgentDeleted(m.Body)
+		if err != nil || id2 != id || d2 != d || m.RoutingKey != hosting.RouteAgentDeleted {
+			t.Fatalf("%s: round trip %q %+v %v", b, id2, d2, err)
+		}
+	})
 }

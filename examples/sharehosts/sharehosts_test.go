@@ -215,25 +215,42 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ch, _ := conn.Channel()
-	_ = ch.Confirm(false)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, _ := hosting.AgentDeletedMessage(hosting.NewID(), hosting.AgentDeleted{AgentID: "a1", AccountID: "acct"}, time.Now())
 	deadline = time.Now().Add(60 * time.Second)
+	// The consumer declares its queue and binding; publish once they exist
+	// (a message published before is routed nowhere).
 	for {
-		// The consumer declares the topology; publish once it exists.
-		if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err == nil {
+		if _, err := ch.QueueDeclarePassive(events.DefaultTopology().Queue, true, false, false, false, nil); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("could not publish agent DELETED")
+			t.Fatal("the consumer did not declare its queue")
 		}
-		if ch, err = conn.Channel(); err != nil {
+		if ch, err = conn.Channel(); err != nil { // a failed passive declare closes the channel
 			t.Fatal(err)
 		}
-		_ = ch.Confirm(false)
 		<-time.After(50 * time.Millisecond)
 	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	// The binding follows the queue by a moment: publish again (the same
+	// event: a redelivery is a no-op) while the cascade has not shown.
+	republish := time.Now()
+	if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
+		t.Fatal(err)
+	}
 	for {
+		if time.Since(republish) > 3*time.Second {
+			if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
+				t.Fatal(err)
+			}
+			republish = time.Now()
+		}
 		st, _ := do("GET", base+"/"+id, "", "ops-token-0123456789")
 		var published int
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND routing_key = 'share.DELETED'").Scan(&published)

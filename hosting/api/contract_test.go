@@ -172,6 +172,15 @@ func TestContract(t *testing.T) {
 		{"patch", "validation: overlap", "PATCH", item(sA.ID), `{"passiveAgentIds":["a2"]}`, nil, 422, api.TypeValidation, "passiveAgentIds: agent a2 cannot be both active and passive",
 			[]hosting.Violation{{Field: "passiveAgentIds", Message: "agent a2 cannot be both active and passive"}}, nil},
 		{"patch", "validation: port out of range", "PATCH", item(sA.ID), `{"targetPort":70000}`, nil, 422, api.TypeValidation, "targetPort: " + hosting.MsgPort, []hosting.Violation{{Field: "targetPort", Message: hosting.MsgPort}}, nil},
+		{"patch", "success: targetPort at its maximum", "PATCH", item(sA.ID), `{"targetPort":65535}`, nil, 200, "", "", nil, func(t *testing.T, a answer) {
+			if v := a.share(t); v.TargetPort != 65535 {
+				t.Fatalf("port %d", v.TargetPort)
+			}
+		}},
+		{"patch", "validation: targetPort one over", "PATCH", item(sA.ID), `{"targetPort":65536}`, nil, 422, api.TypeValidation, "targetPort: " + hosting.MsgPort, []hosting.Violation{{Field: "targetPort", Message: hosting.MsgPort}}, nil},
+		{"patch", "validation: targetPort past int64", "PATCH", item(sA.ID), `{"targetPort":1e30}`, nil, 422, api.TypeValidation, "targetPort: " + hosting.MsgPort, []hosting.Violation{{Field: "targetPort", Message: hosting.MsgPort}}, nil},
+		{"patch", "validation: targetPort 0", "PATCH", item(sA.ID), `{"targetPort":0}`, nil, 422, api.TypeValidation, "targetPort: " + hosting.MsgPort, []hosting.Violation{{Field: "targetPort", Message: hosting.MsgPort}}, nil},
+		{"patch", "success: targetPort back", "PATCH", item(sA.ID), `{"targetPort":5432}`, nil, 200, "", "", nil, nil},
 		{"patch", "validation: over the cap", "PATCH", item(sA.ID), `{"passiveAgentIds":["p2","n1","n2","n3","n4","n5","n6"]}`, nil, 422, api.TypeValidation, "hosts: a share has at most 8 hosts, got 9",
 			[]hosting.Violation{{Field: "hosts", Message: "a share has at most 8 hosts, got 9"}}, nil},
 		{"patch", "dry run: valid, writes nothing", "PATCH", item(sA.ID), `{"passiveAgentIds":["p2"]}`, dry, 204, "", "", nil, nil},

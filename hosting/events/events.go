@@ -28,7 +28,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -319,7 +318,6 @@ type Relay struct {
 	clk                           transport.Clock
 	published, returned, connects atomic.Int64
 	kick                          chan struct{}
-	once                          sync.Once
 }
 
 // NewRelay checks the options and returns a relay.

@@ -27,9 +27,10 @@
 // is in the body: activeAgentIds, passiveAgentIds). A single read carries
 // the hosting block when the controller answered; a listing never does.
 // Listings take agentId (a host in either role), activeAgentId and
-// passiveAgentId filters and sort=field,-field over id, name,
-// targetAddress, targetPort, createdAt and updatedAt; the host sets are
-// not sortable.
+// passiveAgentId filters, sort=field,-field over id, name,
+// targetAddress, targetPort, createdAt and updatedAt (the host sets are
+// not sortable), and limit (1 to 1000, default 100) and offset, with a
+// next link while more remain.
 //
 // Errors are problem+json (RFC 9457): 400 for a body or query that cannot
 // be read, 401 without valid credentials (Bearer), 404 for a share that is

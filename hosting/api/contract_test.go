@@ -123,6 +123,23 @@ func TestContract(t *testing.T) {
 			}
 		}},
 		{"list", "validation: host sets are not sortable", "GET", col + "?sort=activeAgentIds", "", nil, 400, api.TypeBadRequest, `api: bad query: cannot sort by "activeAgentIds": sortable fields are createdAt, id, name, targetAddress, targetPort, updatedAt`, nil, nil},
+		{"list", "validation: limit over the maximum", "GET", col + "?limit=1001", "", nil, 400, api.TypeBadRequest, "api: bad query: limit must be 1 to 1000 and offset at least 0", nil, nil},
+		{"list", "validation: negative offset", "GET", col + "?offset=-1", "", nil, 400, api.TypeBadRequest, "api: bad query: limit must be 1 to 1000 and offset at least 0", nil, nil},
+		{"list", "success: paging", "GET", col + "?limit=1&sort=id", "", nil, 200, "", "", nil, func(t *testing.T, a answer) {
+			var l api.ListView
+			if err := json.Unmarshal(a.body, &l); err != nil {
+				t.Fatal(err)
+			}
+			if len(l.Embedded.Shares) != 1 || l.Count < 2 || l.Links.Next == nil || l.Links.Next.Href != col+"?limit=1&offset=1&sort=id" {
+				t.Fatalf("page %+v next %+v", l, l.Links.Next)
+			}
+			b := e.do("GET", l.Links.Next.Href, "", nil)
+			var l2 api.ListView
+			_ = json.Unmarshal(b.body, &l2)
+			if len(l2.Embedded.Shares) != 1 || l2.Embedded.Shares[0].ID <= l.Embedded.Shares[0].ID || l2.Offset != 1 {
+				t.Fatalf("next page %+v", l2)
+			}
+		}},
 		{"list", "validation: unknown parameter", "GET", col + "?agent=a1", "", nil, 400, api.TypeBadRequest, `api: bad query: unknown query parameter "agent"`, nil, nil},
 		{"list", "not found: unknown kind", "GET", "/v1/accounts/" + acct + "/udp-shares", "", nil, 404, api.TypeNotFound, "no resource at /accounts/acct-1/udp-shares", nil, nil},
 		{"list", "conflict: none (a read); another account lists nothing", "GET", "/v1/accounts/nobody/tcp-shares", "", nil, 200, "", "", nil, func(t *testing.T, a answer) {

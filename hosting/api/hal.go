@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/vipkit/vipkit/hosting"
@@ -42,16 +44,26 @@ type ShareView struct {
 	Links           Links            `json:"_links"`
 }
 
-// ListView is a listing.
+// ListView is a listing: one page of the shares that match, and the
+// total count.
 type ListView struct {
-	Count    int `json:"count"`
+	Count    int `json:"count"` // every share that matches
+	Offset   int `json:"offset"`
+	Limit    int `json:"limit"`
 	Embedded struct {
 		Shares []ShareView `json:"shares"`
 	} `json:"_embedded"`
 	Links struct {
-		Self Link `json:"self"`
+		Self Link  `json:"self"`
+		Next *Link `json:"next,omitempty"`
 	} `json:"_links"`
 }
+
+// Paging of listings.
+const (
+	DefaultPageLimit = 100
+	MaxPageLimit     = 1000
+)
 
 const timeFormat = "2006-01-02T15:04:05.000000Z07:00"
 
@@ -136,7 +148,27 @@ func parseSort(q url.Values) (func(a, b hosting.View) int, error) {
 	}, nil
 }
 
-var listParams = map[string]bool{"agentId": true, "activeAgentId": true, "passiveAgentId": true, "sort": true}
+var listParams = map[string]bool{"agentId": true, "activeAgentId": true, "passiveAgentId": true, "sort": true, "limit": true, "offset": true}
+
+// MsgPaging is the message of a limit or offset out of range.
+const MsgPaging = "limit must be 1 to %d and offset at least 0"
+
+func paging(q url.Values) (limit, offset int, err error) {
+	limit, offset = DefaultPageLimit, 0
+	for name, p := range map[string]*int{"limit": &limit, "offset": &offset} {
+		if v := q.Get(name); v != "" {
+			n, perr := strconv.Atoi(v)
+			if perr != nil {
+				return 0, 0, fmt.Errorf("%w: "+MsgPaging, errQuery, MaxPageLimit)
+			}
+			*p = n
+		}
+	}
+	if limit < 1 || limit > MaxPageLimit || offset < 0 {
+		return 0, 0, fmt.Errorf("%w: "+MsgPaging, errQuery, MaxPageLimit)
+	}
+	return limit, offset, nil
+}
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	kind, ok := pathKind(w, r)
@@ -159,6 +191,11 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	limit, offset, err := paging(q)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	f := hosting.Filter{AccountID: r.PathValue("account"), Kind: kind, AgentID: q.Get("agentId"), ActiveAgentID: q.Get("activeAgentId"), PassiveAgentID: q.Get("passiveAgentId")}
 	vs, err := h.svc.List(r.Context(), f)
 	if err != nil {
@@ -167,15 +204,22 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	}
 	slices.SortStableFunc(vs, order)
 	var out ListView
-	out.Embedded.Shares = make([]ShareView, 0, len(vs))
-	for _, v := range vs {
+	out.Count, out.Offset, out.Limit = len(vs), offset, limit
+	page := vs[min(offset, len(vs)):min(offset+limit, len(vs))]
+	out.Embedded.Shares = make([]ShareView, 0, len(page))
+	for _, v := range page {
 		out.Embedded.Shares = append(out.Embedded.Shares, h.view(v))
 	}
-	out.Count = len(vs)
 	self := h.base + r.URL.Path
 	if r.URL.RawQuery != "" {
 		self += "?" + r.URL.RawQuery
 	}
 	out.Links.Self = Link{Href: self}
+	if offset+limit < len(vs) {
+		nq := maps.Clone(q)
+		nq.Set("offset", strconv.Itoa(offset+limit))
+		nq.Set("limit", strconv.Itoa(limit))
+		out.Links.Next = &Link{Href: h.base + r.URL.Path + "?" + nq.Encode()}
+	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -169,3 +169,30 @@ func TestIngressTornDownBeforeTheCascade(t *testing.T) {
 		t.Fatal("share still live after the retry")
 	}
 }
+
+// With Outbox, a change's events go into the store's outbox in its
+// transaction, the Publisher is not called, and OnOutbox is told after the
+// commit; a change that writes nothing tells nobody.
+func TestOutboxEventsAndTheKick(t *testing.T) {
+	st := hosting.NewMemStore()
+	kicks := 0
+	e := newEnvWith(t, st, func(o *hosting.Options) { o.Outbox, o.OnOutbox = true, func() { kicks++ } })
+	e.agents(account, "a1", "p1")
+	s := e.create("db", []string{"a1"}, nil)
+	e.patch(s.ID, nil, list("p1"))
+	e.patch(s.ID, nil, list("p1")) // no change
+	if err := e.svc.Delete(e.ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	p, err := st.Pending(e.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, m := range p {
+		keys = append(keys, m.RoutingKey)
+	}
+	if fmt.Sprint(keys) != "[share.UPDATED share.DELETED]" || kicks != 2 || len(e.pub.evs) != 0 {
+		t.Fatalf("outbox %v, kicks %d, published %d", keys, kicks, len(e.pub.evs))
+	}
+}

@@ -62,6 +62,10 @@ type Options struct {
 	// change's transaction (the store's Tx must implement OutboxTx), for
 	// a relay to publish (hosting/events); Publisher is then not called.
 	Outbox bool
+	// OnOutbox, when set, is called after a commit that wrote outbox
+	// events (events.Relay.Kick, so that the relay publishes at once
+	// rather than at its next poll). It must not block.
+	OnOutbox func()
 }
 
 // Service holds the share-host logic: validated create, update (PUT and
@@ -73,14 +77,15 @@ type Options struct {
 //
 // A Service is safe for concurrent use.
 type Service struct {
-	st  Store
-	pr  *Projection
-	pub Publisher
-	clk transport.Clock
-	val Validator
-	net NetworkAvailability
-	ing Ingress
-	box bool
+	st   Store
+	pr   *Projection
+	pub  Publisher
+	clk  transport.Clock
+	val  Validator
+	net  NetworkAvailability
+	ing  Ingress
+	box  bool
+	kick func()
 }
 
 // NewService returns a service. It fails when Store or Projection is nil.
@@ -88,7 +93,7 @@ func NewService(o Options) (*Service, error) {
 	if o.Store == nil || o.Projection == nil {
 		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrSettings)
 	}
-	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox}, nil
+	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox, kick: o.OnOutbox}, nil
 }
 
 // NewID returns a random (version 4) UUID.
@@ -335,6 +340,9 @@ func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, 
 		return nil, errors.Join(err, sv.compensate(ctx, done))
 	}
 	if sv.box {
+		if sv.kick != nil && len(evs) > 0 {
+			sv.kick()
+		}
 		return evs, nil
 	}
 	return evs, sv.publish(ctx, evs)

@@ -77,7 +77,12 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		return err
 	}
 	st := pgstore.New(pool, pgstore.Options{})
-	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
+	onErr := func(err error) { logf("%v", err) }
+	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
+	if err != nil {
+		return err
+	}
+	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
 	if err != nil {
 		return err
 	}
@@ -89,12 +94,7 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	onErr := func(err error) { logf("%v", err) }
 	cons, err := events.NewConsumer(events.ConsumerOptions{URL: c.AMQPURL, Handler: svc, OnError: onErr})
-	if err != nil {
-		return err
-	}
-	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
 	if err != nil {
 		return err
 	}

@@ -218,3 +218,20 @@ func TestConcurrentCascadesThroughTheAPI(t *testing.T) {
 		}
 	}
 }
+
+// A controller failure answers 502, and the change is rolled back.
+func TestControllerFailureIs502(t *testing.T) {
+	e := newEnv(t, nil)
+	e.agents(acct, "a1", "p1")
+	e.fake.FailNext("createServicePolicy", 503)
+	a := e.do("POST", "/v1/accounts/"+acct+"/tcp-shares", body(full([]string{"a1"}, []string{"p1"})), nil)
+	if p := a.problem(t); a.status != 502 || p.Type != api.TypeUpstream || p.Detail != "the Ziti controller failed; nothing was changed" {
+		t.Fatalf("%d %+v", a.status, p)
+	}
+	if l, _ := e.svc.List(t.Context(), hosting.Filter{}); len(l) != 0 {
+		t.Fatalf("stored: %v", l)
+	}
+	if st := e.fake.Snapshot(); len(st.Configs)+len(st.Services)+len(st.Policies) != 0 {
+		t.Fatalf("left in Ziti: %+v", st)
+	}
+}

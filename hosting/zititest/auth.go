@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"net/http"
 	"time"
 
@@ -117,4 +118,14 @@ func (f *Fake) authenticateOp(w http.ResponseWriter, r *http.Request, body []byt
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	_ = json.NewEncoder(w).Encode(map[string]any{"data": m, "meta": metaBody})
+}
+
+// CertificatePEM returns the PEM of the fake's TLS certificate (with
+// Options.TLS), for a client's CA bundle.
+func (f *Fake) CertificatePEM() []byte {
+	c := f.srv.Certificate()
+	if c == nil {
+		return nil
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 }

@@ -56,8 +56,26 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Start prepares a node and starts it; stop it with Stop.
+// Start prepares a node and starts it; stop it with Stop. Its free ports
+// are picked by binding port 0 and closing it, so another process may take
+// one before the broker binds it: a start that fails is tried again, on
+// new ports, up to three times.
 func Start(ctx context.Context) (*Server, error) {
+	var errs []error
+	for i := 0; i < 3; i++ {
+		s, err := startOnce(ctx)
+		if err == nil {
+			return s, nil
+		}
+		if errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			return nil, err
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func startOnce(ctx context.Context) (*Server, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v (install rabbitmq-server)", ErrUnavailable, bin, err)
 	}

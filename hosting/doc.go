@@ -24,18 +24,32 @@
 //     hosting/storetest;
 //   - Service: create, update, dry run, delete, the cascades
 //     (RemoveDeletedAgent, RemoveAccount), single reads with the hosting
-//     block (Get) and listings without it (List); events through Publisher;
+//     block (Get) and listings without it (List); events through the
+//     outbox, written in the change's transaction (Options.Outbox), or a
+//     Publisher after commit; the audit principal from the context
+//     (WithPrincipal); the NetworkAvailability gate of a delete's Ziti
+//     clean-up and the Ingress teardown before a cascade;
+//   - the event wire format (Event.Message, DecodeAgentDeleted) of
+//     docs/hosting-events.md; settings (HealthCheckFromSettings,
+//     MaxHostsFromSettings) under the spec's names;
 //   - DeriveStatus and Classify: the precedence × role table and the states.
 //
-// A test controller lives in hosting/zititest: an HTTP server that checks
-// every request against the published Edge Management API specification
-// and enforces the controller's documented override rules.
+// Subpackages: hosting/api is the HTTP API (HAL+JSON, problem+json);
+// hosting/events the RabbitMQ consumer of agent DELETED and the outbox
+// relay; hosting/pgstore the PostgreSQL store; hosting/ziti the controller
+// client (with updb and certificate login). hosting/zititest is a model
+// controller for tests: it checks every request against the published Edge
+// Management API specification and config data against the host.v1
+// schema, enforces the controller's override rules, and routes circuits to
+// the terminators of simulated hosting agents.
 //
 // Typical wiring:
 //
 //	hc, err := hosting.HealthCheckFromSettings(settings.Lookup)
 //	proj, err := hosting.NewProjection(zitiClient, hosting.ProjectionOptions{FrontdoorID: id, HealthCheck: hc})
-//	svc, err := hosting.NewService(hosting.Options{Store: pgstore.New(pool, pgstore.Options{}), Projection: proj, Publisher: bus})
+//	max, err := hosting.MaxHostsFromSettings(settings.Lookup)
+//	svc, err := hosting.NewService(hosting.Options{Store: pgstore.New(pool, pgstore.Options{}), Projection: proj,
+//		Outbox: true, Validator: hosting.Validator{MaxHosts: max}})
 //	share, err := svc.Create(ctx, hosting.Share{AccountID: acct, Name: "db", Kind: hosting.KindTCP, TargetAddress: "10.0.0.5", TargetPort: 5432},
 //		hosting.Update{Active: hosting.Of("agent-1"), Passive: hosting.Of("agent-2")})
 //	events, err := svc.RemoveDeletedAgent(ctx, "agent-1") // on an agent DELETED event

@@ -67,7 +67,14 @@ func newEnv(t *testing.T, st hosting.Store) *env { return newEnvTB(t, st) }
 
 func newEnvB(b *testing.B) *env { return newEnvTB(b, nil) }
 
-func newEnvTB(t testing.TB, st hosting.Store) *env {
+func newEnvTB(t testing.TB, st hosting.Store) *env { return newEnvWithTB(t, st, nil) }
+
+// newEnvWith is newEnv with the service options amended by opt.
+func newEnvWith(t *testing.T, st hosting.Store, opt func(*hosting.Options)) *env {
+	return newEnvWithTB(t, st, opt)
+}
+
+func newEnvWithTB(t testing.TB, st hosting.Store, opt func(*hosting.Options)) *env {
 	t.Helper()
 	f := startFake(t)
 	if st == nil {
@@ -78,7 +85,11 @@ func newEnvTB(t testing.TB, st hosting.Store) *env {
 		t.Fatal(err)
 	}
 	pub := &recPub{}
-	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: p, Publisher: pub, Clock: transporttest.NewManualClock()})
+	o := hosting.Options{Store: st, Projection: p, Publisher: pub, Clock: transporttest.NewManualClock()}
+	if opt != nil {
+		opt(&o)
+	}
+	svc, err := hosting.NewService(o)
 	if err != nil {
 		t.Fatal(err)
 	}

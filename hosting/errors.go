@@ -5,8 +5,8 @@ import "errors"
 // Sentinel errors of package hosting, wrapped with %w and matched with
 // errors.Is.
 var (
-	// ErrBadUpdate: an update body cannot be decoded or applied (bad JSON,
-	// an unknown field, a null activeAgentIds on PUT).
+	// ErrBadUpdate: an update body cannot be decoded (bad JSON, an unknown
+	// field, a bad agent id) or names an unknown method.
 	ErrBadUpdate = errors.New("hosting: bad update")
 	// ErrInvalid: a share or its hosts break a validation rule; the error
 	// is a *ValidationError that lists the violations.
@@ -32,6 +32,10 @@ var (
 	ErrSettings = errors.New("hosting: bad health-check settings")
 	// ErrStore: the store failed or holds corrupt rows.
 	ErrStore = errors.New("hosting: store failure")
+	// ErrIngressUp: a share would be deleted while its ingress is still up
+	// (a concurrent cascade made this agent its last host after the
+	// teardown chose); the retry of the whole handler tears it down first.
+	ErrIngressUp = errors.New("hosting: share ingress is still up")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("hosting: store closed")
 )

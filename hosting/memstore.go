@@ -21,10 +21,15 @@ type MemStore struct {
 	shares map[string]Share
 	agents map[string]Agent
 	locks  map[string]chan struct{} // one token per share id
+	outbox []OutboxEntry
+	pubAt  map[int64]time.Time
 	closed bool
 }
 
-var _ Store = (*MemStore)(nil)
+var (
+	_ Store  = (*MemStore)(nil)
+	_ Outbox = (*MemStore)(nil)
+)
 
 // NewMemStore returns an empty store.
 func NewMemStore() *MemStore {
@@ -90,7 +95,7 @@ func (m *MemStore) Get(ctx context.Context, id string) (Share, error) {
 }
 
 func match(s Share, f Filter) bool {
-	if !s.Live() || f.AccountID != "" && s.AccountID != f.AccountID {
+	if !s.Live() || f.AccountID != "" && s.AccountID != f.AccountID || f.Kind != "" && s.Kind != f.Kind {
 		return false
 	}
 	if _, ok := s.Hosts.RoleOf(f.AgentID); f.AgentID != "" && !ok {
@@ -194,6 +199,43 @@ func (m *MemStore) InTx(ctx context.Context, fn func(ctx context.Context, tx Tx)
 	for id, s := range tx.writes {
 		m.shares[id] = s
 	}
+	for _, msg := range tx.events {
+		m.outbox = append(m.outbox, OutboxEntry{Seq: int64(len(m.outbox) + 1), EventMessage: msg})
+	}
+	return nil
+}
+
+// Pending implements Outbox.
+func (m *MemStore) Pending(ctx context.Context, limit int) ([]OutboxEntry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return nil, err
+	}
+	var out []OutboxEntry
+	for _, e := range m.outbox {
+		if _, done := m.pubAt[e.Seq]; !done && len(out) < limit {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// MarkPublished implements Outbox.
+func (m *MemStore) MarkPublished(ctx context.Context, seqs []int64, at time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(); err != nil {
+		return err
+	}
+	if m.pubAt == nil {
+		m.pubAt = map[int64]time.Time{}
+	}
+	for _, s := range seqs {
+		if _, done := m.pubAt[s]; !done {
+			m.pubAt[s] = at
+		}
+	}
 	return nil
 }
 
@@ -201,6 +243,13 @@ type memTx struct {
 	m      *MemStore
 	held   map[string]bool
 	writes map[string]Share // committed at the end
+	events []EventMessage   // committed at the end
+}
+
+// AddEvents implements OutboxTx.
+func (t *memTx) AddEvents(ctx context.Context, msgs []EventMessage) error {
+	t.events = append(t.events, msgs...)
+	return nil
 }
 
 func (t *memTx) release() {
@@ -319,11 +368,12 @@ func (t *memTx) Save(ctx context.Context, s Share, now time.Time) error {
 	}
 	s = s.Clone()
 	s.CreatedAt, s.DeletedAt, s.UpdatedAt = old.CreatedAt, old.DeletedAt, now
+	s.CreatedBy, s.DeletedBy = old.CreatedBy, old.DeletedBy
 	t.writes[s.ID] = s
 	return nil
 }
 
-func (t *memTx) Delete(ctx context.Context, id string, now time.Time) error {
+func (t *memTx) Delete(ctx context.Context, id string, now time.Time, by string) error {
 	if !t.held[id] {
 		return fmt.Errorf("%w: delete of share %s that this transaction did not lock", ErrStore, id)
 	}
@@ -332,7 +382,7 @@ func (t *memTx) Delete(ctx context.Context, id string, now time.Time) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	if s.Live() {
-		s.DeletedAt, s.UpdatedAt = now, now
+		s.DeletedAt, s.UpdatedAt, s.DeletedBy, s.UpdatedBy = now, now, by, by
 	}
 	t.writes[id] = s
 	return nil

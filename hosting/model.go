@@ -55,6 +55,11 @@ type Share struct {
 	CreatedAt     time.Time `json:"createdAt"`
 	UpdatedAt     time.Time `json:"updatedAt"`
 	DeletedAt     time.Time `json:"deletedAt,omitzero"` // zero while live
+	// The audit principals: who created, last updated and deleted the
+	// share (PrincipalOf the request's context).
+	CreatedBy string `json:"createdBy,omitempty"`
+	UpdatedBy string `json:"updatedBy,omitempty"`
+	DeletedBy string `json:"deletedBy,omitempty"`
 }
 
 // Live reports whether s is not deleted.
@@ -138,8 +143,10 @@ type Method int
 
 // The update methods.
 const (
-	// Put replaces both lists: activeAgentIds must be present and not null,
-	// an absent or null passiveAgentIds is empty. Create uses it too.
+	// Put replaces both lists: an absent or null list is empty, so a PUT
+	// without activeAgentIds is judged by the first validation rule (at
+	// least one active), in the update and in the dry run alike. Create
+	// uses it too.
 	Put Method = iota
 	// Patch merges: a present list replaces that list, an absent list leaves
 	// it alone, and null on passiveAgentIds clears it.
@@ -228,15 +235,13 @@ func DecodeUpdate(b []byte, m Method) (Update, error) {
 }
 
 // Apply merges u into h and returns the new hosts. With Put, an absent or
-// null active list is refused with ErrBadUpdate ("activeAgentIds must not be
-// null"); everything else that is wrong with the result is Validate's job.
+// null list is empty: what is wrong with the result (no active) is
+// Validate's job, so the dry run reports it too. Only an unknown method is
+// ErrBadUpdate.
 func (h Hosts) Apply(u Update) (Hosts, error) {
 	act, pas := h.Active, h.Passive
 	switch u.Method {
 	case Put:
-		if !u.Active.Present || u.Active.Null {
-			return Hosts{}, fmt.Errorf("%w: activeAgentIds must not be null", ErrBadUpdate)
-		}
 		act, pas = u.Active.IDs, u.Passive.IDs
 	case Patch:
 		if u.Active.Present {

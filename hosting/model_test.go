@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/vipkit/vipkit/hosting"
 )
@@ -20,8 +21,8 @@ func TestHostsApply(t *testing.T) {
 		{"put both", `{"activeAgentIds":["b"],"passiveAgentIds":["c"]}`, hosting.Put, hosting.NewHosts([]string{"b"}, []string{"c"}), nil},
 		{"put absent passive is empty", `{"activeAgentIds":["b"]}`, hosting.Put, hosting.NewHosts([]string{"b"}, nil), nil},
 		{"put null passive is empty", `{"activeAgentIds":["b"],"passiveAgentIds":null}`, hosting.Put, hosting.NewHosts([]string{"b"}, nil), nil},
-		{"put without actives", `{"passiveAgentIds":["c"]}`, hosting.Put, hosting.Hosts{}, hosting.ErrBadUpdate},
-		{"put null actives", `{"activeAgentIds":null}`, hosting.Put, hosting.Hosts{}, hosting.ErrBadUpdate},
+		{"put without actives has none", `{"passiveAgentIds":["c"]}`, hosting.Put, hosting.NewHosts(nil, []string{"c"}), nil},
+		{"put null actives has none", `{"activeAgentIds":null}`, hosting.Put, hosting.NewHosts(nil, nil), nil},
 		{"patch replaces one list, leaves the other", `{"activeAgentIds":["b","a"]}`, hosting.Patch, hosting.NewHosts([]string{"a", "b"}, []string{"p1"}), nil},
 		{"patch passive only", `{"passiveAgentIds":["x","y"]}`, hosting.Patch, hosting.NewHosts([]string{"a1", "a2"}, []string{"x", "y"}), nil},
 		{"patch null passive clears it", `{"passiveAgentIds":null}`, hosting.Patch, hosting.NewHosts([]string{"a1", "a2"}, nil), nil},
@@ -101,4 +102,29 @@ func TestHostsWithout(t *testing.T) {
 			t.Errorf("%s: got %+v promoted=%v", tc.name, got, promoted)
 		}
 	}
+}
+
+func FuzzDecodeAgentDeleted(f *testing.F) {
+	m, _ := hosting.AgentDeletedMessage("id-1", hosting.AgentDeleted{AgentID: "a1", AccountID: "acct"}, time.Unix(0, 0))
+	for _, s := range []string{string(m.Body), `{}`, `null`, `{"entity":"agent","type":"DELETED","data":{"agentId":""}}`, `{"entity":"share","type":"DELETED","data":{}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, d, err := hosting.DecodeAgentDeleted(b)
+		if err != nil {
+			if !errors.Is(err, hosting.ErrEvent) {
+				t.Fatalf("error %v is not ErrEvent", err)
+			}
+			return
+		}
+		// What decodes encodes back to the same event.
+		m, err := hosting.AgentDeletedMessage(id, d, time.Unix(0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id2, d2, err := hosting.DecodeAgentDeleted(m.Body)
+		if err != nil || id2 != id || d2 != d || m.RoutingKey != hosting.RouteAgentDeleted {
+			t.Fatalf("%s: round trip %q %+v %v", b, id2, d2, err)
+		}
+	})
 }

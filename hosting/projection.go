@@ -73,6 +73,27 @@ const (
 	SettingFailures = "io.netfoundry.frontdoor.share.health-check.failures"
 )
 
+// SettingMaxHosts is the setting key of the cap on a share's hosts.
+const SettingMaxHosts = "io.netfoundry.frontdoor.share.max-hosts"
+
+// MaxHostsFromSettings reads SettingMaxHosts through get: absent means
+// DefaultMaxHosts; a value that is not an integer of at least 1 is
+// ErrSettings.
+func MaxHostsFromSettings(get func(key string) (string, bool)) (int, error) {
+	v, ok := get(SettingMaxHosts)
+	if !ok {
+		return DefaultMaxHosts, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrSettings, SettingMaxHosts, err)
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("%w: %s is %d, under 1", ErrSettings, SettingMaxHosts, n)
+	}
+	return n, nil
+}
+
 // HealthCheckFromSettings reads the three settings through get (which
 // reports whether a key is set). A missing value, a duration under one
 // second or failures under 1 is ErrSettings.

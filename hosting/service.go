@@ -21,8 +21,10 @@ const (
 
 // Event tells other services that a share changed.
 type Event struct {
+	ID    string // a UUID, the message id on the bus
 	Type  EventType
-	Share Share // the share after the change (a deleted share keeps its hosts)
+	Share Share     // the share after the change (a deleted share keeps its hosts)
+	At    time.Time // when the change was made
 }
 
 // Publisher sends share events. Publish is called after the transaction
@@ -51,6 +53,19 @@ type Options struct {
 	Publisher  Publisher   // nil publishes nothing
 	Clock      transport.Clock
 	Validator  Validator
+	// Network gates the Ziti clean-up of a share delete; nil always cleans
+	// up.
+	Network NetworkAvailability
+	// Ingress is the TCP shares' ingress; nil means they have none.
+	Ingress Ingress
+	// Outbox writes each change's events into the store's outbox in the
+	// change's transaction (the store's Tx must implement OutboxTx), for
+	// a relay to publish (hosting/events); Publisher is then not called.
+	Outbox bool
+	// OnOutbox, when set, is called after a commit that wrote outbox
+	// events (events.Relay.Kick, so that the relay publishes at once
+	// rather than at its next poll). It must not block.
+	OnOutbox func()
 }
 
 // Service holds the share-host logic: validated create, update (PUT and
@@ -62,11 +77,15 @@ type Options struct {
 //
 // A Service is safe for concurrent use.
 type Service struct {
-	st  Store
-	pr  *Projection
-	pub Publisher
-	clk transport.Clock
-	val Validator
+	st   Store
+	pr   *Projection
+	pub  Publisher
+	clk  transport.Clock
+	val  Validator
+	net  NetworkAvailability
+	ing  Ingress
+	box  bool
+	kick func()
 }
 
 // NewService returns a service. It fails when Store or Projection is nil.
@@ -74,7 +93,7 @@ func NewService(o Options) (*Service, error) {
 	if o.Store == nil || o.Projection == nil {
 		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrSettings)
 	}
-	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator}, nil
+	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox, kick: o.OnOutbox}, nil
 }
 
 // NewID returns a random (version 4) UUID.
@@ -115,6 +134,8 @@ func (sv *Service) Create(ctx context.Context, s Share, u Update) (Share, error)
 	}
 	now := sv.clk.Now()
 	next.CreatedAt, next.UpdatedAt, next.DeletedAt = now, now, time.Time{}
+	by := PrincipalOf(ctx)
+	next.CreatedBy, next.UpdatedBy, next.DeletedBy = by, by, ""
 	projected := false
 	err = sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
 		if err := sv.val.Validate(ctx, next, tx); err != nil {
@@ -196,6 +217,7 @@ type change struct {
 	prev, next Share
 	deleted    map[string]bool
 	removed    bool // the share was deleted
+	skipped    bool // ... and its Ziti objects left alone (network gone)
 }
 
 // compensate reverts the Ziti side of changes, newest first.
@@ -204,6 +226,9 @@ func (sv *Service) compensate(ctx context.Context, done []change) error {
 	var errs []error
 	for i := len(done) - 1; i >= 0; i-- {
 		c := done[i]
+		if c.skipped {
+			continue
+		}
 		if c.removed {
 			errs = append(errs, sv.pr.Project(ctx, c.prev))
 		} else {
@@ -215,6 +240,7 @@ func (sv *Service) compensate(ctx context.Context, done []change) error {
 
 // update changes one locked share from cur to next, in tx.
 func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, done *[]change) error {
+	next.UpdatedBy = PrincipalOf(ctx)
 	if err := tx.Save(ctx, next, sv.clk.Now()); err != nil {
 		return err
 	}
@@ -229,39 +255,97 @@ func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, done *[]c
 	return nil
 }
 
+// remove deletes one locked share: it refuses while the share's ingress is
+// up, removes its Ziti objects unless the network gate says there is
+// nothing to clean up, and soft-deletes it.
 func (sv *Service) remove(ctx context.Context, tx Tx, cur Share, done *[]change) error {
-	if err := sv.pr.DeProject(ctx, cur); err != nil {
+	if sv.ing != nil && cur.Kind == KindTCP {
+		up, err := sv.ing.Up(ctx, cur)
+		if err != nil {
+			return err
+		}
+		if up {
+			return fmt.Errorf("%w: share %s", ErrIngressUp, cur.ID)
+		}
+	}
+	cleanup := true
+	if sv.net != nil {
+		var err error
+		if cleanup, err = sv.net.ShouldCleanupZiti(ctx, cur); err != nil {
+			return err
+		}
+	}
+	if cleanup {
+		if err := sv.pr.DeProject(ctx, cur); err != nil {
+			return err
+		}
+		*done = append(*done, change{prev: cur, next: cur, removed: true})
+	} else {
+		*done = append(*done, change{prev: cur, next: cur, removed: true, skipped: true})
+	}
+	now, by := sv.clk.Now(), PrincipalOf(ctx)
+	if err := tx.Delete(ctx, cur.ID, now, by); err != nil {
 		return err
 	}
-	*done = append(*done, change{prev: cur, next: cur, removed: true})
-	now := sv.clk.Now()
-	if err := tx.Delete(ctx, cur.ID, now); err != nil {
-		return err
+	n := &(*done)[len(*done)-1].next
+	n.DeletedAt, n.UpdatedAt, n.DeletedBy, n.UpdatedBy = now, now, by, by
+	return nil
+}
+
+// tearDownIngress tears down the ingress of the live TCP shares in ss,
+// before a transaction that may delete them.
+func (sv *Service) tearDownIngress(ctx context.Context, ss []Share) error {
+	if sv.ing == nil {
+		return nil
 	}
-	(*done)[len(*done)-1].next.DeletedAt = now
+	for _, s := range ss {
+		if s.Live() && s.Kind == KindTCP {
+			if err := sv.ing.TearDown(ctx, s); err != nil {
+				return fmt.Errorf("hosting: tear down the ingress of share %s: %w", s.ID, err)
+			}
+		}
+	}
 	return nil
 }
 
 // run runs fn in a transaction, compensates Ziti when it fails (or its
 // commit does), and publishes one event per changed share after commit.
-func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, done *[]change) error) ([]change, error) {
+func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, done *[]change) error) ([]Event, error) {
 	var done []change
+	var evs []Event
 	err := sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
 		done = done[:0]
-		return fn(ctx, tx, &done)
+		if err := fn(ctx, tx, &done); err != nil {
+			return err
+		}
+		evs = sv.eventsOf(done)
+		if !sv.box || len(evs) == 0 {
+			return nil
+		}
+		ob, ok := tx.(OutboxTx)
+		if !ok {
+			return fmt.Errorf("%w: the store's transactions hold no outbox", ErrStore)
+		}
+		msgs := make([]EventMessage, 0, len(evs))
+		for _, e := range evs {
+			m, err := e.Message()
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, m)
+		}
+		return ob.AddEvents(ctx, msgs)
 	})
 	if err != nil {
 		return nil, errors.Join(err, sv.compensate(ctx, done))
 	}
-	evs := make([]Event, 0, len(done))
-	for _, c := range done {
-		t := EventUpdated
-		if c.removed {
-			t = EventDeleted
+	if sv.box {
+		if sv.kick != nil && len(evs) > 0 {
+			sv.kick()
 		}
-		evs = append(evs, Event{Type: t, Share: c.next})
+		return evs, nil
 	}
-	return done, sv.publish(ctx, evs)
+	return evs, sv.publish(ctx, evs)
 }
 
 // Update applies u (PUT or PATCH) to share id: it locks the share, merges,
@@ -302,8 +386,18 @@ func (sv *Service) Update(ctx context.Context, id string, u Update) (Share, erro
 }
 
 // Delete locks and soft-deletes share id and removes its Ziti objects:
-// policies, service, configs.
+// policies, service, configs (unless the network gate says the network is
+// gone). A TCP share's ingress is torn down first, outside the transaction.
 func (sv *Service) Delete(ctx context.Context, id string) error {
+	if sv.ing != nil {
+		s, err := sv.st.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		if err := sv.tearDownIngress(ctx, []Share{s}); err != nil {
+			return err
+		}
+	}
 	_, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
 		locked, err := tx.Lock(ctx, id)
 		if err != nil {
@@ -321,9 +415,22 @@ func (sv *Service) Delete(ctx context.Context, id string) error {
 // transaction for every share the agent hosts (live host rows only, so a
 // redelivery does nothing): the agent leaves each share; if no active
 // remains and passives do, every passive is promoted; if no host remains,
-// the share is deleted. It returns the events it published.
+// the share is deleted. Before the transaction it tears down the ingress of
+// the shares the agent hosts alone, from an unlocked read; a share that
+// became the agent's alone since is refused with ErrIngressUp, and the
+// retry of the whole call tears it down. It returns the events it
+// published.
 func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Event, error) {
-	done, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+	if sv.ing != nil {
+		only, err := sv.st.FindLiveHostedOnlyBy(ctx, agent)
+		if err != nil {
+			return nil, err
+		}
+		if err := sv.tearDownIngress(ctx, only); err != nil {
+			return nil, err
+		}
+	}
+	evs, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
 		ids, err := tx.SharesHostedBy(ctx, agent)
 		if err != nil || len(ids) == 0 {
 			return err
@@ -351,12 +458,22 @@ func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Even
 		}
 		return nil
 	})
-	return eventsOf(done), err
+	return evs, err
 }
 
-// RemoveAccount deletes every share of an account, under the same locks.
+// RemoveAccount deletes every share of an account, under the same locks,
+// tearing their ingress down first.
 func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, error) {
-	done, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+	if sv.ing != nil {
+		ss, err := sv.st.Find(ctx, Filter{AccountID: account})
+		if err != nil {
+			return nil, err
+		}
+		if err := sv.tearDownIngress(ctx, ss); err != nil {
+			return nil, err
+		}
+	}
+	evs, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
 		ids, err := tx.SharesOfAccount(ctx, account)
 		if err != nil || len(ids) == 0 {
 			return err
@@ -375,17 +492,19 @@ func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, 
 		}
 		return nil
 	})
-	return eventsOf(done), err
+	return evs, err
 }
 
-func eventsOf(done []change) []Event {
+// eventsOf makes one event per changed share.
+func (sv *Service) eventsOf(done []change) []Event {
 	var out []Event
+	now := sv.clk.Now()
 	for _, c := range done {
 		t := EventUpdated
 		if c.removed {
 			t = EventDeleted
 		}
-		out = append(out, Event{Type: t, Share: c.next})
+		out = append(out, Event{ID: NewID(), Type: t, Share: c.next, At: now})
 	}
 	return out
 }

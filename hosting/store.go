@@ -39,6 +39,7 @@ type Store interface {
 // Filter selects live shares. Empty fields match everything.
 type Filter struct {
 	AccountID      string
+	Kind           Kind   // a share kind
 	AgentID        string // a host in either role
 	ActiveAgentID  string // an active host
 	PassiveAgentID string // a passive host
@@ -65,15 +66,17 @@ type Tx interface {
 	SharesOfAccount(ctx context.Context, account string) ([]string, error)
 
 	// Create inserts a share and its host rows, locked until the end of the
-	// transaction. An id in use (live or deleted) is ErrExists.
+	// transaction, recording s.CreatedBy and s.UpdatedBy. An id in use
+	// (live or deleted) is ErrExists.
 	Create(ctx context.Context, s Share) error
 
 	// Save writes a locked share's fields and its hosts, by difference:
 	// host rows of agents that left are soft-deleted at now, new agents get
-	// rows, role changes update the row.
+	// rows, role changes update the row; every row it writes records
+	// s.UpdatedBy as the principal.
 	Save(ctx context.Context, s Share, now time.Time) error
 
-	// Delete soft-deletes a locked share at now. Its host rows stay, so the
-	// share reads back with the hosts it had.
-	Delete(ctx context.Context, id string, now time.Time) error
+	// Delete soft-deletes a locked share at now, by the principal by. Its
+	// host rows stay, so the share reads back with the hosts it had.
+	Delete(ctx context.Context, id string, now time.Time, by string) error
 }

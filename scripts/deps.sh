@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Installs the system packages vipkit's tests need when they are missing:
-# PostgreSQL (hosting's store tests start their own server), Chromium (the web
-# editor's tests), iproute2 (network namespaces), systemd (systemd-analyze
-# verifies keel-vip's and tsng's units), wireguard-tools (`wg show` reads
-# tsng's UAPI socket), dnsutils (`dig +tcp` queries tsng's DNS) and curl
-# (`curl --socks5-hostname` through tsng's proxy). Needs root and apt; elsewhere it only says what
+# PostgreSQL (hosting's store tests start their own server), RabbitMQ
+# (hosting's event tests start their own broker), Chromium (the web editor's
+# tests), iproute2 (network namespaces), systemd (systemd-analyze verifies
+# keel-vip's and tsng's units), wireguard-tools (`wg show` reads tsng's UAPI
+# socket), dnsutils (`dig +tcp` queries tsng's DNS) and curl
+# (`curl --socks5-hostname` through tsng's proxy). Needs root and apt;
+# elsewhere it only says what
 # is missing, and the tests that need it skip (or fail under
 # VIPKIT_REQUIRE_ALL=1).
 set -euo pipefail
 
 missing=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
@@ -28,4 +31,16 @@ fi
 echo "deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+# No system service starts during the install (the tests start their own
+# PostgreSQL and RabbitMQ): a policy-rc.d that denies every start, unless
+# one is already in place.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Under systemd, keep the broker and its epmd socket from starting later.
+if [ -d /run/systemd/system ]; then
+  systemctl disable --now rabbitmq-server.service epmd.socket epmd.service >/dev/null 2>&1 || true
+fi

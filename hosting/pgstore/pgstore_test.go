@@ -13,8 +13,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vipkit/vipkit/hosting"
-	"github.com/vipkit/vipkit/hosting/internal/pgtest"
 	"github.com/vipkit/vipkit/hosting/pgstore"
+	"github.com/vipkit/vipkit/hosting/pgstore/pgtest"
 	"github.com/vipkit/vipkit/hosting/storetest"
 	"github.com/vipkit/vipkit/internal/testenv"
 )

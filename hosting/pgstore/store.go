@@ -48,7 +48,11 @@ type Store struct {
 	iso  pgx.TxIsoLevel
 }
 
-var _ hosting.Store = (*Store)(nil)
+var (
+	_ hosting.Store    = (*Store)(nil)
+	_ hosting.Outbox   = (*Store)(nil)
+	_ hosting.OutboxTx = (*tx)(nil)
+)
 
 // New returns a store on pool, which must be migrated (Migrate).
 func New(pool *pgxpool.Pool, o Options) *Store {
@@ -98,14 +102,14 @@ func validUUID(id string) bool {
 	return true
 }
 
-const shareCols = "id::text, account_id, name, kind, target_address, target_port, created_at, updated_at, deleted_at"
+const shareCols = "id::text, account_id, name, kind, target_address, target_port, created_at, updated_at, deleted_at, coalesce(created_by, ''), coalesce(updated_by, ''), coalesce(deleted_by, '')"
 
 func scanShare(r pgx.Row) (hosting.Share, error) {
 	var s hosting.Share
 	var kind string
 	var port int32
 	var del *time.Time
-	if err := r.Scan(&s.ID, &s.AccountID, &s.Name, &kind, &s.TargetAddress, &port, &s.CreatedAt, &s.UpdatedAt, &del); err != nil {
+	if err := r.Scan(&s.ID, &s.AccountID, &s.Name, &kind, &s.TargetAddress, &port, &s.CreatedAt, &s.UpdatedAt, &del, &s.CreatedBy, &s.UpdatedBy, &s.DeletedBy); err != nil {
 		return s, err
 	}
 	s.Kind = hosting.Kind(kind)
@@ -236,6 +240,9 @@ func (s *Store) Find(ctx context.Context, f hosting.Filter) ([]hosting.Share, er
 	if f.AccountID != "" {
 		add("s.account_id = $%d", f.AccountID)
 	}
+	if f.Kind != "" {
+		add("s.kind = $%d", string(f.Kind))
+	}
 	if f.AgentID != "" {
 		add("EXISTS (SELECT 1 FROM host h WHERE h.share_id = s.id AND h.deleted_at IS NULL AND h.agent_id = $%d)", f.AgentID)
 	}
@@ -364,9 +371,9 @@ func (t *tx) SharesOfAccount(ctx context.Context, account string) ([]string, err
 	return ids, storeErr(err)
 }
 
-func (t *tx) insertHosts(ctx context.Context, id string, role hosting.Role, agents []string, now time.Time) error {
+func (t *tx) insertHosts(ctx context.Context, id string, role hosting.Role, agents []string, now time.Time, by string) error {
 	for _, a := range agents {
-		if _, err := t.t.Exec(ctx, "INSERT INTO host (share_id, agent_id, role, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)", id, a, string(role), now); err != nil {
+		if _, err := t.t.Exec(ctx, "INSERT INTO host (share_id, agent_id, role, created_at, updated_at, created_by, updated_by) VALUES ($1, $2, $3, $4, $4, $5, $5)", id, a, string(role), now, by); err != nil {
 			return storeErr(err)
 		}
 	}
@@ -377,8 +384,8 @@ func (t *tx) Create(ctx context.Context, s hosting.Share) error {
 	if !validUUID(s.ID) {
 		return fmt.Errorf("%w: share id %q is not a lowercase UUID", hosting.ErrStore, s.ID)
 	}
-	_, err := t.t.Exec(ctx, `INSERT INTO share (id, account_id, name, kind, target_address, target_port, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, s.ID, s.AccountID, s.Name, string(s.Kind), s.TargetAddress, int32(s.TargetPort), s.CreatedAt, s.UpdatedAt)
+	_, err := t.t.Exec(ctx, `INSERT INTO share (id, account_id, name, kind, target_address, target_port, created_at, updated_at, created_by, updated_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, nullif($9, ''), nullif($10, ''))`, s.ID, s.AccountID, s.Name, string(s.Kind), s.TargetAddress, int32(s.TargetPort), s.CreatedAt, s.UpdatedAt, s.CreatedBy, s.UpdatedBy)
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == "23505" {
 		return fmt.Errorf("%w: %s", hosting.ErrExists, s.ID)
@@ -387,18 +394,19 @@ func (t *tx) Create(ctx context.Context, s hosting.Share) error {
 		return storeErr(err)
 	}
 	t.locked[s.ID] = true
-	if err := t.insertHosts(ctx, s.ID, hosting.Active, s.Hosts.Active, s.CreatedAt); err != nil {
+	if err := t.insertHosts(ctx, s.ID, hosting.Active, s.Hosts.Active, s.CreatedAt, s.CreatedBy); err != nil {
 		return err
 	}
-	return t.insertHosts(ctx, s.ID, hosting.Passive, s.Hosts.Passive, s.CreatedAt)
+	return t.insertHosts(ctx, s.ID, hosting.Passive, s.Hosts.Passive, s.CreatedAt, s.CreatedBy)
 }
 
 func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
 	if !t.locked[s.ID] {
 		return fmt.Errorf("%w: save of share %s that this transaction did not lock", hosting.ErrStore, s.ID)
 	}
-	if _, err := t.t.Exec(ctx, `UPDATE share SET name = $2, target_address = $3, target_port = $4, updated_at = $5 WHERE id = $1`,
-		s.ID, s.Name, s.TargetAddress, int32(s.TargetPort), now); err != nil {
+	by := s.UpdatedBy
+	if _, err := t.t.Exec(ctx, `UPDATE share SET name = $2, target_address = $3, target_port = $4, updated_at = $5, updated_by = nullif($6, '') WHERE id = $1`,
+		s.ID, s.Name, s.TargetAddress, int32(s.TargetPort), now, by); err != nil {
 		return storeErr(err)
 	}
 	cur := []hosting.Share{{ID: s.ID}}
@@ -411,12 +419,12 @@ func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
 		now2, still := s.Hosts.RoleOf(a)
 		switch {
 		case !still:
-			_, err := t.t.Exec(ctx, "UPDATE host SET deleted_at = $3, updated_at = $3 WHERE share_id = $1 AND agent_id = $2 AND deleted_at IS NULL", s.ID, a, now)
+			_, err := t.t.Exec(ctx, "UPDATE host SET deleted_at = $3, updated_at = $3, deleted_by = $4, updated_by = $4 WHERE share_id = $1 AND agent_id = $2 AND deleted_at IS NULL", s.ID, a, now, by)
 			if err != nil {
 				return storeErr(err)
 			}
 		case was != now2:
-			_, err := t.t.Exec(ctx, "UPDATE host SET role = $3, updated_at = $4 WHERE share_id = $1 AND agent_id = $2 AND deleted_at IS NULL", s.ID, a, string(now2), now)
+			_, err := t.t.Exec(ctx, "UPDATE host SET role = $3, updated_at = $4, updated_by = $5 WHERE share_id = $1 AND agent_id = $2 AND deleted_at IS NULL", s.ID, a, string(now2), now, by)
 			if err != nil {
 				return storeErr(err)
 			}
@@ -433,17 +441,54 @@ func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
 				add = append(add, a)
 			}
 		}
-		if err := t.insertHosts(ctx, s.ID, role, add, now); err != nil {
+		if err := t.insertHosts(ctx, s.ID, role, add, now, by); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (t *tx) Delete(ctx context.Context, id string, now time.Time) error {
+func (t *tx) Delete(ctx context.Context, id string, now time.Time, by string) error {
 	if !t.locked[id] {
 		return fmt.Errorf("%w: delete of share %s that this transaction did not lock", hosting.ErrStore, id)
 	}
-	_, err := t.t.Exec(ctx, "UPDATE share SET deleted_at = COALESCE(deleted_at, $2), updated_at = $2 WHERE id = $1", id, now)
+	_, err := t.t.Exec(ctx, `UPDATE share SET deleted_at = COALESCE(deleted_at, $2), updated_at = $2,
+		deleted_by = COALESCE(deleted_by, nullif($3, '')), updated_by = nullif($3, '') WHERE id = $1 AND deleted_at IS NULL`, id, now, by)
+	return storeErr(err)
+}
+
+// AddEvents implements hosting.OutboxTx: the events go into the outbox
+// table in this transaction.
+func (t *tx) AddEvents(ctx context.Context, msgs []hosting.EventMessage) error {
+	for _, m := range msgs {
+		if !validUUID(m.ID) {
+			return fmt.Errorf("%w: event id %q is not a lowercase UUID", hosting.ErrStore, m.ID)
+		}
+		if _, err := t.t.Exec(ctx, "INSERT INTO outbox (event_id, routing_key, body, occurred_at) VALUES ($1, $2, $3, $4)",
+			m.ID, m.RoutingKey, m.Body, m.OccurredAt); err != nil {
+			return storeErr(err)
+		}
+	}
+	return nil
+}
+
+// Pending implements hosting.Outbox.
+func (s *Store) Pending(ctx context.Context, limit int) ([]hosting.OutboxEntry, error) {
+	rows, err := s.pool.Query(ctx, `SELECT seq, event_id::text, routing_key, body, occurred_at FROM outbox
+		WHERE published_at IS NULL ORDER BY seq LIMIT $1`, limit)
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (hosting.OutboxEntry, error) {
+		var e hosting.OutboxEntry
+		err := r.Scan(&e.Seq, &e.ID, &e.RoutingKey, &e.Body, &e.OccurredAt)
+		return e, err
+	})
+	return out, storeErr(err)
+}
+
+// MarkPublished implements hosting.Outbox.
+func (s *Store) MarkPublished(ctx context.Context, seqs []int64, at time.Time) error {
+	_, err := s.pool.Exec(ctx, "UPDATE outbox SET published_at = $2 WHERE seq = ANY($1) AND published_at IS NULL", seqs, at)
 	return storeErr(err)
 }

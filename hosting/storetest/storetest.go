@@ -37,6 +37,8 @@ func Run(t *testing.T, newStore func(t *testing.T) hosting.Store, o Options) {
 	t.Run("SaveByDifference", func(t *testing.T) { saveByDifference(t, newStore(t)) })
 	t.Run("DeletedShareKeepsHosts", func(t *testing.T) { deletedKeepsHosts(t, newStore(t)) })
 	t.Run("RollbackLosesNothing", func(t *testing.T) { rollback(t, newStore(t)) })
+	t.Run("AuditPrincipals", func(t *testing.T) { auditPrincipals(t, newStore(t)) })
+	t.Run("OutboxCommitsWithTheChange", func(t *testing.T) { outbox(t, newStore(t)) })
 	t.Run("CreateTwice", func(t *testing.T) { createTwice(t, newStore(t)) })
 	t.Run("LockSeesCommitted", func(t *testing.T) { lockSeesCommitted(t, newStore(t)) })
 	t.Run("ConcurrentCascades", func(t *testing.T) {
@@ -168,6 +170,7 @@ func finders(t *testing.T, st hosting.Store) {
 	s2 := share([]string{"p1"}, nil)
 	s3 := share([]string{"a2"}, nil)
 	s3.AccountID = "other"
+	s2.Kind = hosting.KindIPsec
 	for _, s := range []hosting.Share{s1, s2, s3} {
 		create(t, st, s)
 	}
@@ -185,6 +188,8 @@ func finders(t *testing.T, st hosting.Store) {
 	check("active", hosting.Filter{ActiveAgentID: "p1"}, s2.ID)
 	check("passive", hosting.Filter{PassiveAgentID: "p1"}, s1.ID)
 	check("account", hosting.Filter{AccountID: "other"}, s3.ID)
+	check("kind", hosting.Filter{Kind: hosting.KindIPsec}, s2.ID)
+	check("kind and agent", hosting.Filter{Kind: hosting.KindTCP, AgentID: "p1"}, s1.ID)
 	check("all", hosting.Filter{}, s1.ID, s2.ID, s3.ID)
 	hb, err := st.SharesHostedBy(ctx, "p1")
 	if err != nil || !slices.Equal(hb, sorted(s1.ID, s2.ID)) {
@@ -199,7 +204,7 @@ func finders(t *testing.T, st hosting.Store) {
 		if _, err := tx.Lock(ctx, s2.ID, s1.ID); err != nil {
 			return err
 		}
-		if err := tx.Delete(ctx, s2.ID, t0); err != nil {
+		if err := tx.Delete(ctx, s2.ID, t0, "tester"); err != nil {
 			return err
 		}
 		s1b := s1.Clone()
@@ -252,7 +257,7 @@ func deletedKeepsHosts(t *testing.T, st hosting.Store) {
 		if _, err := tx.Lock(ctx, s.ID); err != nil {
 			return err
 		}
-		return tx.Delete(ctx, s.ID, t0.Add(time.Minute))
+		return tx.Delete(ctx, s.ID, t0.Add(time.Minute), "tester")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +291,112 @@ func rollback(t *testing.T, st hosting.Store) {
 	got, _ := st.Get(ctx, s.ID)
 	if !got.Hosts.Equal(s.Hosts) {
 		t.Fatalf("rolled-back write is visible: %+v", got.Hosts)
+	}
+}
+
+// auditPrincipals: the *By columns round-trip: created by the creator,
+// updated by the last writer, deleted by the deleter.
+func auditPrincipals(t *testing.T, st hosting.Store) {
+	ctx := context.Background()
+	seed(t, st, "acct", "a1", "p1")
+	s := share([]string{"a1"}, nil)
+	s.CreatedBy, s.UpdatedBy = "alice", "alice"
+	create(t, st, s)
+	step := func(fn func(ctx context.Context, tx hosting.Tx) error) hosting.Share {
+		t.Helper()
+		err := st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+			if _, err := tx.Lock(ctx, s.ID); err != nil {
+				return err
+			}
+			return fn(ctx, tx)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := st.Get(ctx, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	got := step(func(context.Context, hosting.Tx) error { return nil })
+	if got.CreatedBy != "alice" || got.UpdatedBy != "alice" || got.DeletedBy != "" {
+		t.Fatalf("created: %q %q %q", got.CreatedBy, got.UpdatedBy, got.DeletedBy)
+	}
+	got = step(func(ctx context.Context, tx hosting.Tx) error {
+		n := s.Clone()
+		n.Hosts, n.UpdatedBy = hosting.NewHosts([]string{"a1"}, []string{"p1"}), "bob"
+		return tx.Save(ctx, n, t0.Add(time.Minute))
+	})
+	if got.CreatedBy != "alice" || got.UpdatedBy != "bob" {
+		t.Fatalf("saved: %q %q", got.CreatedBy, got.UpdatedBy)
+	}
+	got = step(func(ctx context.Context, tx hosting.Tx) error {
+		return tx.Delete(ctx, s.ID, t0.Add(time.Hour), "carol")
+	})
+	if got.CreatedBy != "alice" || got.UpdatedBy != "carol" || got.DeletedBy != "carol" || got.Live() {
+		t.Fatalf("deleted: %q %q %q", got.CreatedBy, got.UpdatedBy, got.DeletedBy)
+	}
+}
+
+// outbox: events added in a transaction are pending only once it commits,
+// in order, and leave the pending list once marked published.
+func outbox(t *testing.T, st hosting.Store) {
+	ob, ok := st.(hosting.Outbox)
+	if !ok {
+		t.Fatalf("%T has no outbox", st)
+	}
+	ctx := context.Background()
+	msg := func(key string) hosting.EventMessage {
+		return hosting.EventMessage{ID: hosting.NewID(), RoutingKey: key, Body: []byte(`{"k":"` + key + `"}`), OccurredAt: t0}
+	}
+	add := func(fail bool, keys ...string) error {
+		return st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+			otx, ok := tx.(hosting.OutboxTx)
+			if !ok {
+				t.Fatalf("%T has no outbox", tx)
+			}
+			var ms []hosting.EventMessage
+			for _, k := range keys {
+				ms = append(ms, msg(k))
+			}
+			if err := otx.AddEvents(ctx, ms); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("rolled back")
+			}
+			return nil
+		})
+	}
+	if err := add(true, "rolled.back"); err == nil {
+		t.Fatal("no error")
+	}
+	if err := add(false, "share.UPDATED", "share.DELETED"); err != nil {
+		t.Fatal(err)
+	}
+	if err := add(false, "share.UPDATED"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := ob.Pending(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for i, e := range p {
+		keys = append(keys, e.RoutingKey)
+		if i > 0 && e.Seq <= p[i-1].Seq {
+			t.Fatalf("pending out of order: %v", p)
+		}
+	}
+	if !slices.Equal(keys, []string{"share.UPDATED", "share.DELETED", "share.UPDATED"}) {
+		t.Fatalf("pending %v", keys)
+	}
+	if err := ob.MarkPublished(ctx, []int64{p[0].Seq, p[1].Seq}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if p2, _ := ob.Pending(ctx, 10); len(p2) != 1 || p2[0].Seq != p[2].Seq || string(p2[0].Body) != string(p[2].Body) || !p2[0].OccurredAt.Equal(t0) {
+		t.Fatalf("after marking: %+v", p2)
 	}
 }
 

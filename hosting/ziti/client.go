@@ -11,6 +11,10 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
+
+	"github.com/vipkit/vipkit/transport"
 )
 
 // BasePath is the Edge Management API's basePath.
@@ -36,6 +40,15 @@ type Options struct {
 	// MaxResponseBytes bounds one answer; 0 means DefaultMaxResponseBytes.
 	// A longer answer fails with ErrProtocol.
 	MaxResponseBytes int64
+	// Login, when set, makes the client log in itself (Session is then
+	// ignored): before its first call, again RefreshBefore ahead of the
+	// session's expiry, and once after a 401, retrying that call once.
+	Login *Login
+	// RefreshBefore is how long before expiry a session is renewed; 0
+	// means DefaultRefreshBefore.
+	RefreshBefore time.Duration
+	// Clock tells the session's age; nil means the real clock.
+	Clock transport.Clock
 }
 
 // Client calls a controller's Edge Management API. It is safe for
@@ -43,8 +56,14 @@ type Options struct {
 type Client struct {
 	base    *url.URL
 	hc      *http.Client
-	session string
 	max     int64
+	login   *Login
+	refresh time.Duration
+	clk     transport.Clock
+
+	mu      sync.Mutex // held across a login, so that one runs at a time
+	session string
+	expires time.Time // zero: a static session
 }
 
 // New returns a client for the controller at baseURL (scheme, host and
@@ -61,7 +80,16 @@ func New(baseURL string, o Options) (*Client, error) {
 	if !strings.HasSuffix(u.Path, BasePath) {
 		u.Path += BasePath
 	}
-	c := &Client{base: u, hc: o.HTTPClient, session: o.Session, max: o.MaxResponseBytes}
+	c := &Client{base: u, hc: o.HTTPClient, session: o.Session, max: o.MaxResponseBytes, login: o.Login, refresh: o.RefreshBefore, clk: transport.Or(o.Clock)}
+	if c.login != nil {
+		c.session = ""
+		if err := c.login.check(); err != nil {
+			return nil, err
+		}
+	}
+	if c.refresh <= 0 {
+		c.refresh = DefaultRefreshBefore
+	}
 	if c.hc == nil {
 		c.hc = http.DefaultClient
 	}
@@ -86,8 +114,29 @@ type meta struct {
 }
 
 // do sends one request and decodes the data of a success envelope into out
-// (when non-nil). want is the success status.
+// (when non-nil). want is the success status. With a Login, it makes sure
+// of a fresh session first, and after a 401 logs in again and sends the
+// request once more: the controller refused it unread, so resending is
+// safe.
 func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, body any, want int, out any) (*meta, error) {
+	if c.login == nil {
+		return c.send(ctx, op, method, path, q, body, want, out, c.session)
+	}
+	tok, err := c.token(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	m, err := c.send(ctx, op, method, path, q, body, want, out, tok)
+	if !errors.Is(err, ErrUnauthorized) {
+		return m, err
+	}
+	if tok, err = c.token(ctx, tok); err != nil {
+		return nil, err
+	}
+	return c.send(ctx, op, method, path, q, body, want, out, tok)
+}
+
+func (c *Client) send(ctx context.Context, op, method, path string, q url.Values, body any, want int, out any, session string) (*meta, error) {
 	u := *c.base
 	u.Path += path
 	u.RawPath = ""
@@ -110,8 +159,8 @@ func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, 
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if c.session != "" {
-		req.Header.Set("zt-session", c.session)
+	if session != "" {
+		req.Header.Set("zt-session", session)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -28,3 +28,13 @@ func ExampleEq() {
 	fmt.Println(ziti.And(ziti.Eq("tags.frontdoorShareId", "s-1"), ziti.AnyOfEq("roleAttributes", "agent | a-1")))
 	// Output: tags.frontdoorShareId = "s-1" and anyOf(roleAttributes) = "agent | a-1"
 }
+
+// The client logs in itself and renews its session.
+func ExamplePasswordLogin() {
+	c, err := ziti.New("https://ctrl.example:1280", ziti.Options{Login: ziti.PasswordLogin("hosting", "secret")})
+	if err != nil {
+		panic(err)
+	}
+	_, err = c.ListConfigTypes(context.Background(), ziti.Eq("name", "host.v1"))
+	fmt.Println(err)
+}

@@ -12,9 +12,15 @@
 // config named by an override was deleted before the override — and a retry
 // cannot fix it.
 //
+// The client logs in itself with a Login: updb (PasswordLogin) or the
+// client certificate its HTTP client presents (CertLogin). It renews the
+// session RefreshBefore ahead of its expiry, and after a 401 (a session the
+// controller forgot) logs in once more and resends that request once; a
+// refused login is not retried. A static Session token works too.
+//
 // Usage:
 //
-//	c, err := ziti.New("https://ctrl.example:1280", ziti.Options{Session: token})
+//	c, err := ziti.New("https://ctrl.example:1280", ziti.Options{Login: ziti.PasswordLogin("admin", pw)})
 //	id, err := c.CreateConfig(ctx, ziti.ConfigCreate{Name: "x", ConfigTypeID: t, Data: data})
 //
 // A *Client is safe for concurrent use. Its zero value is not usable; make

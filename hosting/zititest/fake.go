@@ -9,6 +9,11 @@
 // parameter, a body that breaks its schema or a missing zt-session is
 // refused with the specification's error envelope, as the controller would.
 //
+// Config data is validated against its config type's JSON Schema (host.v1's
+// from host.v1.schema.json, next to management.yml) on create and on patch,
+// with santhosh-tekuri/jsonschema: a body that breaks it is refused with
+// 400 COULD_NOT_VALIDATE and changes nothing.
+//
 // Then the fake applies the controller's rules for identities' service-config
 // overrides:
 //
@@ -22,8 +27,15 @@
 //   - an empty assign or remove list is refused;
 //   - both writes are idempotent.
 //
-// Terminators carry a precedence and a hostId (the hosting identity's id);
-// tests add them with AddTerminator, as a tunneler binding would.
+// The fake is also a model of the data plane that routes. Terminators come
+// from simulated hosting agents (StartAgent): an identity named on a Bind
+// policy binds each service with the host.v1 it sees (its override, else
+// the service's own) at that config's precedence, rebinds when that config
+// changes, and runs the config's portChecks as real TCP connects, dropping
+// its terminator to failed after the configured failures and back to its
+// baseline on the first pass. Route and Dial send a new circuit to the
+// highest band that holds a terminator (required > default > failed).
+// Tests that need a terminator without an agent add it with AddTerminator.
 //
 // Usage:
 //
@@ -35,6 +47,7 @@ package zititest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,17 +59,28 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/vipkit/vipkit/hosting/ziti"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // Options configure a Fake.
 type Options struct {
-	// Session is the zt-session token the fake accepts; "" means a fixed
-	// test token.
+	// Session is a zt-session token the fake always accepts; "" means a
+	// fixed test token. Sessions made by authenticate are accepted too,
+	// until they expire.
 	Session string
+	// SessionTTL is the lifetime of a session made by authenticate; 0
+	// means 30 minutes.
+	SessionTTL time.Duration
+	// Clock tells the sessions' age; nil means the real clock.
+	Clock transport.Clock
+	// TLS serves HTTPS and asks for a client certificate, for the cert
+	// authentication method.
+	TLS bool
 }
 
 // Call is one request the fake accepted (it passed the specification).
@@ -73,16 +97,27 @@ type Fake struct {
 	srv     *httptest.Server
 	spec    *Spec
 	session string
+	ttl     time.Duration
+	clk     transport.Clock
 
 	mu         sync.Mutex
 	seq        int
 	ctypes     map[string]ziti.ConfigType
+	schemas    map[string]*ConfigSchema // config type id → its JSON Schema
 	configs    map[string]ziti.Config
 	services   map[string]ziti.Service
 	policies   map[string]ziti.ServicePolicy
 	idents     map[string]ziti.Identity
 	overrides  map[string]map[[2]string]string // identity → (service, config type) → config
 	terms      map[string]ziti.Terminator
+	termAgent  map[string]*HostAgent // terminator → the agent that bound it
+	agents     map[*HostAgent]bool
+	changed    chan struct{}        // closed at every change, for the agents
+	rr         int                  // round robin of Route
+	sessions   map[string]time.Time // token → expiry
+	users      map[string]user      // username → updb authenticator
+	certs      map[[32]byte]string  // client certificate SHA-256 → identity
+	logins     int
 	calls      []Call
 	fail       map[string][]int // operationId → statuses to answer next
 	badAnswers []error
@@ -95,12 +130,22 @@ func Start(o Options) (*Fake, error) {
 	if err != nil {
 		return nil, err
 	}
+	hs, err := LoadHostSchema()
+	if err != nil {
+		return nil, err
+	}
 	f := &Fake{
-		spec: s, session: o.Session,
+		spec: s, session: o.Session, schemas: map[string]*ConfigSchema{},
 		ctypes: map[string]ziti.ConfigType{}, configs: map[string]ziti.Config{},
 		services: map[string]ziti.Service{}, policies: map[string]ziti.ServicePolicy{},
 		idents: map[string]ziti.Identity{}, overrides: map[string]map[[2]string]string{},
 		terms: map[string]ziti.Terminator{}, fail: map[string][]int{},
+		termAgent: map[string]*HostAgent{}, agents: map[*HostAgent]bool{}, changed: make(chan struct{}),
+		sessions: map[string]time.Time{}, users: map[string]user{}, certs: map[[32]byte]string{},
+		ttl: o.SessionTTL, clk: transport.Or(o.Clock),
+	}
+	if f.ttl <= 0 {
+		f.ttl = 30 * time.Minute
 	}
 	if f.session == "" {
 		f.session = "zititest-session"
@@ -108,8 +153,17 @@ func Start(o Options) (*Fake, error) {
 	for _, n := range []string{"host.v1", "intercept.v1", "ziti-tunneler-server.v1"} {
 		id := f.newID("ct")
 		f.ctypes[id] = ziti.ConfigType{ID: id, Name: n}
+		if n == "host.v1" {
+			f.schemas[id] = hs
+		}
 	}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	if o.TLS {
+		f.srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+		f.srv.StartTLS()
+	} else {
+		f.srv.Start()
+	}
 	return f, nil
 }
 
@@ -119,8 +173,17 @@ func (f *Fake) URL() string { return f.srv.URL }
 // Session is the token to send as zt-session.
 func (f *Fake) Session() string { return f.session }
 
-// Close stops the server and waits for its requests.
-func (f *Fake) Close() { f.srv.Close() }
+// Close stops the server and waits for its requests, and stops every
+// simulated agent.
+func (f *Fake) Close() {
+	f.srv.Close()
+	f.mu.Lock()
+	agents := slices.Collect(maps.Keys(f.agents))
+	f.mu.Unlock()
+	for _, a := range agents {
+		a.Stop()
+	}
+}
 
 // Client returns a ziti.Client for the fake.
 func (f *Fake) Client() *ziti.Client {
@@ -143,7 +206,14 @@ func (f *Fake) AddIdentity(agent string) string {
 	defer f.mu.Unlock()
 	id := f.newID("ident")
 	f.idents[id] = ziti.Identity{ID: id, Name: "agent " + agent, RoleAttributes: []string{"agent | " + agent}, Tags: ziti.Tags{"agent-id": agent}}
+	f.changedLocked()
 	return id
+}
+
+// changedLocked wakes the agents; f.mu is held.
+func (f *Fake) changedLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
 }
 
 // DeleteIdentity deletes an identity and every override on it, as the
@@ -153,6 +223,7 @@ func (f *Fake) DeleteIdentity(id string) {
 	defer f.mu.Unlock()
 	delete(f.idents, id)
 	delete(f.overrides, id)
+	f.changedLocked()
 }
 
 // AddTerminator adds a terminator of a service bound by the identity hostID
@@ -174,7 +245,8 @@ func (f *Fake) FailNext(operationID string, statuses ...int) {
 	f.fail[operationID] = append(f.fail[operationID], statuses...)
 }
 
-// Calls returns the requests that passed the specification, in order.
+// Calls returns the requests that passed the specification, and those
+// refused 401 for their session, in order.
 func (f *Fake) Calls() []Call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -307,6 +379,9 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 		var se *openapi3filter.SecurityRequirementsError
 		if errors.As(err, &se) {
 			f.writeError(w, http.StatusUnauthorized, codeUnauth, msgUnauth, "", nil)
+			f.mu.Lock()
+			f.calls = append(f.calls, Call{Method: r.Method, OperationID: route.Operation.OperationID, Path: path, Body: string(body), Status: http.StatusUnauthorized})
+			f.mu.Unlock()
 			return
 		}
 		f.writeError(w, http.StatusBadRequest, codeInvalid, msgInvalid, err.Error(), params)
@@ -325,6 +400,9 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 	f.dispatch(rec, r, op, params, body)
+	if r.Method != http.MethodGet && rec.status < 300 {
+		f.bump()
+	}
 	// The fake's own answers must satisfy the specification too.
 	rin := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: rec.status, Header: w.Header(),
 		Body: io.NopCloser(bytes.NewReader(rec.body.Bytes())), Options: &openapi3filter.Options{}}
@@ -368,7 +446,14 @@ func (f *Fake) authenticate(ctx context.Context, in *openapi3filter.Authenticati
 	if in.SecuritySchemeName != "ztSession" {
 		return in.NewError(fmt.Errorf("zititest accepts only ztSession"))
 	}
-	if in.RequestValidationInput.Request.Header.Get("zt-session") != f.session {
+	tok := in.RequestValidationInput.Request.Header.Get("zt-session")
+	if tok == f.session {
+		return nil
+	}
+	f.mu.Lock()
+	exp, ok := f.sessions[tok]
+	f.mu.Unlock()
+	if !ok || !f.clk.Now().Before(exp) {
 		return in.NewError(nil)
 	}
 	return nil
@@ -385,8 +470,10 @@ func empty(w http.ResponseWriter) {
 func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, params map[string]string, body []byte) {
 	id := params["id"]
 	switch op {
+	case "authenticate":
+		f.authenticateOp(w, r, body)
 	case "listConfigTypes":
-		f.list(w, r, "config-types", func() []any { return values(f.ctypes, ctypeJSON) })
+		f.list(w, r, "config-types", func(Filter) []any { return values(f.ctypes, f.ctypeJSON) })
 	case "createConfig":
 		var c ziti.ConfigCreate
 		if !f.decode(w, body, &c) {
@@ -398,6 +485,10 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "configTypeId not found: "+c.ConfigTypeID)
 			return
 		}
+		if err := f.validateData(c.ConfigTypeID, c.Data); err != nil {
+			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, err.Error())
+			return
+		}
 		if slices.ContainsFunc(slices.Collect(maps.Values(f.configs)), func(x ziti.Config) bool { return x.Name == c.Name }) {
 			f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "name is must be unique: "+c.Name)
 			return
@@ -406,7 +497,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.configs[nid] = ziti.Config{ID: nid, Name: c.Name, ConfigTypeID: c.ConfigTypeID, Data: c.Data, Tags: c.Tags}
 		created(w, nid, "configs")
 	case "listConfigs":
-		f.list(w, r, "configs", func() []any { return values(f.configs, configJSON) })
+		f.list(w, r, "configs", func(flt Filter) []any {
+			return valuesWhere(f.configs, configJSON, flt, func(c ziti.Config) ziti.Tags { return c.Tags })
+		})
 	case "detailConfig":
 		f.detail(w, id, func() (any, bool) { c, ok := f.configs[id]; return configJSON(c), ok })
 	case "patchConfig":
@@ -429,6 +522,10 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			c.Name = *p.Name
 		}
 		if p.Data != nil {
+			if err := f.validateData(c.ConfigTypeID, p.Data); err != nil {
+				f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, err.Error())
+				return
+			}
 			c.Data = p.Data
 		}
 		if p.Tags != nil {
@@ -492,7 +589,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.services[nid] = ziti.Service{ID: nid, Name: s.Name, Configs: slices.Clone(s.Configs), EncryptionRequired: s.EncryptionRequired, TerminatorStrategy: "smartrouting", Tags: s.Tags}
 		created(w, nid, "services")
 	case "listServices":
-		f.list(w, r, "services", func() []any { return values(f.services, serviceJSON) })
+		f.list(w, r, "services", func(flt Filter) []any {
+			return valuesWhere(f.services, serviceJSON, flt, func(s ziti.Service) ziti.Tags { return s.Tags })
+		})
 	case "detailService":
 		f.detail(w, id, func() (any, bool) { s, ok := f.services[id]; return serviceJSON(s), ok })
 	case "deleteService":
@@ -533,7 +632,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.policies[nid] = ziti.ServicePolicy{ID: nid, Name: p.Name, Type: p.Type, Semantic: p.Semantic, ServiceRoles: nonNil(p.ServiceRoles), IdentityRoles: nonNil(p.IdentityRoles), Tags: p.Tags}
 		created(w, nid, "service-policies")
 	case "listServicePolicies":
-		f.list(w, r, "service-policies", func() []any { return values(f.policies, policyJSON) })
+		f.list(w, r, "service-policies", func(flt Filter) []any {
+			return valuesWhere(f.policies, policyJSON, flt, func(p ziti.ServicePolicy) ziti.Tags { return p.Tags })
+		})
 	case "detailServicePolicy":
 		f.detail(w, id, func() (any, bool) { p, ok := f.policies[id]; return policyJSON(p), ok })
 	case "patchServicePolicy":
@@ -569,7 +670,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		delete(f.policies, id)
 		empty(w)
 	case "listIdentities":
-		f.list(w, r, "identities", func() []any { return values(f.idents, identJSON) })
+		f.list(w, r, "identities", func(Filter) []any { return values(f.idents, identJSON) })
 	case "detailIdentity":
 		f.detail(w, id, func() (any, bool) { x, ok := f.idents[id]; return identJSON(x), ok })
 	case "listIdentitysServiceConfigs":
@@ -645,9 +746,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 			"identityRouterCount": 1, "serviceRouterCount": 1, "commonRouters": []any{}}
 		writeJSON(w, http.StatusOK, map[string]any{"data": adv, "meta": metaBody})
 	case "listTerminators":
-		f.list(w, r, "terminators", func() []any { return values(f.terms, termJSON) })
+		f.list(w, r, "terminators", func(Filter) []any { return values(f.terms, termJSON) })
 	case "listServiceTerminators":
-		f.list(w, r, "terminators", func() []any {
+		f.list(w, r, "terminators", func(Filter) []any {
 			var out []any
 			for _, t := range f.terms {
 				if t.ServiceID == id {
@@ -727,7 +828,7 @@ func (f *Fake) detail(w http.ResponseWriter, id string, get func() (any, bool)) 
 }
 
 // list answers a list operation: filter, then sort by id, then page.
-func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all func() []any) {
+func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all func(Filter) []any) {
 	q := r.URL.Query()
 	flt, err := ParseFilter(q.Get("filter"))
 	if err != nil {
@@ -748,7 +849,7 @@ func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all fun
 		offset = 0
 	}
 	f.mu.Lock()
-	items := all()
+	items := all(flt)
 	f.mu.Unlock()
 	var out []any
 	for _, it := range items {
@@ -770,6 +871,19 @@ func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all fun
 	_ = kind
 }
 
+// valuesWhere is values for the objects whose tags may match flt: a
+// "tags.k = v" clause is checked on the typed object first, so that a
+// filtered list does not build the answer of every object.
+func valuesWhere[T any](m map[string]T, conv func(T) any, flt Filter, tags func(T) ziti.Tags) []any {
+	out := []any{}
+	for _, v := range m {
+		if flt.mayMatchTags(tags(v)) {
+			out = append(out, conv(v))
+		}
+	}
+	return out
+}
+
 func values[T any](m map[string]T, conv func(T) any) []any {
 	out := make([]any, 0, len(m))
 	for _, v := range m {
@@ -786,10 +900,26 @@ func base(id string, tags ziti.Tags, kind string) map[string]any {
 		"_links": map[string]any{"self": map[string]any{"href": "./" + kind + "/" + id}}}
 }
 
-func ctypeJSON(c ziti.ConfigType) any {
+func (f *Fake) ctypeJSON(c ziti.ConfigType) any {
 	m := base(c.ID, nil, "config-types")
 	m["name"], m["schema"] = c.Name, map[string]any{}
+	if s := f.schemas[c.ID]; s != nil {
+		m["schema"] = s.Raw
+	}
 	return m
+}
+
+// validateData checks config data against its type's schema, as the
+// controller does on create and on patch. f.mu is held.
+func (f *Fake) validateData(typeID string, data map[string]any) error {
+	s := f.schemas[typeID]
+	if s == nil {
+		return nil
+	}
+	if err := s.Validate(data); err != nil {
+		return fmt.Errorf("schema validation failed: %w", err)
+	}
+	return nil
 }
 
 func configJSON(c ziti.Config) any {

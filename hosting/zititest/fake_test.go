@@ -110,7 +110,7 @@ func TestFakeRejectsWhatTheSpecRejects(t *testing.T) {
 	}
 	// A string tag, as the controller documents, is accepted.
 	ct := hostType(t, f.Client())
-	body := `{"name":"x","configTypeId":"` + ct + `","data":{},"tags":{"k":"v","b":true,"n":null}}`
+	body := `{"name":"x","configTypeId":"` + ct + `","data":{"protocol":"tcp","address":"h","port":1},"tags":{"k":"v","b":true,"n":null}}`
 	if st, env := raw(t, f, "POST", "/configs", body, true); st != 201 {
 		t.Fatalf("string tags refused: %d %+v", st, env)
 	}
@@ -130,7 +130,7 @@ func TestOverrideRules(t *testing.T) {
 	ctx := context.Background()
 	ct := hostType(t, c)
 	mk := func(name string) string {
-		id, err := c.CreateConfig(ctx, ziti.ConfigCreate{Name: name, ConfigTypeID: ct, Data: map[string]any{"port": 1}})
+		id, err := c.CreateConfig(ctx, ziti.ConfigCreate{Name: name, ConfigTypeID: ct, Data: hostData(1)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestTerminatorsCarryPrecedenceAndHostID(t *testing.T) {
 	f, c := start(t)
 	ctx := context.Background()
 	ct := hostType(t, c)
-	cfg, _ := c.CreateConfig(ctx, ziti.ConfigCreate{Name: "h", ConfigTypeID: ct, Data: map[string]any{}})
+	cfg, _ := c.CreateConfig(ctx, ziti.ConfigCreate{Name: "h", ConfigTypeID: ct, Data: hostData(2)})
 	svc, err := c.CreateService(ctx, ziti.ServiceCreate{Name: "s", Configs: []string{cfg}, EncryptionRequired: true})
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +255,7 @@ func TestFakeAnswersSatisfyTheSpec(t *testing.T) {
 	f, c := start(t)
 	ctx := context.Background()
 	ct := hostType(t, c)
-	cfg, err := c.CreateConfig(ctx, ziti.ConfigCreate{Name: "h", ConfigTypeID: ct, Data: map[string]any{"port": 1}, Tags: ziti.Tags{"k": "v"}})
+	cfg, err := c.CreateConfig(ctx, ziti.ConfigCreate{Name: "h", ConfigTypeID: ct, Data: hostData(1), Tags: ziti.Tags{"k": "v"}})
 	if err != nil {
 		t.Fatal(err)
 	}

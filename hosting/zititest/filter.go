@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/vipkit/vipkit/hosting/ziti"
 )
 
 // ErrFilter: a filter is outside the subset the fake understands.
@@ -169,6 +171,20 @@ func (p *parser) clause() (Clause, error) {
 	}
 	c.Value = b.String()
 	return c, nil
+}
+
+// mayMatchTags reports whether an object with tags can match f, judging
+// only its "tags.k = v" clauses (Match decides).
+func (f Filter) mayMatchTags(tags ziti.Tags) bool {
+	for _, c := range f {
+		if c.AnyOf || c.Not || !strings.HasPrefix(c.Field, "tags.") {
+			continue
+		}
+		if s, _ := tags[strings.TrimPrefix(c.Field, "tags.")].(string); s != c.Value {
+			return false
+		}
+	}
+	return true
 }
 
 // Match reports whether the JSON object obj (as the fake answers it)

@@ -5,7 +5,8 @@
 // postgres refuse to run as root, so under root they run as the
 // unprivileged "postgres" user, which owns the directory.
 //
-// One server per test binary (TestMain), a fresh database per test.
+// Tests start one server per test binary (TestMain) and take a fresh
+// database per test; the sharehosts demo starts one the same way.
 package pgtest
 
 import (

@@ -1,0 +1,132 @@
+package sharehosts
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/api"
+	"github.com/vipkit/vipkit/hosting/events"
+	"github.com/vipkit/vipkit/hosting/pgstore"
+	"github.com/vipkit/vipkit/hosting/ziti"
+)
+
+// ShutdownTimeout bounds the graceful shutdown of the API.
+const ShutdownTimeout = 15 * time.Second
+
+// zitiClient builds the controller client with the configured login.
+func zitiClient(c Config) (*ziti.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.ZitiCA != "" {
+		pem, err := os.ReadFile(c.ZitiCA)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", ErrConfig, KeyZitiCA, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: %s holds no PEM certificate", ErrConfig, KeyZitiCA)
+		}
+		tr.TLSClientConfig.RootCAs = pool
+	}
+	login := ziti.PasswordLogin(c.ZitiUser, c.ZitiPass)
+	if c.ZitiCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.ZitiCert, c.ZitiKey)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s/%s: %v", ErrConfig, KeyZitiCert, KeyZitiKey, err)
+		}
+		tr.TLSClientConfig.Certificates = []tls.Certificate{cert}
+		login = ziti.CertLogin()
+	}
+	return ziti.New(c.ZitiURL, ziti.Options{HTTPClient: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Login: login})
+}
+
+// Serve runs the daemon until ctx is done: it migrates the database,
+// serves the API on c.Listen (or on l, when not nil), consumes agent
+// DELETED events and relays the outbox; then it shuts down gracefully
+// (the API drains its requests, a cascade in progress commits and is
+// acked). Log lines go to logw.
+func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error {
+	logf := func(format string, args ...any) { fmt.Fprintf(logw, format+"\n", args...) }
+	pool, err := pgxpool.New(ctx, c.PostgresDSN)
+	if err != nil {
+		return fmt.Errorf("sharehosts: postgres: %w", err)
+	}
+	defer pool.Close()
+	if err := pgstore.Migrate(ctx, pool, ""); err != nil {
+		return fmt.Errorf("sharehosts: migrate: %w", err)
+	}
+	logf("database migrated")
+	zc, err := zitiClient(c)
+	if err != nil {
+		return err
+	}
+	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck})
+	if err != nil {
+		return err
+	}
+	st := pgstore.New(pool, pgstore.Options{})
+	onErr := func(err error) { logf("%v", err) }
+	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
+	if err != nil {
+		return err
+	}
+	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
+	if err != nil {
+		return err
+	}
+	h, err := api.New(api.Options{Service: svc})
+	if err != nil {
+		return err
+	}
+	auth, err := api.NewBearer(c.Tokens)
+	if err != nil {
+		return err
+	}
+	cons, err := events.NewConsumer(events.ConsumerOptions{URL: c.AMQPURL, Handler: svc, OnError: onErr})
+	if err != nil {
+		return err
+	}
+	if l == nil {
+		if l, err = net.Listen("tcp", c.Listen); err != nil {
+			return fmt.Errorf("sharehosts: listen: %w", err)
+		}
+	}
+	srv := &http.Server{Handler: auth.Wrap(h), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 60 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = cons.Run(bg) }()
+	go func() { defer wg.Done(); _ = relay.Run(bg) }()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	logf("serving the API on %s", l.Addr())
+	var serr error
+	select {
+	case <-ctx.Done():
+	case serr = <-served:
+	}
+	logf("shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	stopBG()
+	wg.Wait()
+	if errors.Is(serr, http.ErrServerClosed) {
+		serr = nil
+	}
+	logf("stopped")
+	return errors.Join(serr, err)
+}

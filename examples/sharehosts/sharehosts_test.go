@@ -1,0 +1,306 @@
+package sharehosts_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/vipkit/vipkit/examples/sharehosts"
+	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/events"
+	"github.com/vipkit/vipkit/hosting/events/rmqtest"
+	"github.com/vipkit/vipkit/hosting/pgstore/pgtest"
+	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+const good = `
+frontdoor-id: fd-1
+api:
+  listen: 127.0.0.1:0
+  tokens:
+    ops: "ops-token-0123456789"
+postgres:
+  dsn: "host=127.0.0.1"
+amqp.url: amqp://guest:guest@127.0.0.1:5672/
+ziti:
+  url: https://ctrl.example:1280
+  username: admin
+  password: secret
+io.netfoundry.frontdoor.share:
+  max-hosts: 4
+  health-check:
+    interval: 5s
+    timeout: 2s
+    failures: 3
+`
+
+func TestConfig(t *testing.T) {
+	c, err := sharehosts.ParseConfig([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HealthCheck != (hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}) || c.MaxHosts != 4 || c.Tokens["ops-token-0123456789"] != "ops" || c.AMQPURL == "" {
+		t.Fatalf("config %+v", c)
+	}
+	// The dotted form reads the same.
+	dotted := strings.Replace(good, "io.netfoundry.frontdoor.share:\n  max-hosts: 4\n  health-check:\n    interval: 5s\n    timeout: 2s\n    failures: 3\n",
+		"io.netfoundry.frontdoor.share.max-hosts: 4\nio.netfoundry.frontdoor.share.health-check.interval: 5s\nio.netfoundry.frontdoor.share.health-check.timeout: 2s\nio.netfoundry.frontdoor.share.health-check.failures: 3\n", 1)
+	if c2, err := sharehosts.ParseConfig([]byte(dotted)); err != nil || c2.HealthCheck != c.HealthCheck || c2.MaxHosts != 4 {
+		t.Fatalf("dotted: %+v %v", c2, err)
+	}
+	cases := map[string]struct{ from, to, want string }{
+		"no health check":    {"    interval: 5s\n", "", "io.netfoundry.frontdoor.share.health-check.interval is missing"},
+		"interval under 1s":  {"interval: 5s", "interval: 500ms", "interval 500ms is under 1s"},
+		"failures 0":         {"failures: 3", "failures: 0", "failures 0 is under 1"},
+		"max-hosts 0":        {"max-hosts: 4", "max-hosts: 0", "max-hosts is 0, under 1"},
+		"unknown key":        {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nfrontdor: x", "unknown key frontdor"},
+		"short token":        {`"ops-token-0123456789"`, `"short"`, "a token needs at least 16 characters"},
+		"no ziti credential": {"  username: admin\n  password: secret\n", "", "give either ziti.username and ziti.password, or ziti.cert-file and ziti.key-file"},
+		"no amqp":            {"amqp.url: amqp://guest:guest@127.0.0.1:5672/\n", "", "amqp.url is missing"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			if !strings.Contains(good, tc.from) {
+				t.Fatalf("fixture lacks %q", tc.from)
+			}
+			_, err := sharehosts.ParseConfig([]byte(strings.Replace(good, tc.from, tc.to, 1)))
+			if !errors.Is(err, sharehosts.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckConfigCommand(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := sharehosts.Main(t.Context(), []string{"check-config", "-config", p}, &out, &errb); code != 0 || !strings.Contains(out.String(), "ok (health check 5s/2s/3, max hosts 4)") {
+		t.Fatalf("%d %q %q", code, out.String(), errb.String())
+	}
+	if code := sharehosts.Main(t.Context(), []string{"bogus"}, &out, &errb); code != 2 {
+		t.Fatalf("unknown command: %d", code)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// The daemon against real PostgreSQL and RabbitMQ and the model
+// controller: migrations on start, the API behind its token, the agent
+// cascade from the bus, a graceful shutdown.
+func TestServe(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pg, err := pgtest.Start(ctx)
+	if errors.Is(err, pgtest.ErrUnavailable) {
+		testenv.Skip(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	rmq, err := rmqtest.Start(ctx)
+	if errors.Is(err, rmqtest.ErrUnavailable) {
+		testenv.Skip(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rmq.Stop()
+	f, err := zititest.Start(zititest.Options{})
+	if errors.Is(err, zititest.ErrNoSpec) {
+		testenv.Skip(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.AddUser("admin", "secret")
+	dsn, err := pg.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgText := strings.NewReplacer(`"host=127.0.0.1"`, `"`+dsn+`"`, "amqp://guest:guest@127.0.0.1:5672/", rmq.URL(), "https://ctrl.example:1280", f.URL()).Replace(good)
+	c, err := sharehosts.ParseConfig([]byte(cfgText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's own pool sees the agents the agent service would own.
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sharehosts.Serve(sctx, c, l, logs) }()
+	base := "http://" + l.Addr().String() + "/accounts/acct/tcp-shares"
+	do := func(method, url, body, token string) (int, string) {
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "serving the API") {
+		if time.Now().After(deadline) {
+			t.Fatalf("not serving: %s", logs.String())
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+	var migrations int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&migrations); err != nil || migrations != 3 {
+		t.Fatalf("migrations %d, %v", migrations, err)
+	}
+	if _, err := pool.Exec(ctx, "INSERT INTO agent (id, account_id) VALUES ('a1', 'acct')"); err != nil {
+		t.Fatal(err)
+	}
+	f.AddIdentity("a1")
+	if st, _ := do("POST", base, `{"name":"db","targetAddress":"10.0.0.5","targetPort":5432,"activeAgentIds":["a1"]}`, ""); st != 401 {
+		t.Fatalf("without a token: %d", st)
+	}
+	st, body := do("POST", base, `{"name":"db","targetAddress":"10.0.0.5","targetPort":5432,"activeAgentIds":["a1"]}`, "ops-token-0123456789")
+	if st != 201 || !strings.Contains(body, `"createdBy":"ops"`) {
+		t.Fatalf("create: %d %s", st, body)
+	}
+	id := regexp.MustCompile(`"id":"([0-9a-f-]{36})"`).FindStringSubmatch(body)[1]
+	// The agent service deletes a1 and says so on the bus.
+	if _, err := pool.Exec(ctx, "UPDATE agent SET deleted_at = now() WHERE id = 'a1'"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(rmq.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := hosting.AgentDeletedMessage(hosting.NewID(), hosting.AgentDeleted{AgentID: "a1", AccountID: "acct"}, time.Now())
+	deadline = time.Now().Add(60 * time.Second)
+	// The consumer declares its queue and binding; publish once they exist
+	// (a message published before is routed nowhere).
+	for {
+		if _, err := ch.QueueDeclarePassive(events.DefaultTopology().Queue, true, false, false, false, nil); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the consumer did not declare its queue")
+		}
+		if ch, err = conn.Channel(); err != nil { // a failed passive declare closes the channel
+			t.Fatal(err)
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	// The binding follows the queue by a moment: publish again (the same
+	// event: a redelivery is a no-op) while the cascade has not shown.
+	republish := time.Now()
+	if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if time.Since(republish) > 3*time.Second {
+			if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
+				t.Fatal(err)
+			}
+			republish = time.Now()
+		}
+		st, _ := do("GET", base+"/"+id, "", "ops-token-0123456789")
+		var published int
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND routing_key = 'share.DELETED'").Scan(&published)
+		if st == 404 && published == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cascade did not run: GET %d, published %d: %s", st, published, logs.String())
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(sharehosts.ShutdownTimeout + 10*time.Second):
+		t.Fatal("no graceful shutdown")
+	}
+	if !strings.Contains(logs.String(), "stopped") {
+		t.Fatalf("log: %s", logs.String())
+	}
+}
+
+func TestDemoShowsTheFailover(t *testing.T) {
+	if _, err := pgtest.BinDir(); err != nil {
+		testenv.Skip(t, "%v", err)
+	}
+	if _, err := zititest.LoadSpec(); err != nil {
+		testenv.Skip(t, "%v", err)
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := sharehosts.Demo(ctx, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	s := out.String()
+	for _, want := range []string{
+		"hosting HEALTHY: agent-a active at required, agent-b passive at default",
+		`reaches "db on the host of agent-a"`,
+		"FAILOVER after",
+		"hosting FAILED_OVER: agent-a active at failed, agent-b passive at default",
+		`reaches "db on the host of agent-b"`,
+		"FAILBACK after",
+		"share.UPDATED",
+	} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("output lacks %q:\n%s", want, s)
+		}
+	}
+}

@@ -114,6 +114,14 @@
 // Every change (merged services, Lamport mark, counters) is one synced
 // Commit, made before the change is visible or returned for publishing.
 //
+// A Store must never return an older state than the last one it
+// acknowledged (a Commit that returned nil): that is what keeps an
+// author's counter from being used twice, since the reservation that
+// covers every counter signed is itself an acknowledged commit. A store
+// that cannot prove it holds the last acknowledged state fails Load with
+// ErrCorrupt. pebblestore proves it with a witness file outside pebble's
+// log (see its package doc); MemStore holds its state in memory.
+//
 // # Limits
 //
 // Limits bounds active services (64), tombstones (1024), signed fields per

@@ -321,9 +321,14 @@ func (r *Replica) Lamport() uint64 {
 	return r.meta.lamport
 }
 
-// Counter returns the last counter used by the local author (0: none), or
-// for another author the highest counter of its own fields this replica
-// has recorded (only the local author's are tracked).
+// Counter returns, for the local author, the highest counter it has spent:
+// every counter up to it may have signed a field, and the next edit signs
+// above it. Within one run that is the last counter used by an edit (or
+// merged back from one of its own fields); after a reopen it is the
+// ceiling of the durable reservation, since counters reserved before a
+// crash may have been used (0 for a fresh store). For another author it
+// returns the ceiling reserved in the store, which is 0 unless the store
+// was written by a replica with that author's key.
 func (r *Replica) Counter(author AuthorID) uint64 {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

@@ -482,7 +482,8 @@ func TestObsoleteAndServiceError(t *testing.T) {
 
 func TestCommitFailureLeavesState(t *testing.T) {
 	ctx := context.Background()
-	st := NewMemStore()
+	mem := NewMemStore()
+	st := &failStore{Store: mem}
 	r, err := Open(ctx, Config{Network: testNet, Signer: testKey(0), Members: testMembers(2), Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -492,11 +493,11 @@ func TestCommitFailureLeavesState(t *testing.T) {
 	}
 	before, lam, ctr := stateOf(r), r.Lamport(), r.Counter(r.Author())
 	snaps := [][]byte{snapOf(mkField(1, testSvc(2), "x", "", 5, 1)), snapOf(mkField(1, testSvc(3), "y", "", 5, 2))}
-	st.FailNextCommit(1) // fail after one of the two records
+	st.fail = 1
 	if _, err := r.MergeSnapshots(ctx, snaps); err == nil {
 		t.Fatal("commit failure not reported")
 	}
-	st.FailNextCommit(0)
+	st.fail = 1
 	if _, err := r.Edit(ctx, testSvc(1), AnyRevision, Edit{Key: "a", Value: []byte("2")}); err == nil {
 		t.Fatal("edit commit failure not reported")
 	}
@@ -507,7 +508,7 @@ func TestCommitFailureLeavesState(t *testing.T) {
 		t.Fatalf("the failed edit's counter is not spent: %d, was %d", r.Counter(r.Author()), ctr)
 	}
 	_ = r.Close()
-	r2, err := Open(ctx, Config{Network: testNet, Store: st.Reopen()})
+	r2, err := Open(ctx, Config{Network: testNet, Store: mem.Reopen()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,9 +538,9 @@ func TestOpenRefusesBadStore(t *testing.T) {
 		net    NetworkID
 		want   error
 	}{
-		{"corrupt-service", func(s *MemStore) { s.CorruptForTest(testSvc(1)) }, testNet, ErrCorrupt},
-		{"corrupt-meta", func(s *MemStore) { s.CorruptForTest(ServiceID{}) }, testNet, ErrCorrupt},
-		{"unknown-version", func(s *MemStore) { s.SetVersionForTest(9) }, testNet, ErrUnknownVersion},
+		{"corrupt-service", func(s *MemStore) { corruptMem(s, testSvc(1)) }, testNet, ErrCorrupt},
+		{"corrupt-meta", func(s *MemStore) { corruptMem(s, ServiceID{}) }, testNet, ErrCorrupt},
+		{"unknown-version", func(s *MemStore) { setMemVersion(s, 9) }, testNet, ErrUnknownVersion},
 		{"other-network", func(*MemStore) {}, NetworkID{9}, ErrWrongNetwork},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

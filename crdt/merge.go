@@ -62,15 +62,19 @@ func (r *Replica) MergeSnapshot(ctx context.Context, snap []byte) (MergeResult, 
 func (r *Replica) MergeSnapshots(ctx context.Context, snaps [][]byte) (MergeResult, error) {
 	groups := make([]group, 0, len(snaps))
 	var errs []error
+	var bad uint64
 	for i, b := range snaps {
 		h, err := parseSnapshot(b, &r.lim, nil)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("crdt: snapshot %d: %w", i, err))
+			bad++
 			continue
 		}
 		groups = append(groups, group{id: h.service, ps: h.fields})
 	}
 	res, err := r.merge(ctx, groups)
+	res.Refused.Encoding += bad
+	r.countRefused(res.Refused)
 	return res, errors.Join(append(errs, err)...)
 }
 
@@ -102,7 +106,25 @@ func (r *Replica) MergeFields(ctx context.Context, fields []Field) (MergeResult,
 	}
 	res, err := r.merge(ctx, groups)
 	res.Rejected += len(errs)
+	res.Refused.Encoding += uint64(len(errs))
+	r.countRefused(res.Refused)
 	return res, errors.Join(append(errs, err)...)
+}
+
+func (r *Replica) countRefused(c Refusals) {
+	if c.Total() == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.refused.add(c)
+	r.mu.Unlock()
+}
+
+// Refused returns the fields refused by merges since Open, by reason.
+func (r *Replica) Refused() Refusals {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.refused
 }
 
 // checkField applies the checks that need no signature.
@@ -181,6 +203,14 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				g.setErr(i, ErrNotMember)
 				continue
 			}
+			if r.check != nil && string(p.key) != TombstoneKey {
+				f := p.field()
+				if err := r.check(&f); err != nil {
+					st[i] = fsRejected
+					g.setErr(i, fmt.Errorf("%w: %w", ErrInvalidField, err))
+					continue
+				}
+			}
 			toVerify = append(toVerify, p)
 			verifyAt = append(verifyAt, [2]int{gi, i})
 		}
@@ -219,6 +249,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				res.Ignored++
 			case fsRejected:
 				res.Rejected++
+				res.Refused.count(g.errs[i])
 				gerrs = append(gerrs, fieldErr(ptrField(&g.ps[i]), g.errs[i]))
 			}
 		}
@@ -236,6 +267,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		ns, gr, lamport, own, err := r.applyGroup(base, g, st)
 		if err != nil {
 			res.Rejected += gr.Accepted
+			res.Refused.Limit += uint64(gr.Accepted)
 			errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
 			if r.services[g.id] != nil {
 				limitErrs[g.id] = err
@@ -253,6 +285,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			}
 			if err != nil {
 				res.Rejected += gr.Accepted
+				res.Refused.Limit += uint64(gr.Accepted)
 				errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
 				if r.services[g.id] != nil {
 					limitErrs[g.id] = err
@@ -352,7 +385,7 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 					gr.Identical++
 					continue
 				}
-				ns.tomb = newEntry(p)
+				ns.tomb = r.newEntry(p)
 				gr.Accepted++
 				changed = true
 			} else if bytes.Equal(ns.tomb.raw, p.raw) {
@@ -372,11 +405,11 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 		case bytes.Equal(e.raw, p.raw):
 			gr.Identical++
 			continue
-		case compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &e.f, e.raw) <= 0:
+		case r.compareHeld(p, e) <= 0:
 			gr.Superseded++
 			continue
 		}
-		ne := newEntry(p)
+		ne := r.newEntry(p)
 		ns.fields[ne.f.Key] = ne
 		gr.Accepted++
 		changed = true
@@ -405,6 +438,21 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 	}
 	ns.rev = revisionOf(ns)
 	return ns, gr, lamport, own, nil
+}
+
+// compareHeld orders an incoming field against the held entry of its key:
+// by Config.Rank, then by the merge order.
+func (r *Replica) compareHeld(p *parsed, e *entry) int {
+	if r.rank != nil {
+		f := p.field()
+		if pr := r.rankOf(&f); pr != e.rank {
+			if pr < e.rank {
+				return -1
+			}
+			return 1
+		}
+	}
+	return compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &e.f, e.raw)
 }
 
 // encodeRaw encodes s's snapshot from its fields' held encodings.

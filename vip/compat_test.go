@@ -86,11 +86,11 @@ func TestCompatGenerate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	repA, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(0), Members: compatMembers(), Store: st, Obsolete: Obsolete})
+	repA, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(0), Members: compatMembers(), Store: st, Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 	if err != nil {
 		t.Fatal(err)
 	}
-	repB, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(1), Members: compatMembers(), Obsolete: Obsolete})
+	repB, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(1), Members: compatMembers(), Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestCompatV1(t *testing.T) {
 	if err != nil {
 		t.Fatalf("open a format-1 store: %v", err)
 	}
-	repA, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(0), Members: compatMembers(), Store: st, Obsolete: Obsolete})
+	repA, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(0), Members: compatMembers(), Store: st, Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 	if err != nil {
 		t.Fatalf("open a format-1 replica: %v", err)
 	}
@@ -240,7 +240,7 @@ func TestCompatV1(t *testing.T) {
 		}
 	}
 	// The snapshots merge into a fresh replica of this build.
-	repC, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(1), Members: compatMembers(), Obsolete: Obsolete})
+	repC, err := crdt.Open(ctx, crdt.Config{Network: compatNet, Signer: compatKey(1), Members: compatMembers(), Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 	if err != nil {
 		t.Fatal(err)
 	}

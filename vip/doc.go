@@ -37,7 +37,7 @@
 //
 // A minimal agent:
 //
-//	rep, _ := crdt.Open(ctx, crdt.Config{Network: netID, Signer: key, Members: members, Store: store, Obsolete: vip.Obsolete})
+//	rep, _ := crdt.Open(ctx, crdt.Config{Network: netID, Signer: key, Members: members, Store: store, Obsolete: vip.Obsolete, Check: vip.CheckField, Rank: vip.Rank})
 //	var eng *vip.Engine
 //	reg, _ := vip.NewRegistry(vip.RegistryOptions{Network: "home", Prefix: overlay, Replica: rep, Nodes: nodes,
 //		OnChange: func(ids []vip.ServiceID, local bool) { eng.Apply() }})

@@ -2,6 +2,7 @@ package pebblestore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -19,6 +20,9 @@ type crashPoint struct {
 	fs    *vfs.MemFS
 	acked int    // edits acknowledged when the crash came
 	spent uint64 // the highest counter the replica had spent (maybe signed)
+	// creating: the crash came while the store was being created, before
+	// anything was acknowledged.
+	creating bool
 	op    string
 }
 
@@ -29,7 +33,10 @@ type crashPoint struct {
 // the unsynced data too (torn tails). Every such disk opens, holds the
 // state after a prefix of the edits that contains every acknowledged one
 // (at most the edit in flight besides), and its replica's next counter is
-// above every counter signed before the crash.
+// above every counter signed before the crash. A crash while the store is
+// being created may leave pebble's files incomplete: such a disk may
+// instead be refused with ErrCorrupt. (The random share depends on the
+// order of pebble's syncs, which varies from run to run.)
 func TestCrashAtEverySync(t *testing.T) {
 	const seed = 17
 	ctx := context.Background()
@@ -47,12 +54,13 @@ func TestCrashAtEverySync(t *testing.T) {
 			mu.Lock()
 			a := int(acked.Load())
 			var spent uint64
-			if r := rep.Load(); r != nil {
+			r := rep.Load()
+			if r != nil {
 				spent = r.Counter(r.Author())
 			}
 			name := fmt.Sprintf("sync %s after %d edits", op.Path, a)
-			points = append(points, crashPoint{fs: mem.CrashClone(vfs.CrashCloneCfg{}), acked: a, spent: spent, op: name},
-				crashPoint{fs: mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rng}), acked: a, spent: spent, op: name + " (torn)"})
+			points = append(points, crashPoint{fs: mem.CrashClone(vfs.CrashCloneCfg{}), acked: a, spent: spent, op: name, creating: r == nil},
+				crashPoint{fs: mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rng}), acked: a, spent: spent, op: name + " (torn)", creating: r == nil})
 			mu.Unlock()
 		}
 		return nil
@@ -82,6 +90,12 @@ func TestCrashAtEverySync(t *testing.T) {
 	t.Logf("seed %d: %d crash points", seed, len(points))
 	for _, p := range points {
 		st, err := Open(ctx, "db", &Options{FS: p.fs})
+		if err != nil && p.creating && errors.Is(err, crdt.ErrCorrupt) {
+			// Pebble's own files of a store whose creation crashed may be
+			// incomplete (an unsynced directory entry kept, another lost):
+			// refused, and nothing was acknowledged.
+			continue
+		}
 		if err != nil {
 			t.Fatalf("seed %d, crash at %s: open: %v", seed, p.op, err)
 		}

@@ -166,7 +166,7 @@ func (r *Replica) reserveCounters(ctx context.Context, upto uint64) error {
 		m.counter = map[AuthorID]uint64{}
 	}
 	m.counter[r.self] = min(upto+counterBlock, MaxClock)
-	if err := r.commit(ctx, nil, nil, &m); err != nil {
+	if err := r.commit(ctx, nil, nil, nil, &m); err != nil {
 		return err
 	}
 	r.mu.Lock()

@@ -278,10 +278,14 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		wasTomb := base != nil && base.tomb != nil
 		if ns != nil {
 			isTomb := ns.tomb != nil
-			if !wasActive && !isTomb && active+1 > r.lim.MaxServices {
-				err = fmt.Errorf("%w: limit %d", ErrServiceLimit, r.lim.MaxServices)
-			} else if !wasTomb && isTomb && tombs+1 > r.lim.MaxTombstones {
-				err = fmt.Errorf("%w: limit %d", ErrTombstoneLimit, r.lim.MaxTombstones)
+			tombCap := r.lim.MaxHeldTombstones
+			if g.trusted {
+				tombCap = r.lim.MaxTombstones
+			}
+			if g.trusted && !wasActive && !isTomb && active+1 > r.lim.MaxServices {
+				err = fmt.Errorf("%w: %d active services, limit %d", ErrServiceLimit, active, r.lim.MaxServices)
+			} else if !wasTomb && isTomb && tombs+1 > tombCap {
+				err = fmt.Errorf("%w: %d tombstones held, limit %d", ErrTombstoneLimit, tombs, tombCap)
 			}
 			if err != nil {
 				res.Rejected += gr.Accepted
@@ -330,14 +334,44 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			metaChanged = true
 		}
 	}
-	if len(pending) == 0 && !metaChanged {
+	// The hard cap of active services: the lowest ids are held, whatever
+	// the order they came in; the others are not (refused or dropped).
+	var drop []ServiceID
+	if active > r.lim.MaxHeldServices {
+		ids := make([]ServiceID, 0, active)
+		for id, s := range r.services {
+			if _, p := pending[id]; !p && s.tomb == nil {
+				ids = append(ids, id)
+			}
+		}
+		for id, s := range pending {
+			if s.tomb == nil {
+				ids = append(ids, id)
+			}
+		}
+		slices.SortFunc(ids, func(a, b ServiceID) int { return bytes.Compare(a[:], b[:]) })
+		for _, id := range ids[r.lim.MaxHeldServices:] {
+			if _, p := pending[id]; p {
+				delete(pending, id)
+				order = slices.DeleteFunc(order, func(x ServiceID) bool { return x == id })
+			}
+			if r.services[id] != nil {
+				drop = append(drop, id)
+			}
+			res.Refused.Limit++
+			errs = append(errs, fmt.Errorf("crdt: service %s not held: %w: %d active services, hard cap %d (the highest ids are not held)",
+				id, ErrServiceLimit, len(ids), r.lim.MaxHeldServices))
+		}
+		active = r.lim.MaxHeldServices
+	}
+	if len(pending) == 0 && len(drop) == 0 && !metaChanged {
 		r.setLimitErrs(limitErrs)
 		return res, errors.Join(errs...)
 	}
-	if err := r.commit(ctx, pending, order, &newMeta); err != nil {
+	if err := r.commit(ctx, pending, order, drop, &newMeta); err != nil {
 		return MergeResult{}, err
 	}
-	r.publish(pending, order, &newMeta, active, tombs, limitErrs, ownMax)
+	r.publish(pending, order, drop, &newMeta, active, tombs, limitErrs, ownMax)
 	res.Changed = order
 	slices.SortFunc(res.Changed, func(a, b ServiceID) int { return bytes.Compare(a[:], b[:]) })
 	return res, errors.Join(errs...)
@@ -359,6 +393,10 @@ func (s *service) lookup(key []byte) *entry {
 // applyGroup merges g's surviving fields into a copy of base. It returns
 // the new service (nil when nothing changed), the counts, the highest
 // Lamport clock and own counter among the applied fields, or a limit error.
+//
+// A local edit may not take a service past MaxFieldsPerService (or further
+// past it, when merges already did); a merge may, up to MaxHeldFields,
+// and the service is then reported (see refreshOver).
 func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service, MergeResult, uint64, uint64, error) {
 	var gr MergeResult
 	var lamport, own uint64
@@ -429,8 +467,15 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 			}
 		}
 	}
-	if ns.tomb == nil && len(ns.fields) > r.lim.MaxFieldsPerService {
-		return nil, gr, 0, 0, fmt.Errorf("%w: %d fields, limit %d", ErrFieldLimit, len(ns.fields), r.lim.MaxFieldsPerService)
+	fieldCap := r.lim.MaxHeldFields
+	if g.trusted {
+		fieldCap = r.lim.MaxFieldsPerService
+		if base != nil {
+			fieldCap = max(fieldCap, len(base.fields))
+		}
+	}
+	if ns.tomb == nil && len(ns.fields) > fieldCap {
+		return nil, gr, 0, 0, fmt.Errorf("%w: %d fields, limit %d", ErrFieldLimit, len(ns.fields), fieldCap)
 	}
 	ns.enc = r.encodeRaw(ns)
 	if len(ns.enc) > r.lim.MaxSnapshotBytes {
@@ -484,11 +529,11 @@ func (r *Replica) encodeRaw(s *service) []byte {
 }
 
 // commit writes the pending services and the meta record in one batch.
-func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, order []ServiceID, m *meta) error {
+func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, order, drop []ServiceID, m *meta) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b := Batch{Meta: encodeMeta(m)}
+	b := Batch{Meta: encodeMeta(m), Delete: drop}
 	for _, id := range order {
 		enc := pending[id].enc
 		rec := make([]byte, 0, len(enc)+4)
@@ -502,9 +547,13 @@ func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, or
 }
 
 // publish makes committed changes visible.
-func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error, own uint64) {
+func (r *Replica) publish(pending map[ServiceID]*service, order, drop []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error, own uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, id := range drop {
+		delete(r.services, id)
+	}
+	r.dropped += uint64(len(drop))
 	if r.signer != nil && own > r.used {
 		// Our own field, signed before a lost store: never reuse its counter.
 		r.used = own
@@ -525,6 +574,7 @@ func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *
 	}
 	r.active, r.tombs = active, tombs
 	r.meta = *m
+	r.refreshOver()
 }
 
 func (r *Replica) setLimitErrs(errs map[ServiceID]error) {

@@ -144,6 +144,10 @@ type Replica struct {
 	used uint64
 	// refused counts the fields refused since Open, by reason.
 	refused Refusals
+	// dropped counts services not held past MaxHeldServices since Open.
+	dropped uint64
+	// over is the state held beyond the limits (refreshOver).
+	over OverLimit
 }
 
 // service is one held service. It is immutable once published except for
@@ -155,7 +159,8 @@ type service struct {
 	rev       Revision
 	enc       []byte // the snapshot's encoding
 	schemaErr error
-	limitErr  error
+	limitErr  error // a merge of it was refused by a hard cap
+	overErr   error // it is beyond a limit (refreshOver)
 }
 
 type entry struct {
@@ -264,8 +269,8 @@ func (r *Replica) load(ctx context.Context) error {
 		if s.tomb != nil && len(s.fields) > 0 {
 			return fmt.Errorf("%w: deleted service %s holds fields", ErrCorrupt, rec.Service)
 		}
-		if s.tomb == nil && len(s.fields) > r.lim.MaxFieldsPerService {
-			return fmt.Errorf("service %s: %w: %d stored, limit %d", rec.Service, ErrFieldLimit, len(s.fields), r.lim.MaxFieldsPerService)
+		if s.tomb == nil && len(s.fields) > r.lim.MaxHeldFields {
+			return fmt.Errorf("service %s: %w: %d stored, hard cap %d", rec.Service, ErrFieldLimit, len(s.fields), r.lim.MaxHeldFields)
 		}
 		s.rev = revisionOf(s)
 		r.services[s.id] = s
@@ -275,12 +280,13 @@ func (r *Replica) load(ctx context.Context) error {
 			r.active++
 		}
 	}
-	if r.active > r.lim.MaxServices {
-		return fmt.Errorf("%w: %d stored, limit %d", ErrServiceLimit, r.active, r.lim.MaxServices)
+	if r.active > r.lim.MaxHeldServices {
+		return fmt.Errorf("%w: %d stored, hard cap %d", ErrServiceLimit, r.active, r.lim.MaxHeldServices)
 	}
-	if r.tombs > r.lim.MaxTombstones {
-		return fmt.Errorf("%w: %d stored, limit %d", ErrTombstoneLimit, r.tombs, r.lim.MaxTombstones)
+	if r.tombs > r.lim.MaxHeldTombstones {
+		return fmt.Errorf("%w: %d stored, hard cap %d", ErrTombstoneLimit, r.tombs, r.lim.MaxHeldTombstones)
 	}
+	r.refreshOver()
 	return nil
 }
 
@@ -401,7 +407,7 @@ func (r *Replica) Service(id ServiceID) (ServiceInfo, bool) {
 func (s *service) info() ServiceInfo {
 	return ServiceInfo{
 		ID: s.id, Deleted: s.tomb != nil, Fields: len(s.fields), Revision: s.rev,
-		SnapshotBytes: len(s.enc), Err: errors.Join(s.schemaErr, s.limitErr),
+		SnapshotBytes: len(s.enc), Err: errors.Join(s.schemaErr, s.limitErr, s.overErr),
 	}
 }
 
@@ -487,7 +493,7 @@ func (r *Replica) ServiceError(id ServiceID) error {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if s := r.services[id]; s != nil {
-		return errors.Join(s.schemaErr, s.limitErr)
+		return errors.Join(s.schemaErr, s.limitErr, s.overErr)
 	}
 	return nil
 }

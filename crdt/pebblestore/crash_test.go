@@ -23,7 +23,7 @@ type crashPoint struct {
 	// creating: the crash came while the store was being created, before
 	// anything was acknowledged.
 	creating bool
-	op    string
+	op       string
 }
 
 // TestCrashAtEverySync runs a sequence of edits on a crashable in-memory

@@ -115,7 +115,7 @@ func runStatus(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 
 func printStatus(c *cliCtx, raw map[string]any, s Sample) {
 	w := c.env.Stdout
-	fmt.Fprintf(w, "%s  %s.%s  revision %v\n", s.Time.Format(time.TimeOnly), s.Service, s.Network, raw["revision"])
+	fmt.Fprintf(w, "%s  %s.%s  revision %v\n", s.Time.Format(time.TimeOnly), printable(s.Service), printable(s.Network), raw["revision"])
 	if s.Status == nil {
 		fmt.Fprintln(w, "  no observation (network down or service not routed)")
 		return

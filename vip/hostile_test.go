@@ -158,7 +158,13 @@ func TestMergeRefusesControlCharacters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"evil\x1b[2J\x1b]0;pwned\x07", "tab\tname", "UPPER", "nul\x00", "del\x7f", strings.Repeat("a", 64)} {
+	names := []string{"evil\x1b[2J\x1b]0;pwned\x07", "tab\tname", "UPPER", "nul\x00", "del\x7f", strings.Repeat("a", 64)}
+	defer func() {
+		if got := r.Replica().Refused().Schema; got != uint64(len(names)) {
+			t.Fatalf("%d schema refusals counted, want %d", got, len(names))
+		}
+	}()
+	for _, name := range names {
 		_, err := tn.mergeInto(0, tn.hostileField(1, v.ID, keyName, []byte(name), 1<<20))
 		if !errors.Is(err, ErrSchema) {
 			t.Fatalf("name %q: merge %v, want ErrSchema", name, err)

@@ -1,6 +1,7 @@
 package vip
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -185,7 +186,7 @@ func decodeListener(v []byte) (gen uint64, removed bool, err error) {
 		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
 	}
 	gen, n := binary.Uvarint(v[1:])
-	if n <= 0 || 1+n+1 != len(v) || v[1+n] > 1 {
+	if n <= 0 || 1+n+1 != len(v) || v[1+n] > 1 || n != len(binary.AppendUvarint(nil, gen)) {
 		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
 	}
 	return gen, v[1+n] == 1, nil
@@ -239,7 +240,11 @@ func decodeCfg(v []byte) (Check, Duration, error) {
 	c.Interval = Duration(time.Duration(nums[0]) * time.Millisecond)
 	c.Timeout = Duration(time.Duration(nums[1]) * time.Millisecond)
 	c.Failures, c.Successes = int(nums[2]), int(nums[3])
-	return c, Duration(time.Duration(nums[4]) * time.Millisecond), nil
+	idle := Duration(time.Duration(nums[4]) * time.Millisecond)
+	if !bytes.Equal(encodeCfg(c, idle), v) {
+		return Check{}, 0, bad // not the canonical (shortest) encoding
+	}
+	return c, idle, nil
 }
 
 func boolPtr(v bool) *bool { return &v }

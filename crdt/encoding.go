@@ -340,10 +340,11 @@ func parseSnapshot(b []byte, lim *Limits, fields []parsed) (snapHeader, error) {
 func DecodeSnapshot(b []byte, lim *Limits) (Snapshot, error) {
 	l := DefaultLimits()
 	if lim != nil {
-		var err error
-		if l, err = lim.withDefaults(); err != nil {
-			return Snapshot{}, err
-		}
+		l = *lim
+	}
+	l, err := l.withDefaults()
+	if err != nil {
+		return Snapshot{}, err
 	}
 	own := append([]byte(nil), b...)
 	h, err := parseSnapshot(own, &l, nil)

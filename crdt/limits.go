@@ -40,14 +40,16 @@ type Limits struct {
 	// MaxHeldServices is the hard cap of active services held. Past it
 	// the services of the highest ids are not held (refused, or dropped
 	// to make room for a lower id), counted in OverLimit.Dropped: the
-	// held set is the lowest ids whatever the arrival order.
+	// held set is the lowest ids whatever the arrival order. Zero means
+	// twice MaxServices.
 	MaxHeldServices int
 	// MaxHeldTombstones is the hard cap of tombstones held; a merged
 	// tombstone past it is refused with ErrTombstoneLimit (tombstones are
-	// never dropped).
+	// never dropped). Zero means twice MaxTombstones.
 	MaxHeldTombstones int
 	// MaxHeldFields is the hard cap of fields of one service; a merge past
-	// it (or past MaxSnapshotBytes) is refused with ErrFieldLimit.
+	// it (or past MaxSnapshotBytes) is refused with ErrFieldLimit. Zero
+	// means twice MaxFieldsPerService.
 	MaxHeldFields int
 	// MaxKeyBytes bounds a field key's length in bytes (ErrKeyTooLong).
 	MaxKeyBytes int

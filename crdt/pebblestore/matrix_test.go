@@ -161,9 +161,28 @@ func TestCorruptionMatrix(t *testing.T) {
 					if err != nil || fs[0].Counter <= used {
 						t.Fatalf("edit after open %d: counter %v (used before %d) %v", i, fs, used, err)
 					}
-					used = max(used, fs[0].Counter)
+					// And across one more reopen: the counter moves on again.
+					want2 := dump(r)
 					_ = r.Close()
-					return // the edit changed the state; one open is enough
+					st, err = Open(ctx, dir, nil)
+					if err != nil {
+						t.Fatalf("reopen after the edit: %v", err)
+					}
+					r, err = crdt.Open(ctx, crdt.Config{Network: testNet, Signer: key(0), Store: st})
+					if err != nil {
+						_ = st.Close()
+						t.Fatalf("reopen after the edit: %v", err)
+					}
+					if dump(r) != want2 {
+						_ = r.Close()
+						t.Fatal("the reopened store lost the edit")
+					}
+					fs2, err := r.Edit(ctx, crdt.ServiceID{1}, crdt.AnyRevision, crdt.Edit{Key: "again"})
+					if err != nil || fs2[0].Counter <= fs[0].Counter {
+						t.Fatalf("edit after the second open: %v (first %d) %v", fs2, fs[0].Counter, err)
+					}
+					_ = r.Close()
+					return // the state changed; the second open is not a refusal check
 				}
 			})
 		}

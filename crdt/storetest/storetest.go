@@ -3,7 +3,11 @@
 //
 // An implementation's test calls Run with a Harness that opens the store
 // over durable data that outlives each opened store (a directory, a
-// MemStore's content) and can damage that data.
+// MemStore's content) and can damage that data. Faults come from what the
+// harness passes in, never from hooks on the store itself: a file system
+// that fails or crashes (pebble's errorfs and crashable vfs for
+// pebblestore), or FaultStore, which wraps any Store and fails chosen
+// commits.
 package storetest
 
 import (

@@ -2,9 +2,11 @@ package vip
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -172,6 +174,53 @@ func TestMergeRefusesControlCharacters(t *testing.T) {
 		got, _ := r.ByID(v.ID)
 		if got.Name != "api" {
 			t.Fatalf("name %q reached the registry: %q", name, got.Name)
+		}
+	}
+}
+
+// TestRoutedSetConvergesPastServiceLimit: members publish more services
+// than the limit to different replicas in different orders; after
+// anti-entropy every registry routes the same services (the lowest ids)
+// and reports the others, naming their author.
+func TestRoutedSetConvergesPastServiceLimit(t *testing.T) {
+	const seed = 21
+	tn := newTestNet(t, 3, seed)
+	rng := rand.New(rand.NewPCG(seed, 9))
+	total := crdt.DefaultMaxServices + 6
+	for s := range total {
+		var id ServiceID
+		binary.BigEndian.PutUint64(id[8:], rng.Uint64())
+		f := tn.hostileField(s%3, id, keyName, []byte(fmt.Sprint("svc", s)), 1)
+		if _, err := tn.mergeInto(rng.IntN(3), f); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	for range 2 {
+		for _, i := range rng.Perm(3) {
+			for _, j := range rng.Perm(3) {
+				if i != j {
+					tn.sync(i, j)
+				}
+			}
+		}
+	}
+	routedSet := func(r *Registry) (string, int) {
+		var s string
+		over := 0
+		for _, v := range r.List() {
+			if v.Routable {
+				s += v.ID.String()[:6] + " "
+			} else if errors.Is(v.Error(), crdt.ErrServiceLimit) && strings.Contains(v.Err, "fields by ") {
+				over++
+			}
+		}
+		return s, over
+	}
+	want, wantOver := routedSet(tn.regs[0])
+	for i, r := range tn.regs {
+		got, over := routedSet(r)
+		if got != want || over != total-crdt.DefaultMaxServices || over != wantOver {
+			t.Fatalf("seed %d: registry %d routes %s (%d over), registry 0 %s (%d over)", seed, i, got, over, want, wantOver)
 		}
 	}
 }

@@ -112,8 +112,12 @@ type Options struct {
 	// fail the disk at chosen operations.
 	FS vfs.FS
 	// Logger receives pebble's messages; nil drops informational ones and
-	// errors (which surface as returned errors). Fatal messages always make
-	// the current call fail with ErrFailed instead of exiting the process.
+	// errors (which surface as returned errors). A fatal message inside a
+	// call of this package makes that call fail with ErrFailed instead of
+	// exiting the process. One in pebble's background work (a flush or a
+	// compaction whose write the disk refused) panics on pebble's own
+	// goroutine and so ends the process, as pebble's default logger would;
+	// the store's guarantee holds across that crash.
 	Logger pebble.Logger
 	// CacheBytes is pebble's block cache size; 0 means 8 MiB.
 	CacheBytes int64

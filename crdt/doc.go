@@ -15,8 +15,12 @@
 //     MergeFields), verified under ZIP-215 rules, in batches;
 //   - list services and their fields (Services, Service, Fields), export a
 //     service for publishing (EncodedSnapshot, Snapshot);
-//   - drop fields the schema calls obsolete (Config.Obsolete) and hold a
-//     per-service error state (SetServiceError, ServiceInfo.Err);
+//   - drop fields the schema calls obsolete (Config.Obsolete), refuse
+//     fields that break it (Config.Check), rank a register's values before
+//     the clock (Config.Rank), and hold a per-service error state
+//     (SetServiceError, ServiceInfo.Err);
+//   - report what is held beyond the limits (OverLimit) and what merges
+//     refused (Refused);
 //   - follow the network's membership (Config.Members, SetMembers).
 //
 // A typical use:
@@ -29,10 +33,14 @@
 //
 // # Merge
 //
-// For each (network, service, key) the field with the highest (Lamport
-// clock, author id, canonical bytes) wins, compared in that order, the id
-// and the bytes (the field's whole encoding, signature included) as
-// unsigned byte strings. The merge is commutative, associative and
+// For each (network, service, key) the field with the highest (rank,
+// Lamport clock, author id, canonical bytes) wins, compared in that order,
+// the id and the bytes (the field's whole encoding, signature included)
+// as unsigned byte strings. The rank is the schema's (Config.Rank, a pure
+// function of the field; 0 without it). An edit signs each key with the
+// clock held for that key plus one (1 for a new key): it is causally after
+// every field of that key the replica has seen, and a field at MaxClock
+// pins only its own key (see Edit). The merge is commutative, associative and
 // idempotent, so replicas that hold the same fields hold byte-identical
 // state whatever the arrival order, duplicates or wall time. Each
 // author's counter is durable and strictly increasing: counters are
@@ -52,10 +60,15 @@
 // # Verification
 //
 // A field is accepted when its network is the replica's, its key is not
-// reserved, its clocks are at most MaxClock, its author is a member and its
-// signature verifies. Each failure has its own error (ErrWrongNetwork,
-// ErrReservedKey, ErrLamportRange, ErrNotMember, ErrWrongDomain,
-// ErrBadSignature). Signatures follow one rule set, ZIP-215, as implemented
+// reserved, its clocks are at most MaxClock, its author is a member, the
+// schema accepts it (Config.Check) and its signature verifies. Each
+// failure has its own error (ErrWrongNetwork, ErrReservedKey,
+// ErrLamportRange, ErrNotMember, ErrInvalidField, ErrWrongDomain,
+// ErrBadSignature) and is counted by reason (Replica.Refused). A field of
+// a non-member or one the schema refuses is left out while the rest of
+// its snapshot merges; the other failures refuse the whole snapshot. The
+// bounds are constants of the wire format, never relative to local
+// state, so every replica accepts and refuses the same fields. Signatures follow one rule set, ZIP-215, as implemented
 // by github.com/hdevalence/ed25519consensus, for single and batch checks
 // alike (crypto/ed25519's stricter Verify would let replicas disagree). A
 // snapshot's new fields are verified as one batch; when a batch fails each
@@ -114,11 +127,34 @@
 // Every change (merged services, Lamport mark, counters) is one synced
 // Commit, made before the change is visible or returned for publishing.
 //
+// A Store must never return an older state than the last one it
+// acknowledged (a Commit that returned nil): that is what keeps an
+// author's counter from being used twice, since the reservation that
+// covers every counter signed is itself an acknowledged commit. A store
+// that cannot prove it holds the last acknowledged state fails Load with
+// ErrCorrupt. pebblestore proves it with a witness file outside pebble's
+// log (see its package doc); MemStore holds its state in memory.
+//
 // # Limits
 //
 // Limits bounds active services (64), tombstones (1024), signed fields per
 // active service (192), key and value bytes, and the encoded snapshot (the
-// control frame limit, 64 KiB by default). A merge or edit that would
-// exceed one is refused with the limit's error; nothing is evicted, and
-// deleted services do not count as active.
+// control frame limit, 64 KiB by default). A local edit that would exceed
+// one is refused with the limit's error; deleted services do not count as
+// active.
+//
+// Merges are not refused at these limits, since which fields a replica
+// refused would then depend on their arrival order. What merges bring past
+// them is held, up to hard caps (Limits.MaxHeld*, twice the limits by
+// default), and decided from the held fields alone, the same on every
+// replica: the first MaxServices active services in id order are the ones
+// to route; the others, and services past MaxFieldsPerService, carry
+// ErrServiceLimit or ErrFieldLimit in ServiceInfo.Err, naming the authors
+// of their fields; a history of MaxTombstones or more is reported as
+// ErrTombstoneLimit, naming the authors of the tombstones (OverLimit), and
+// local deletions then fail. Past the hard cap of services, the highest
+// ids are not held (counted in OverLimit.Dropped), so the held set is the
+// lowest ids whatever the order; past the hard caps of tombstones and
+// fields, merges are refused with their error and the service's error
+// state is set. Tombstones are never dropped.
 package crdt

@@ -8,8 +8,9 @@ import (
 )
 
 // Edit makes a local edit of one service: it signs one field per edit with
-// the replica's key, a Lamport clock one past everything seen and the
-// author's next counters (reserved durably before anything is signed),
+// the replica's key, a Lamport clock one past the clock of the field held
+// for that key (1 for a new key) and the author's next counters (reserved
+// durably before anything is signed),
 // merges them, and commits the merged snapshot with the author's counter
 // in one synced batch before returning. The
 // returned fields (and EncodedSnapshot) are then ready to publish.
@@ -19,6 +20,14 @@ import (
 // a new service, AnyRevision to skip the check). A deleted service fails
 // with ErrDeleted; an edit beyond a limit fails with the limit's error and
 // changes nothing.
+//
+// The clock is per key so that a field signed at MaxClock, which every
+// replica accepts, pins only its own key: an edit of that key fails with
+// ErrLamportRange naming the key and its author, while every other key
+// and service stays editable, and deleting the service (its tombstone
+// wins whatever the clocks) recovers. An edit is still causally after
+// every field of its key the replica has seen, which is all the merge
+// order needs.
 func (r *Replica) Edit(ctx context.Context, id ServiceID, base Revision, edits ...Edit) ([]Field, error) {
 	if len(edits) == 0 {
 		return nil, fmt.Errorf("%w: no field", ErrBadEdit)
@@ -74,7 +83,6 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	r.mu.RLock()
 	closed := r.closed
 	s := r.services[id]
-	lamport := r.meta.lamport
 	counter := r.used
 	r.mu.RUnlock()
 	if closed {
@@ -93,8 +101,21 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	if s == nil && fields[0].Key == TombstoneKey {
 		return nil, fmt.Errorf("%w: %s", ErrUnknownService, id)
 	}
-	if lamport >= MaxClock || counter > MaxClock-uint64(len(fields)) {
-		return nil, ErrLamportRange
+	for i := range fields {
+		var held uint64
+		if s != nil {
+			if e := s.lookup([]byte(fields[i].Key)); e != nil {
+				held = e.f.Lamport
+				if held >= MaxClock {
+					return nil, fmt.Errorf("%w: key %q of service %s is held at the clock bound (signed by %s); delete the service to recover",
+						ErrLamportRange, fields[i].Key, id, e.f.Author)
+				}
+			}
+		}
+		fields[i].Lamport = held + 1
+	}
+	if counter > MaxClock-uint64(len(fields)) {
+		return nil, fmt.Errorf("%w: author %s has used its counters up to %d", ErrLamportRange, r.self, counter)
 	}
 	if err := r.reserveCounters(ctx, counter+uint64(len(fields))); err != nil {
 		return nil, err
@@ -108,7 +129,6 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	for i := range fields {
 		f := &fields[i]
 		f.Network, f.Service = r.net, id
-		f.Lamport = lamport + 1
 		f.Counter = counter + uint64(i) + 1
 		Sign(r.signer, f)
 		raw := f.Encode()
@@ -146,7 +166,7 @@ func (r *Replica) reserveCounters(ctx context.Context, upto uint64) error {
 		m.counter = map[AuthorID]uint64{}
 	}
 	m.counter[r.self] = min(upto+counterBlock, MaxClock)
-	if err := r.commit(ctx, nil, nil, &m); err != nil {
+	if err := r.commit(ctx, nil, nil, nil, &m); err != nil {
 		return err
 	}
 	r.mu.Lock()

@@ -310,8 +310,8 @@ func parseSnapshot(b []byte, lim *Limits, fields []parsed) (snapHeader, error) {
 	if err != nil {
 		return h, err
 	}
-	if cnt > uint64(lim.MaxFieldsPerService)+1 {
-		return h, fmt.Errorf("%w: %d fields, limit %d", ErrTooManyFields, cnt, lim.MaxFieldsPerService)
+	if cnt > uint64(max(lim.MaxFieldsPerService, lim.MaxHeldFields))+1 {
+		return h, fmt.Errorf("%w: %d fields, limit %d", ErrTooManyFields, cnt, max(lim.MaxFieldsPerService, lim.MaxHeldFields))
 	}
 	if cnt > uint64((len(b)-off)/minFieldLen) {
 		return h, fmt.Errorf("%w: %d fields claimed in %d bytes", ErrTruncated, cnt, len(b)-off)
@@ -340,10 +340,11 @@ func parseSnapshot(b []byte, lim *Limits, fields []parsed) (snapHeader, error) {
 func DecodeSnapshot(b []byte, lim *Limits) (Snapshot, error) {
 	l := DefaultLimits()
 	if lim != nil {
-		var err error
-		if l, err = lim.withDefaults(); err != nil {
-			return Snapshot{}, err
-		}
+		l = *lim
+	}
+	l, err := l.withDefaults()
+	if err != nil {
+		return Snapshot{}, err
 	}
 	own := append([]byte(nil), b...)
 	h, err := parseSnapshot(own, &l, nil)

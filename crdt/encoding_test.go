@@ -109,7 +109,7 @@ func badSnapshots() []struct {
 		{"version-2", snapBytes(2, testNet, svc, []byte{1}, f), ErrUnknownVersion},
 		{"version-overlong", append([]byte{0x81, 0x00}, snapBytes(1, testNet, svc, []byte{1}, f)[1:]...), ErrVarint},
 		{"mixed-service", snapBytes(1, testNet, svc, []byte{2}, f, other.bytes()), ErrMixedSnapshot},
-		{"too-many-fields", snapBytes(1, testNet, svc, []byte{0xc2, 0x01}, f), ErrTooManyFields},
+		{"too-many-fields", snapBytes(1, testNet, svc, []byte{0x82, 0x03}, f), ErrTooManyFields}, // 386: past MaxHeldFields+1
 		{"count-past-end", snapBytes(1, testNet, svc, []byte{3}, f), ErrTruncated},
 		{"trailing", append(snapBytes(1, testNet, svc, []byte{1}, f), 0), ErrTrailingBytes},
 		{"bad-field", snapBytes(1, testNet, svc, []byte{1}, badFields()[2].b), ErrVarint},

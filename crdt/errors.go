@@ -95,3 +95,67 @@ var (
 	// ErrConfig: invalid configuration.
 	ErrConfig = errors.New("crdt: invalid config")
 )
+
+// ErrInvalidField: the schema (Config.Check) refused a field's key or
+// value. The error wraps the schema's own error too.
+var ErrInvalidField = errors.New("crdt: field refused by the schema")
+
+// Refusals counts fields refused by merges, by reason. Every refusal is
+// also returned as an error by the merge that met it; the counts let a
+// status page show what members keep sending.
+type Refusals struct {
+	// Encoding counts snapshots and fields that did not decode.
+	Encoding uint64
+	// WrongNetwork counts fields of another network (ErrWrongNetwork).
+	WrongNetwork uint64
+	// ReservedKey counts reserved keys and tombstones with a value
+	// (ErrReservedKey, ErrBadTombstone).
+	ReservedKey uint64
+	// ClockRange counts clocks or counters above MaxClock (ErrLamportRange).
+	ClockRange uint64
+	// NotMember counts fields of authors that are not members (ErrNotMember).
+	NotMember uint64
+	// Signature counts bad or wrong-domain signatures (ErrBadSignature,
+	// ErrWrongDomain).
+	Signature uint64
+	// Schema counts fields the schema refused (ErrInvalidField).
+	Schema uint64
+	// Limit counts valid fields of services refused by a limit.
+	Limit uint64
+}
+
+// Total returns the sum of the counts.
+func (c Refusals) Total() uint64 {
+	return c.Encoding + c.WrongNetwork + c.ReservedKey + c.ClockRange + c.NotMember + c.Signature + c.Schema + c.Limit
+}
+
+func (c *Refusals) add(d Refusals) {
+	c.Encoding += d.Encoding
+	c.WrongNetwork += d.WrongNetwork
+	c.ReservedKey += d.ReservedKey
+	c.ClockRange += d.ClockRange
+	c.NotMember += d.NotMember
+	c.Signature += d.Signature
+	c.Schema += d.Schema
+	c.Limit += d.Limit
+}
+
+// count adds one refusal for err.
+func (c *Refusals) count(err error) {
+	switch {
+	case errors.Is(err, ErrWrongNetwork):
+		c.WrongNetwork++
+	case errors.Is(err, ErrReservedKey), errors.Is(err, ErrBadTombstone):
+		c.ReservedKey++
+	case errors.Is(err, ErrLamportRange):
+		c.ClockRange++
+	case errors.Is(err, ErrNotMember):
+		c.NotMember++
+	case errors.Is(err, ErrBadSignature), errors.Is(err, ErrWrongDomain):
+		c.Signature++
+	case errors.Is(err, ErrInvalidField):
+		c.Schema++
+	default:
+		c.Encoding++
+	}
+}

@@ -98,3 +98,29 @@ func ExampleSign() {
 	// 143 <nil> <nil>
 	// crdt: bad signature
 }
+
+// A member publishes more services than the limit. The replica holds them
+// all, routes the first by id, and reports the rest naming the author,
+// the same on every replica whatever the arrival order.
+func ExampleReplica_OverLimit() {
+	ctx := context.Background()
+	key, id := exampleKey(1)
+	other, otherID := exampleKey(2)
+	r, _ := crdt.Open(ctx, crdt.Config{Network: crdt.NetworkID{1}, Signer: key,
+		Members: []crdt.AuthorID{id, otherID}, Limits: crdt.Limits{MaxServices: 1}})
+	defer r.Close()
+	for _, svc := range []crdt.ServiceID{{0x20}, {0x10}} { // the higher id first
+		f := crdt.Field{Network: crdt.NetworkID{1}, Service: svc, Key: "name", HasValue: true, Value: []byte("x"), Lamport: 1, Counter: uint64(svc[0])}
+		crdt.Sign(other, &f)
+		_, _ = r.MergeFields(ctx, []crdt.Field{f})
+	}
+	for _, s := range r.Services() {
+		fmt.Printf("%x routed=%v\n", s.ID[0], s.Err == nil)
+	}
+	o := r.OverLimit()
+	fmt.Println(len(o.Services), "over the limit;", o.Authors[otherID], "fields by the other member")
+	// Output:
+	// 10 routed=true
+	// 20 routed=false
+	// 1 over the limit; 1 fields by the other member
+}

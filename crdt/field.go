@@ -111,7 +111,9 @@ func (f *Field) String() string {
 
 // Compare orders two fields of the same register by the merge order: by
 // Lamport clock, then author id, then canonical (encoded) bytes. The
-// greater field wins the register. It returns -1, 0 or +1.
+// greater field wins the register. It returns -1, 0 or +1. A replica with
+// a schema rank (Config.Rank) compares the ranks first and uses this
+// order between fields of equal rank.
 func Compare(a, b *Field) int {
 	if a.Lamport != b.Lamport {
 		if a.Lamport < b.Lamport {

@@ -83,3 +83,41 @@ func stateOf(r *Replica) [][]byte {
 	}
 	return out
 }
+
+// failStore wraps a Store and fails the commits it is told to: the store
+// keeps its old content, as a disk that refused the write would.
+type failStore struct {
+	Store
+	fail int // the next fail commits fail
+}
+
+func (s *failStore) Commit(ctx context.Context, b Batch) error {
+	if s.fail > 0 {
+		s.fail--
+		return errors.New("crdt test: injected commit failure")
+	}
+	return s.Store.Commit(ctx, b)
+}
+
+// corruptMem flips a byte of the record of service id in s (the meta
+// record when id is zero) and reports whether there was such a record.
+func corruptMem(s *MemStore, id ServiceID) bool {
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	rec := s.d.meta
+	if id != (ServiceID{}) {
+		rec = s.d.services[id]
+	}
+	if len(rec) == 0 {
+		return false
+	}
+	rec[len(rec)/2] ^= 0x5a
+	return true
+}
+
+// setMemVersion sets the format version s records.
+func setMemVersion(s *MemStore, v uint32) {
+	s.d.mu.Lock()
+	s.d.version = v
+	s.d.mu.Unlock()
+}

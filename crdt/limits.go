@@ -14,15 +14,43 @@ const (
 )
 
 // Limits bounds a replica's state. A zero field means its default. Every
-// limit is enforced with its own error; nothing is evicted to make room.
+// limit is enforced with its own error and reported, never silently.
+//
+// The first three are the configuration's limits: a local edit that would
+// exceed one is refused. What merges bring beyond them is held up to the
+// hard caps (the MaxHeld fields, twice the limits by default) and
+// reported, so that every replica that has seen the same fields holds
+// and routes the same state whatever the arrival order (see the package
+// doc, Limits).
 type Limits struct {
-	// MaxServices bounds active (not deleted) services (ErrServiceLimit).
+	// MaxServices bounds the active (not deleted) services routed: the
+	// first MaxServices in id order. An edit creating one more fails with
+	// ErrServiceLimit; merged ones beyond it are held and reported with
+	// ErrServiceLimit (ServiceInfo.Err, OverLimit).
 	MaxServices int
-	// MaxTombstones bounds deleted services' tombstones (ErrTombstoneLimit).
+	// MaxTombstones bounds the deletion history. A local Delete beyond it
+	// fails with ErrTombstoneLimit; merged tombstones beyond it are held
+	// and the history is reported full (OverLimit.Err).
 	MaxTombstones int
-	// MaxFieldsPerService bounds the signed fields held for one active
-	// service, counted after obsolete fields are dropped (ErrFieldLimit).
+	// MaxFieldsPerService bounds the signed fields of one active service,
+	// counted after obsolete fields are dropped. An edit that would add a
+	// field beyond it fails with ErrFieldLimit; a merged service beyond it
+	// is held and reported with ErrFieldLimit (ServiceInfo.Err).
 	MaxFieldsPerService int
+	// MaxHeldServices is the hard cap of active services held. Past it
+	// the services of the highest ids are not held (refused, or dropped
+	// to make room for a lower id), counted in OverLimit.Dropped: the
+	// held set is the lowest ids whatever the arrival order. Zero means
+	// twice MaxServices.
+	MaxHeldServices int
+	// MaxHeldTombstones is the hard cap of tombstones held; a merged
+	// tombstone past it is refused with ErrTombstoneLimit (tombstones are
+	// never dropped). Zero means twice MaxTombstones.
+	MaxHeldTombstones int
+	// MaxHeldFields is the hard cap of fields of one service; a merge past
+	// it (or past MaxSnapshotBytes) is refused with ErrFieldLimit. Zero
+	// means twice MaxFieldsPerService.
+	MaxHeldFields int
 	// MaxKeyBytes bounds a field key's length in bytes (ErrKeyTooLong).
 	MaxKeyBytes int
 	// MaxValueBytes bounds a field value's length in bytes (ErrValueTooLarge).
@@ -64,6 +92,22 @@ func (l Limits) withDefaults() (Limits, error) {
 		}
 		if *p.v < 0 {
 			return l, fmt.Errorf("%w: Limits.%s is negative (%d)", ErrConfig, p.nm, *p.v)
+		}
+	}
+	for _, p := range []struct {
+		v    *int
+		base int
+		nm   string
+	}{
+		{&l.MaxHeldServices, l.MaxServices, "MaxHeldServices"},
+		{&l.MaxHeldTombstones, l.MaxTombstones, "MaxHeldTombstones"},
+		{&l.MaxHeldFields, l.MaxFieldsPerService, "MaxHeldFields"},
+	} {
+		if *p.v == 0 {
+			*p.v = 2 * p.base
+		}
+		if *p.v < p.base {
+			return l, fmt.Errorf("%w: Limits.%s %d is below its limit %d", ErrConfig, p.nm, *p.v, p.base)
 		}
 	}
 	if l.MaxKeyBytes < len(TombstoneKey) {

@@ -17,15 +17,15 @@ func TestMemStoreContract(t *testing.T) {
 				} else {
 					cur = cur.Reopen()
 				}
-				return cur, nil
+				return &storetest.FaultStore{Store: cur}, nil
 			},
-			FailNextCommit: func(_ testing.TB, s crdt.Store) { s.(*crdt.MemStore).FailNextCommit(1) },
+			FailNextCommit: func(_ testing.TB, s crdt.Store) { s.(*storetest.FaultStore).FailNextCommit() },
 			CorruptRecord: func(t testing.TB, id crdt.ServiceID) {
-				if !cur.CorruptForTest(id) {
+				if !crdt.CorruptMemForTest(cur, id) {
 					t.Fatal("no record to corrupt")
 				}
 			},
-			SetVersion:     func(_ testing.TB, v uint64) { cur.SetVersionForTest(uint32(v)) },
+			SetVersion:     func(_ testing.TB, v uint64) { crdt.SetMemVersionForTest(cur, uint32(v)) },
 			UnknownVersion: 2,
 		}
 	})

@@ -62,15 +62,19 @@ func (r *Replica) MergeSnapshot(ctx context.Context, snap []byte) (MergeResult, 
 func (r *Replica) MergeSnapshots(ctx context.Context, snaps [][]byte) (MergeResult, error) {
 	groups := make([]group, 0, len(snaps))
 	var errs []error
+	var bad uint64
 	for i, b := range snaps {
 		h, err := parseSnapshot(b, &r.lim, nil)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("crdt: snapshot %d: %w", i, err))
+			bad++
 			continue
 		}
 		groups = append(groups, group{id: h.service, ps: h.fields})
 	}
 	res, err := r.merge(ctx, groups)
+	res.Refused.Encoding += bad
+	r.countRefused(res.Refused)
 	return res, errors.Join(append(errs, err)...)
 }
 
@@ -102,7 +106,25 @@ func (r *Replica) MergeFields(ctx context.Context, fields []Field) (MergeResult,
 	}
 	res, err := r.merge(ctx, groups)
 	res.Rejected += len(errs)
+	res.Refused.Encoding += uint64(len(errs))
+	r.countRefused(res.Refused)
 	return res, errors.Join(append(errs, err)...)
+}
+
+func (r *Replica) countRefused(c Refusals) {
+	if c.Total() == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.refused.add(c)
+	r.mu.Unlock()
+}
+
+// Refused returns the fields refused by merges since Open, by reason.
+func (r *Replica) Refused() Refusals {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.refused
 }
 
 // checkField applies the checks that need no signature.
@@ -181,6 +203,14 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				g.setErr(i, ErrNotMember)
 				continue
 			}
+			if r.check != nil && string(p.key) != TombstoneKey {
+				f := p.field()
+				if err := r.check(&f); err != nil {
+					st[i] = fsRejected
+					g.setErr(i, fmt.Errorf("%w: %w", ErrInvalidField, err))
+					continue
+				}
+			}
 			toVerify = append(toVerify, p)
 			verifyAt = append(verifyAt, [2]int{gi, i})
 		}
@@ -219,6 +249,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				res.Ignored++
 			case fsRejected:
 				res.Rejected++
+				res.Refused.count(g.errs[i])
 				gerrs = append(gerrs, fieldErr(ptrField(&g.ps[i]), g.errs[i]))
 			}
 		}
@@ -236,6 +267,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		ns, gr, lamport, own, err := r.applyGroup(base, g, st)
 		if err != nil {
 			res.Rejected += gr.Accepted
+			res.Refused.Limit += uint64(gr.Accepted)
 			errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
 			if r.services[g.id] != nil {
 				limitErrs[g.id] = err
@@ -246,13 +278,18 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		wasTomb := base != nil && base.tomb != nil
 		if ns != nil {
 			isTomb := ns.tomb != nil
-			if !wasActive && !isTomb && active+1 > r.lim.MaxServices {
-				err = fmt.Errorf("%w: limit %d", ErrServiceLimit, r.lim.MaxServices)
-			} else if !wasTomb && isTomb && tombs+1 > r.lim.MaxTombstones {
-				err = fmt.Errorf("%w: limit %d", ErrTombstoneLimit, r.lim.MaxTombstones)
+			tombCap := r.lim.MaxHeldTombstones
+			if g.trusted {
+				tombCap = r.lim.MaxTombstones
+			}
+			if g.trusted && !wasActive && !isTomb && active+1 > r.lim.MaxServices {
+				err = fmt.Errorf("%w: %d active services, limit %d", ErrServiceLimit, active, r.lim.MaxServices)
+			} else if !wasTomb && isTomb && tombs+1 > tombCap {
+				err = fmt.Errorf("%w: %d tombstones held, limit %d", ErrTombstoneLimit, tombs, tombCap)
 			}
 			if err != nil {
 				res.Rejected += gr.Accepted
+				res.Refused.Limit += uint64(gr.Accepted)
 				errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
 				if r.services[g.id] != nil {
 					limitErrs[g.id] = err
@@ -297,14 +334,44 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			metaChanged = true
 		}
 	}
-	if len(pending) == 0 && !metaChanged {
+	// The hard cap of active services: the lowest ids are held, whatever
+	// the order they came in; the others are not (refused or dropped).
+	var drop []ServiceID
+	if active > r.lim.MaxHeldServices {
+		ids := make([]ServiceID, 0, active)
+		for id, s := range r.services {
+			if _, p := pending[id]; !p && s.tomb == nil {
+				ids = append(ids, id)
+			}
+		}
+		for id, s := range pending {
+			if s.tomb == nil {
+				ids = append(ids, id)
+			}
+		}
+		slices.SortFunc(ids, func(a, b ServiceID) int { return bytes.Compare(a[:], b[:]) })
+		for _, id := range ids[r.lim.MaxHeldServices:] {
+			if _, p := pending[id]; p {
+				delete(pending, id)
+				order = slices.DeleteFunc(order, func(x ServiceID) bool { return x == id })
+			}
+			if r.services[id] != nil {
+				drop = append(drop, id)
+			}
+			res.Refused.Limit++
+			errs = append(errs, fmt.Errorf("crdt: service %s not held: %w: %d active services, hard cap %d (the highest ids are not held)",
+				id, ErrServiceLimit, len(ids), r.lim.MaxHeldServices))
+		}
+		active = r.lim.MaxHeldServices
+	}
+	if len(pending) == 0 && len(drop) == 0 && !metaChanged {
 		r.setLimitErrs(limitErrs)
 		return res, errors.Join(errs...)
 	}
-	if err := r.commit(ctx, pending, order, &newMeta); err != nil {
+	if err := r.commit(ctx, pending, order, drop, &newMeta); err != nil {
 		return MergeResult{}, err
 	}
-	r.publish(pending, order, &newMeta, active, tombs, limitErrs, ownMax)
+	r.publish(pending, order, drop, &newMeta, active, tombs, limitErrs, ownMax)
 	res.Changed = order
 	slices.SortFunc(res.Changed, func(a, b ServiceID) int { return bytes.Compare(a[:], b[:]) })
 	return res, errors.Join(errs...)
@@ -326,6 +393,10 @@ func (s *service) lookup(key []byte) *entry {
 // applyGroup merges g's surviving fields into a copy of base. It returns
 // the new service (nil when nothing changed), the counts, the highest
 // Lamport clock and own counter among the applied fields, or a limit error.
+//
+// A local edit may not take a service past MaxFieldsPerService (or further
+// past it, when merges already did); a merge may, up to MaxHeldFields,
+// and the service is then reported (see refreshOver).
 func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service, MergeResult, uint64, uint64, error) {
 	var gr MergeResult
 	var lamport, own uint64
@@ -352,7 +423,7 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 					gr.Identical++
 					continue
 				}
-				ns.tomb = newEntry(p)
+				ns.tomb = r.newEntry(p)
 				gr.Accepted++
 				changed = true
 			} else if bytes.Equal(ns.tomb.raw, p.raw) {
@@ -372,11 +443,11 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 		case bytes.Equal(e.raw, p.raw):
 			gr.Identical++
 			continue
-		case compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &e.f, e.raw) <= 0:
+		case r.compareHeld(p, e) <= 0:
 			gr.Superseded++
 			continue
 		}
-		ne := newEntry(p)
+		ne := r.newEntry(p)
 		ns.fields[ne.f.Key] = ne
 		gr.Accepted++
 		changed = true
@@ -396,8 +467,15 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 			}
 		}
 	}
-	if ns.tomb == nil && len(ns.fields) > r.lim.MaxFieldsPerService {
-		return nil, gr, 0, 0, fmt.Errorf("%w: %d fields, limit %d", ErrFieldLimit, len(ns.fields), r.lim.MaxFieldsPerService)
+	fieldCap := r.lim.MaxHeldFields
+	if g.trusted {
+		fieldCap = r.lim.MaxFieldsPerService
+		if base != nil {
+			fieldCap = max(fieldCap, len(base.fields))
+		}
+	}
+	if ns.tomb == nil && len(ns.fields) > fieldCap {
+		return nil, gr, 0, 0, fmt.Errorf("%w: %d fields, limit %d", ErrFieldLimit, len(ns.fields), fieldCap)
 	}
 	ns.enc = r.encodeRaw(ns)
 	if len(ns.enc) > r.lim.MaxSnapshotBytes {
@@ -405,6 +483,21 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 	}
 	ns.rev = revisionOf(ns)
 	return ns, gr, lamport, own, nil
+}
+
+// compareHeld orders an incoming field against the held entry of its key:
+// by Config.Rank, then by the merge order.
+func (r *Replica) compareHeld(p *parsed, e *entry) int {
+	if r.rank != nil {
+		f := p.field()
+		if pr := r.rankOf(&f); pr != e.rank {
+			if pr < e.rank {
+				return -1
+			}
+			return 1
+		}
+	}
+	return compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &e.f, e.raw)
 }
 
 // encodeRaw encodes s's snapshot from its fields' held encodings.
@@ -436,11 +529,11 @@ func (r *Replica) encodeRaw(s *service) []byte {
 }
 
 // commit writes the pending services and the meta record in one batch.
-func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, order []ServiceID, m *meta) error {
+func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, order, drop []ServiceID, m *meta) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b := Batch{Meta: encodeMeta(m)}
+	b := Batch{Meta: encodeMeta(m), Delete: drop}
 	for _, id := range order {
 		enc := pending[id].enc
 		rec := make([]byte, 0, len(enc)+4)
@@ -454,9 +547,13 @@ func (r *Replica) commit(ctx context.Context, pending map[ServiceID]*service, or
 }
 
 // publish makes committed changes visible.
-func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error, own uint64) {
+func (r *Replica) publish(pending map[ServiceID]*service, order, drop []ServiceID, m *meta, active, tombs int, limitErrs map[ServiceID]error, own uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, id := range drop {
+		delete(r.services, id)
+	}
+	r.dropped += uint64(len(drop))
 	if r.signer != nil && own > r.used {
 		// Our own field, signed before a lost store: never reuse its counter.
 		r.used = own
@@ -477,6 +574,7 @@ func (r *Replica) publish(pending map[ServiceID]*service, order []ServiceID, m *
 	}
 	r.active, r.tombs = active, tombs
 	r.meta = *m
+	r.refreshOver()
 }
 
 func (r *Replica) setLimitErrs(errs map[ServiceID]error) {

@@ -35,6 +35,22 @@ type Config struct {
 	// fields whatever the arrival order. It must not retain the slice and
 	// must not call the Replica (it runs inside a merge).
 	Obsolete func(service ServiceID, fields []Field) []string
+	// Check, when set, is the schema's validation of a field's key and
+	// value, run on every field a merge would verify (never on the
+	// tombstone). A field it refuses is left out of the merge, like a
+	// field of a non-member, and counted in Refusals.Schema; the rest of
+	// its snapshot merges. It must be a pure function of the field alone
+	// (never of membership or other local state), so that every replica
+	// refuses the same fields. Local edits are not checked: the schema
+	// validates its drafts before editing.
+	Check func(f *Field) error
+	// Rank, when set, is the schema's precedence of a register's values,
+	// compared before the Lamport clock: within one key the field of the
+	// higher rank wins whatever its clock, and equal ranks fall back to
+	// the (clock, author, bytes) order. It must be a pure function of the
+	// field. vip uses it for listener generations, so that a removed
+	// generation stays removed. Without it every rank is 0.
+	Rank func(f *Field) uint64
 }
 
 // Revision identifies a service's held state: a hash of its fields'
@@ -62,6 +78,9 @@ type Edit struct {
 
 // MergeResult tells what a merge did.
 type MergeResult struct {
+	// Refused counts this merge's refused fields by reason; Rejected is
+	// their total.
+	Refused Refusals
 	// Changed lists the services whose held state changed, in id order.
 	Changed []ServiceID
 	// Accepted counts fields verified and stored as their register's value.
@@ -108,6 +127,8 @@ type Replica struct {
 	signer ed25519.PrivateKey
 	self   AuthorID
 	obs    func(ServiceID, []Field) []string
+	check  func(*Field) error
+	rank   func(*Field) uint64
 
 	writeMu sync.Mutex // serializes merges, edits and commits
 
@@ -121,6 +142,12 @@ type Replica struct {
 	// used is the last counter the local author used; counters up to
 	// meta.counter[self] are reserved durably (see reserveCounters).
 	used uint64
+	// refused counts the fields refused since Open, by reason.
+	refused Refusals
+	// dropped counts services not held past MaxHeldServices since Open.
+	dropped uint64
+	// over is the state held beyond the limits (refreshOver).
+	over OverLimit
 }
 
 // service is one held service. It is immutable once published except for
@@ -132,12 +159,14 @@ type service struct {
 	rev       Revision
 	enc       []byte // the snapshot's encoding
 	schemaErr error
-	limitErr  error
+	limitErr  error // a merge of it was refused by a hard cap
+	overErr   error // it is beyond a limit (refreshOver)
 }
 
 type entry struct {
-	f   Field
-	raw []byte
+	f    Field
+	raw  []byte
+	rank uint64 // Config.Rank of f
 }
 
 // Open loads the replica's state from cfg.Store. A store holding another
@@ -163,6 +192,8 @@ func Open(ctx context.Context, cfg Config) (*Replica, error) {
 		store:    st,
 		signer:   cfg.Signer,
 		obs:      cfg.Obsolete,
+		check:    cfg.Check,
+		rank:     cfg.Rank,
 		services: map[ServiceID]*service{},
 		meta:     meta{network: cfg.Network, counter: map[AuthorID]uint64{}},
 	}
@@ -222,7 +253,7 @@ func (r *Replica) load(ctx context.Context) error {
 		s := &service{id: rec.Service, fields: map[string]*entry{}, enc: bytes.Clone(body)}
 		for i := range h.fields {
 			p := &h.fields[i]
-			e := newEntry(p)
+			e := r.newEntry(p)
 			r.meta.lamport = max(r.meta.lamport, p.lamport)
 			if cfgSelf := r.self; r.signer != nil && p.author == cfgSelf && p.counter > r.meta.counter[cfgSelf] {
 				r.meta.counter[cfgSelf] = p.counter
@@ -238,8 +269,8 @@ func (r *Replica) load(ctx context.Context) error {
 		if s.tomb != nil && len(s.fields) > 0 {
 			return fmt.Errorf("%w: deleted service %s holds fields", ErrCorrupt, rec.Service)
 		}
-		if s.tomb == nil && len(s.fields) > r.lim.MaxFieldsPerService {
-			return fmt.Errorf("service %s: %w: %d stored, limit %d", rec.Service, ErrFieldLimit, len(s.fields), r.lim.MaxFieldsPerService)
+		if s.tomb == nil && len(s.fields) > r.lim.MaxHeldFields {
+			return fmt.Errorf("service %s: %w: %d stored, hard cap %d", rec.Service, ErrFieldLimit, len(s.fields), r.lim.MaxHeldFields)
 		}
 		s.rev = revisionOf(s)
 		r.services[s.id] = s
@@ -249,19 +280,30 @@ func (r *Replica) load(ctx context.Context) error {
 			r.active++
 		}
 	}
-	if r.active > r.lim.MaxServices {
-		return fmt.Errorf("%w: %d stored, limit %d", ErrServiceLimit, r.active, r.lim.MaxServices)
+	if r.active > r.lim.MaxHeldServices {
+		return fmt.Errorf("%w: %d stored, hard cap %d", ErrServiceLimit, r.active, r.lim.MaxHeldServices)
 	}
-	if r.tombs > r.lim.MaxTombstones {
-		return fmt.Errorf("%w: %d stored, limit %d", ErrTombstoneLimit, r.tombs, r.lim.MaxTombstones)
+	if r.tombs > r.lim.MaxHeldTombstones {
+		return fmt.Errorf("%w: %d stored, hard cap %d", ErrTombstoneLimit, r.tombs, r.lim.MaxHeldTombstones)
 	}
+	r.refreshOver()
 	return nil
 }
 
-func newEntry(p *parsed) *entry {
+func (r *Replica) newEntry(p *parsed) *entry {
 	raw := bytes.Clone(p.raw)
 	q, _, _ := parseField(raw, 0, &Limits{MaxKeyBytes: len(raw), MaxValueBytes: len(raw)}, false)
-	return &entry{f: q.field(), raw: raw}
+	e := &entry{f: q.field(), raw: raw}
+	e.rank = r.rankOf(&e.f)
+	return e
+}
+
+// rankOf is Config.Rank of f (0 for the tombstone and without the hook).
+func (r *Replica) rankOf(f *Field) uint64 {
+	if r.rank == nil || f.Key == TombstoneKey {
+		return 0
+	}
+	return r.rank(f)
 }
 
 // Close closes the replica and its store.
@@ -313,17 +355,23 @@ func (r *Replica) Members() []AuthorID {
 	return out
 }
 
-// Lamport returns the highest Lamport clock seen: the next local edit
-// signs with one more.
+// Lamport returns the highest Lamport clock seen in any field, kept in
+// the store as a high-water mark. Edits do not sign with it: an edit of a
+// key signs with the clock held for that key plus one (see Edit).
 func (r *Replica) Lamport() uint64 {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.meta.lamport
 }
 
-// Counter returns the last counter used by the local author (0: none), or
-// for another author the highest counter of its own fields this replica
-// has recorded (only the local author's are tracked).
+// Counter returns, for the local author, the highest counter it has spent:
+// every counter up to it may have signed a field, and the next edit signs
+// above it. Within one run that is the last counter used by an edit (or
+// merged back from one of its own fields); after a reopen it is the
+// ceiling of the durable reservation, since counters reserved before a
+// crash may have been used (0 for a fresh store). For another author it
+// returns the ceiling reserved in the store, which is 0 unless the store
+// was written by a replica with that author's key.
 func (r *Replica) Counter(author AuthorID) uint64 {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -359,7 +407,7 @@ func (r *Replica) Service(id ServiceID) (ServiceInfo, bool) {
 func (s *service) info() ServiceInfo {
 	return ServiceInfo{
 		ID: s.id, Deleted: s.tomb != nil, Fields: len(s.fields), Revision: s.rev,
-		SnapshotBytes: len(s.enc), Err: errors.Join(s.schemaErr, s.limitErr),
+		SnapshotBytes: len(s.enc), Err: errors.Join(s.schemaErr, s.limitErr, s.overErr),
 	}
 }
 
@@ -445,7 +493,7 @@ func (r *Replica) ServiceError(id ServiceID) error {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if s := r.services[id]; s != nil {
-		return errors.Join(s.schemaErr, s.limitErr)
+		return errors.Join(s.schemaErr, s.limitErr, s.overErr)
 	}
 	return nil
 }

@@ -365,13 +365,9 @@ func TestLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Active services.
+	// Active services: a local creation past the limit is refused.
 	if _, err := r.Edit(ctx, testSvc(2), NoRevision, Edit{Key: "n"}); !errors.Is(err, ErrServiceLimit) {
 		t.Fatalf("service limit: %v", err)
-	}
-	remote := snapOf(mkField(1, testSvc(3), "n", "", 1, 1))
-	if _, err := r.MergeSnapshot(ctx, remote); !errors.Is(err, ErrServiceLimit) {
-		t.Fatalf("remote service limit: %v", err)
 	}
 	// Deleted services do not count toward the active limit.
 	if _, err := r.Delete(ctx, testSvc(0), AnyRevision); err != nil {
@@ -390,7 +386,22 @@ func TestLimits(t *testing.T) {
 	if info, _ := r.Service(testSvc(0)); !info.Deleted {
 		t.Fatal("tombstone evicted")
 	}
-	// Fields per service.
+	if o := r.OverLimit(); !errors.Is(o.Err, ErrTombstoneLimit) || o.Tombstones != 1 || o.Authors[authorOf(testKey(0))] != 1 {
+		t.Fatalf("full history not reported: %+v", o)
+	}
+	// A merged service past the limit is held, reported and not routed.
+	remote := snapOf(mkField(1, testSvc(3), "n", "", 1, 1))
+	if _, err := r.MergeSnapshot(ctx, remote); err != nil {
+		t.Fatalf("remote service past the limit: %v", err)
+	}
+	if err := r.ServiceError(testSvc(3)); !errors.Is(err, ErrServiceLimit) || !strings.Contains(err.Error(), authorOf(testKey(1)).String()[:16]) {
+		t.Fatalf("remote service past the limit: error state %v", err)
+	}
+	if o := r.OverLimit(); len(o.Services) != 1 || o.Services[0] != testSvc(3) || !errors.Is(o.Err, ErrServiceLimit) {
+		t.Fatalf("over limit: %+v", o)
+	}
+	// Fields per service: a local edit past the limit is refused; a merge
+	// past it is held up to the hard cap (6) and reported.
 	svc := testSvc(1)
 	if _, err := r.Edit(ctx, svc, AnyRevision, Edit{Key: "a"}, Edit{Key: "b"}, Edit{Key: "c"}); !errors.Is(err, ErrFieldLimit) {
 		t.Fatalf("field limit: %v", err)
@@ -399,14 +410,22 @@ func TestLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	big := snapOf(mkField(1, svc, "x", "", 50, 1), mkField(1, svc, "y", "", 50, 2))
-	if _, err := r.MergeSnapshot(ctx, big); !errors.Is(err, ErrFieldLimit) {
-		t.Fatalf("remote field limit: %v", err)
+	if _, err := r.MergeSnapshot(ctx, big); err != nil {
+		t.Fatalf("remote fields past the limit: %v", err)
 	}
-	if err := r.ServiceError(svc); !errors.Is(err, ErrFieldLimit) {
-		t.Fatalf("service error state: %v", err)
+	if err := r.ServiceError(svc); !errors.Is(err, ErrFieldLimit) || len(r.Fields(svc)) != 5 {
+		t.Fatalf("service error state: %v, %d fields", err, len(r.Fields(svc)))
 	}
-	if len(r.Fields(svc)) != 3 {
+	bigger := snapOf(mkField(1, svc, "z1", "", 50, 3), mkField(1, svc, "z2", "", 50, 4))
+	if _, err := r.MergeSnapshot(ctx, bigger); !errors.Is(err, ErrFieldLimit) {
+		t.Fatalf("remote fields past the hard cap: %v", err)
+	}
+	if len(r.Fields(svc)) != 5 {
 		t.Fatal("refused merge changed the service")
+	}
+	// An edit that does not add fields still works on it.
+	if _, err := r.Edit(ctx, svc, AnyRevision, Edit{Key: "a", Clear: true}); err != nil {
+		t.Fatalf("edit of a service past the limit: %v", err)
 	}
 	// Control frame limit, on edit and on receipt.
 	if _, err := r.Edit(ctx, testSvc(2), AnyRevision, Edit{Key: "v", Value: make([]byte, 2100)}); !errors.Is(err, ErrSnapshotTooLarge) {
@@ -482,7 +501,8 @@ func TestObsoleteAndServiceError(t *testing.T) {
 
 func TestCommitFailureLeavesState(t *testing.T) {
 	ctx := context.Background()
-	st := NewMemStore()
+	mem := NewMemStore()
+	st := &failStore{Store: mem}
 	r, err := Open(ctx, Config{Network: testNet, Signer: testKey(0), Members: testMembers(2), Store: st})
 	if err != nil {
 		t.Fatal(err)
@@ -492,11 +512,11 @@ func TestCommitFailureLeavesState(t *testing.T) {
 	}
 	before, lam, ctr := stateOf(r), r.Lamport(), r.Counter(r.Author())
 	snaps := [][]byte{snapOf(mkField(1, testSvc(2), "x", "", 5, 1)), snapOf(mkField(1, testSvc(3), "y", "", 5, 2))}
-	st.FailNextCommit(1) // fail after one of the two records
+	st.fail = 1
 	if _, err := r.MergeSnapshots(ctx, snaps); err == nil {
 		t.Fatal("commit failure not reported")
 	}
-	st.FailNextCommit(0)
+	st.fail = 1
 	if _, err := r.Edit(ctx, testSvc(1), AnyRevision, Edit{Key: "a", Value: []byte("2")}); err == nil {
 		t.Fatal("edit commit failure not reported")
 	}
@@ -507,7 +527,7 @@ func TestCommitFailureLeavesState(t *testing.T) {
 		t.Fatalf("the failed edit's counter is not spent: %d, was %d", r.Counter(r.Author()), ctr)
 	}
 	_ = r.Close()
-	r2, err := Open(ctx, Config{Network: testNet, Store: st.Reopen()})
+	r2, err := Open(ctx, Config{Network: testNet, Store: mem.Reopen()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,9 +557,9 @@ func TestOpenRefusesBadStore(t *testing.T) {
 		net    NetworkID
 		want   error
 	}{
-		{"corrupt-service", func(s *MemStore) { s.CorruptForTest(testSvc(1)) }, testNet, ErrCorrupt},
-		{"corrupt-meta", func(s *MemStore) { s.CorruptForTest(ServiceID{}) }, testNet, ErrCorrupt},
-		{"unknown-version", func(s *MemStore) { s.SetVersionForTest(9) }, testNet, ErrUnknownVersion},
+		{"corrupt-service", func(s *MemStore) { corruptMem(s, testSvc(1)) }, testNet, ErrCorrupt},
+		{"corrupt-meta", func(s *MemStore) { corruptMem(s, ServiceID{}) }, testNet, ErrCorrupt},
+		{"unknown-version", func(s *MemStore) { setMemVersion(s, 9) }, testNet, ErrUnknownVersion},
 		{"other-network", func(*MemStore) {}, NetworkID{9}, ErrWrongNetwork},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -68,7 +68,6 @@ type memData struct {
 	version  uint32
 	meta     []byte
 	services map[ServiceID][]byte
-	failNext int // >0: the next commit fails after applying this many puts to its copy
 }
 
 var _ Store = (*MemStore)(nil)
@@ -84,39 +83,6 @@ func NewMemStore() *MemStore {
 // Reopen returns a new MemStore over s's content, like reopening a file
 // after a restart. s should be closed first (its content is shared).
 func (s *MemStore) Reopen() *MemStore { return &MemStore{d: s.d} }
-
-// FailNextCommit makes the next Commit fail after writing puts records of
-// its batch to the copy it builds (a failure midway); the store keeps its
-// old content. For tests.
-func (s *MemStore) FailNextCommit(puts int) {
-	s.d.mu.Lock()
-	s.d.failNext = puts + 1
-	s.d.mu.Unlock()
-}
-
-// SetVersionForTest sets the recorded format version, to test rejection of
-// unknown versions.
-func (s *MemStore) SetVersionForTest(v uint32) {
-	s.d.mu.Lock()
-	s.d.version = v
-	s.d.mu.Unlock()
-}
-
-// CorruptForTest flips a byte of the record of service id (the meta record
-// when id is zero) and reports whether there was such a record.
-func (s *MemStore) CorruptForTest(id ServiceID) bool {
-	s.d.mu.Lock()
-	defer s.d.mu.Unlock()
-	rec := s.d.meta
-	if id != (ServiceID{}) {
-		rec = s.d.services[id]
-	}
-	if len(rec) == 0 {
-		return false
-	}
-	rec[len(rec)/2] ^= 0x5a
-	return true
-}
 
 // Load implements Store.
 func (s *MemStore) Load(ctx context.Context) (Records, error) {
@@ -147,16 +113,8 @@ func (s *MemStore) Commit(ctx context.Context, b Batch) error {
 	for id, data := range s.d.services {
 		next[id] = data
 	}
-	for i, r := range b.Put {
-		if s.d.failNext > 0 && i+1 >= s.d.failNext {
-			s.d.failNext = 0
-			return fmt.Errorf("crdt: mem store: injected failure after %d of %d records", i, len(b.Put))
-		}
+	for _, r := range b.Put {
 		next[r.Service] = bytes.Clone(r.Data)
-	}
-	if s.d.failNext > 0 {
-		s.d.failNext = 0
-		return fmt.Errorf("crdt: mem store: injected failure after %d records", len(b.Put))
 	}
 	for _, id := range b.Delete {
 		delete(next, id)

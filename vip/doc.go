@@ -10,10 +10,14 @@
 //     timeout), Backend (a node identity and a port); Validate checks every
 //     field with a specific message, and Limits bounds listeners, backends,
 //     checks, flows and fragments (LimitError names the limit).
-//   - The field schema on crdt (Obsolete, and the keys documented in
-//     schema.go): concurrent edits of different backends merge; one field
-//     resolves by crdt's order; backend fields of a removed listener never
-//     reappear, because the listener's generation is part of their keys.
+//   - The field schema on crdt (Obsolete, CheckField, Rank and the keys
+//     documented in schema.go): concurrent edits of different backends
+//     merge; one field resolves by crdt's order, a listener register by
+//     generation first; backend fields of a removed listener never
+//     reappear and are dropped, because the listener's generation is part
+//     of their keys and its removal is final; fields that break the schema
+//     (names with control characters, generations above MaxGeneration)
+//     are refused on merge by every replica alike.
 //   - Registry: one network's configuration on a crdt.Replica. Reads carry a
 //     Revision; Save replaces a whole draft if the service is still at the
 //     revision the editor was shown (ConflictError otherwise, nothing
@@ -39,7 +43,7 @@
 //
 // A minimal agent:
 //
-//	rep, _ := crdt.Open(ctx, crdt.Config{Network: netID, Signer: key, Members: members, Store: store, Obsolete: vip.Obsolete})
+//	rep, _ := crdt.Open(ctx, crdt.Config{Network: netID, Signer: key, Members: members, Store: store, Obsolete: vip.Obsolete, Check: vip.CheckField, Rank: vip.Rank})
 //	var eng *vip.Engine
 //	reg, _ := vip.NewRegistry(vip.RegistryOptions{Network: "home", Prefix: overlay, Replica: rep, Nodes: nodes,
 //		OnChange: func(ids []vip.ServiceID, local bool) { eng.Apply() }})

@@ -22,7 +22,7 @@ func ExampleNewEngine() {
 	copy(self[:], key.Public().(ed25519.PublicKey))
 	nodes := []vip.NodeInfo{{ID: self, Name: "gw", Addr: netip.MustParseAddr("100.80.0.1")}}
 
-	replica, err := crdt.Open(ctx, crdt.Config{Signer: key, Members: []crdt.AuthorID{crdt.AuthorID(self)}, Store: crdt.NewMemStore(), Obsolete: vip.Obsolete})
+	replica, err := crdt.Open(ctx, crdt.Config{Signer: key, Members: []crdt.AuthorID{crdt.AuthorID(self)}, Store: crdt.NewMemStore(), Obsolete: vip.Obsolete, Check: vip.CheckField, Rank: vip.Rank})
 	if err != nil {
 		fmt.Println(err)
 		return

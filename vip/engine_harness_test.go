@@ -103,7 +103,7 @@ func newCluster(t testing.TB, o clusterOptions) *cluster {
 		}
 	}
 	for _, nd := range c.nodes {
-		rep, err := crdt.Open(context.Background(), crdt.Config{Network: netID, Signer: nd.key, Members: members, Store: crdt.NewMemStore(), Obsolete: Obsolete})
+		rep, err := crdt.Open(context.Background(), crdt.Config{Network: netID, Signer: nd.key, Members: members, Store: crdt.NewMemStore(), Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 		if err != nil {
 			t.Fatal(err)
 		}

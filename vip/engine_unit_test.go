@@ -97,7 +97,7 @@ func newUnitEngineWith(t testing.TB, seed uint64, opt func(*EngineOptions)) *uni
 	}
 	var netID crdt.NetworkID
 	copy(netID[:], "engine-unit-net!")
-	rep, err := crdt.Open(context.Background(), crdt.Config{Network: netID, Signer: keys[0], Members: members, Store: crdt.NewMemStore(), Obsolete: Obsolete})
+	rep, err := crdt.Open(context.Background(), crdt.Config{Network: netID, Signer: keys[0], Members: members, Store: crdt.NewMemStore(), Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func ExampleRegistry() {
 	copy(self[:], key.Public().(ed25519.PublicKey))
 	nodes := []vip.NodeInfo{{ID: self, Name: "server1", Addr: netip.MustParseAddr("100.80.0.1")}}
 
-	rep, _ := crdt.Open(ctx, crdt.Config{Signer: key, Members: []crdt.AuthorID{crdt.AuthorID(self)}, Obsolete: vip.Obsolete})
+	rep, _ := crdt.Open(ctx, crdt.Config{Signer: key, Members: []crdt.AuthorID{crdt.AuthorID(self)}, Obsolete: vip.Obsolete, Check: vip.CheckField, Rank: vip.Rank})
 	defer rep.Close()
 	reg, _ := vip.NewRegistry(vip.RegistryOptions{Network: "home", Prefix: netip.MustParsePrefix("100.80.0.0/24"),
 		Replica: rep, Nodes: func() []vip.NodeInfo { return nodes }, Rand: rand.NewChaCha8([32]byte{1})})

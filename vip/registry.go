@@ -30,9 +30,12 @@ type RegistryOptions struct {
 	Network string
 	// Prefix is the network's agreed overlay range (IPv4). Required.
 	Prefix netip.Prefix
-	// Replica holds the signed registers. Open it with
-	// crdt.Config{Obsolete: vip.Obsolete} so that fields of removed listener
-	// generations are dropped. Required. The Registry does not close it.
+	// Replica holds the signed registers. Open it with the schema's hooks,
+	// crdt.Config{Obsolete: vip.Obsolete, Check: vip.CheckField, Rank:
+	// vip.Rank}, so that fields of removed listener generations are
+	// dropped, fields that break the schema are refused on merge, and a
+	// removed generation stays removed. Required. The Registry does not
+	// close it.
 	Replica *crdt.Replica
 	// Nodes returns the network's members (names, identities, addresses).
 	// Required; called on every read and mutation.
@@ -434,13 +437,10 @@ func (r *Registry) saveLocked(ctx context.Context, draft Service, shown Revision
 			}
 		}
 	}
-	nextGen := r.o.Replica.Lamport() + 1
-	for _, g := range d.maxGen {
-		if g >= nextGen {
-			nextGen = g + 1
-		}
+	edits, err := diffEdits(d, true, draft)
+	if err != nil {
+		return ServiceView{}, err
 	}
-	edits := diffEdits(d, true, draft, nextGen)
 	if len(edits) == 0 {
 		return cur, nil
 	}

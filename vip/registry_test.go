@@ -25,6 +25,8 @@ type testNet struct {
 	nodes   []NodeInfo
 	regs    []*Registry
 	members []crdt.AuthorID
+	// hostileCtr is the counter of fields signed by hand (hostileField).
+	hostileCtr uint64
 }
 
 func newTestNet(t testing.TB, n int, seed uint64) *testNet {
@@ -51,7 +53,7 @@ func newTestNet(t testing.TB, n int, seed uint64) *testNet {
 
 func (tn *testNet) open(i int, store crdt.Store, lim Limits) *Registry {
 	tn.t.Helper()
-	rep, err := crdt.Open(context.Background(), crdt.Config{Network: tn.netID, Signer: tn.keys[i], Members: tn.members, Store: store, Obsolete: Obsolete})
+	rep, err := crdt.Open(context.Background(), crdt.Config{Network: tn.netID, Signer: tn.keys[i], Members: tn.members, Store: store, Obsolete: Obsolete, Check: CheckField, Rank: Rank})
 	if err != nil {
 		tn.t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package vip
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -23,21 +24,37 @@ import (
 //	L/<proto>/<port>/<gen>/b/<node>/<port>  a backend: node id in hex, app port
 //	                                   (a value, empty, when present; cleared when removed)
 //
-// <gen> is the listener's generation in decimal. Adding a listener writes
-// its register with a new generation, above every generation and Lamport
-// clock the writer has seen; removing it writes the register with the same
-// generation and the removed flag. Backend and cfg fields carry the
-// generation in their key, so those of a removed listener never reappear
-// when its port is added again: the new generation has new keys.
+// <gen> is the listener's generation in decimal, at most MaxGeneration.
+// Adding a listener writes its register with the next generation of its
+// port (one above the highest generation held for the port); removing it
+// writes the register with the same generation and the removed flag.
+// Backend and cfg fields carry the generation in their key, so those of a
+// removed listener never reappear when its port is added again: the new
+// generation has new keys.
 //
 // Concurrent edits of different backends are different registers, so they
-// merge; concurrent edits of one register resolve by crdt's order.
+// merge; concurrent edits of one register resolve by crdt's order, with
+// the listener register ranked first by generation and removal (Rank): a
+// higher generation wins whatever its clock, and at one generation the
+// removal wins, so that no later field makes a removed generation live.
 //
 // Obsolete fields: for each port, let G be the highest generation that
 // appears in any held field of that port (the register's value or a key).
-// Every cfg or backend field of a lower generation is obsolete and dropped.
-// G only grows as fields are added, so the rule is monotonic, as crdt
-// requires: every replica drops the same fields whatever the arrival order.
+// Every cfg or backend field of a lower generation is obsolete and dropped,
+// and so is every one of the register's generation once it is removed.
+// Both only grow as fields are added (G by its definition, the removal
+// because a removal outranks its generation's live value), so the rule is
+// monotonic, as crdt requires: every replica drops the same fields
+// whatever the arrival order. The register of a removed listener stays,
+// one field per port, so that the removal stays final.
+//
+// Bounds (wire-format constants, the same on every replica): generations
+// are at most MaxGeneration, and CheckField refuses a field beyond it on
+// merge. A field at the bound pins its port: no higher generation can be
+// written, so adding a listener on that port fails with ErrLimit; every
+// other port and service is unaffected, and deleting the service
+// recovers. Stored fields from before the bound existed are kept; a
+// service holding one decodes with ErrSchema and is left out of routing.
 const (
 	keyName   = "name"
 	keyAddr   = "addr"
@@ -52,10 +69,95 @@ const (
 //	               successes uvarint, idle timeout ms uvarint (0 = default)
 const schemaVersion = 1
 
-// ErrSchema: a held field's key or value does not follow the schema (a
-// newer or broken writer). The service is reported with the error and left
-// out of routing; the field is kept.
+// ErrSchema: a field's key or value does not follow the schema. On merge
+// CheckField refuses such a field (it is counted and never stored); a
+// held one (written before a check existed) makes its service be
+// reported with the error and left out of routing.
 var ErrSchema = errors.New("vip: field does not follow the schema")
+
+// MaxGeneration is the largest listener generation a field may carry: the
+// same bound as crdt's clocks, so that twice a generation plus the
+// removal flag fits the rank.
+const MaxGeneration = crdt.MaxClock
+
+// CheckField is the schema's check for crdt.Config.Check: it refuses a
+// field whose key or value does not follow the schema, or that carries a
+// generation above MaxGeneration, or a name that is not a valid name (so
+// no control characters or terminal escapes ever reach a replica). It
+// reads only the field, so every replica refuses the same fields. Keys
+// the schema does not know are accepted when they are printable ASCII
+// (a newer schema's), and make their service be reported.
+func CheckField(f *crdt.Field) error {
+	switch f.Key {
+	case keyName:
+		if f.HasValue {
+			if err := ValidName(string(f.Value)); err != nil {
+				return fmt.Errorf("%w: name: %v", ErrSchema, err)
+			}
+		}
+		return nil
+	case keyAddr:
+		if f.HasValue && len(f.Value) != 4 {
+			return fmt.Errorf("%w: addr value of %d bytes", ErrSchema, len(f.Value))
+		}
+		return nil
+	}
+	if !strings.HasPrefix(f.Key, keyPrefix) {
+		for i := 0; i < len(f.Key); i++ {
+			if c := f.Key[i]; c < 0x21 || c > 0x7e {
+				return fmt.Errorf("%w: key %q is not printable ASCII", ErrSchema, f.Key)
+			}
+		}
+		return nil
+	}
+	pk, err := parseKey(f.Key)
+	if err != nil {
+		return err
+	}
+	if pk.gen > MaxGeneration {
+		return fmt.Errorf("%w: key %q: generation above %d", ErrSchema, f.Key, MaxGeneration)
+	}
+	if !f.HasValue {
+		return nil
+	}
+	switch pk.kind {
+	case 'l':
+		gen, _, err := decodeListener(f.Value)
+		if err != nil {
+			return err
+		}
+		if gen > MaxGeneration {
+			return fmt.Errorf("%w: listener %s: generation %d above %d", ErrSchema, pk.port, gen, MaxGeneration)
+		}
+	case 'c':
+		if _, _, err := decodeCfg(f.Value); err != nil {
+			return err
+		}
+	case 'b':
+		if len(f.Value) != 0 {
+			return fmt.Errorf("%w: backend value of %d bytes", ErrSchema, len(f.Value))
+		}
+	}
+	return nil
+}
+
+// Rank is the schema's precedence for crdt.Config.Rank: a listener
+// register ranks by generation, and at one generation its removal above
+// its live value; every other field ranks 0.
+func Rank(f *crdt.Field) uint64 {
+	if !f.HasValue || !strings.HasPrefix(f.Key, keyPrefix) || strings.Count(f.Key, "/") != 2 {
+		return 0
+	}
+	gen, removed, err := decodeListener(f.Value)
+	if err != nil {
+		return 0
+	}
+	r := min(gen, MaxGeneration) * 2
+	if removed {
+		r++
+	}
+	return r
+}
 
 func listenerKey(k PortKey) string {
 	return keyPrefix + k.Proto.String() + "/" + strconv.Itoa(int(k.Port))
@@ -84,7 +186,7 @@ func decodeListener(v []byte) (gen uint64, removed bool, err error) {
 		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
 	}
 	gen, n := binary.Uvarint(v[1:])
-	if n <= 0 || 1+n+1 != len(v) || v[1+n] > 1 {
+	if n <= 0 || 1+n+1 != len(v) || v[1+n] > 1 || n != len(binary.AppendUvarint(nil, gen)) {
 		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
 	}
 	return gen, v[1+n] == 1, nil
@@ -138,7 +240,11 @@ func decodeCfg(v []byte) (Check, Duration, error) {
 	c.Interval = Duration(time.Duration(nums[0]) * time.Millisecond)
 	c.Timeout = Duration(time.Duration(nums[1]) * time.Millisecond)
 	c.Failures, c.Successes = int(nums[2]), int(nums[3])
-	return c, Duration(time.Duration(nums[4]) * time.Millisecond), nil
+	idle := Duration(time.Duration(nums[4]) * time.Millisecond)
+	if !bytes.Equal(encodeCfg(c, idle), v) {
+		return Check{}, 0, bad // not the canonical (shortest) encoding
+	}
+	return c, idle, nil
 }
 
 func boolPtr(v bool) *bool { return &v }
@@ -189,9 +295,22 @@ func parseKey(key string) (parsedKey, error) {
 	return parsedKey{}, bad
 }
 
-// maxGenerations returns, per port, the highest generation in any field.
-func maxGenerations(fields []crdt.Field) map[PortKey]uint64 {
-	g := map[PortKey]uint64{}
+// portGen is what a service's held fields say of one port's generations.
+type portGen struct {
+	max     uint64 // the highest generation in any field of the port
+	reg     uint64 // the register's generation
+	removed bool   // the register says its generation is removed
+}
+
+// obsolete reports whether a cfg or backend field of generation gen is
+// obsolete.
+func (g portGen) obsolete(gen uint64) bool {
+	return gen < g.max || (g.removed && gen <= g.reg)
+}
+
+// portGenerations returns, per port, the generations held.
+func portGenerations(fields []crdt.Field) map[PortKey]portGen {
+	g := map[PortKey]portGen{}
 	for i := range fields {
 		f := &fields[i]
 		if !strings.HasPrefix(f.Key, keyPrefix) {
@@ -201,28 +320,29 @@ func maxGenerations(fields []crdt.Field) map[PortKey]uint64 {
 		if err != nil {
 			continue
 		}
+		pg := g[pk.port]
 		gen := pk.gen
 		if pk.kind == 'l' {
 			if !f.HasValue {
 				continue
 			}
-			lg, _, err := decodeListener(f.Value)
+			lg, removed, err := decodeListener(f.Value)
 			if err != nil {
 				continue
 			}
-			gen = lg
+			gen, pg.reg, pg.removed = lg, lg, removed
 		}
-		if gen > g[pk.port] {
-			g[pk.port] = gen
-		}
+		pg.max = max(pg.max, gen)
+		g[pk.port] = pg
 	}
 	return g
 }
 
 // Obsolete is the schema's rule for crdt.Config.Obsolete: the cfg and
-// backend fields of generations below the highest seen for their port.
+// backend fields of generations below the highest seen for their port, or
+// of a removed generation.
 func Obsolete(_ crdt.ServiceID, fields []crdt.Field) []string {
-	maxGen := maxGenerations(fields)
+	gens := portGenerations(fields)
 	var drop []string
 	for i := range fields {
 		f := &fields[i]
@@ -233,7 +353,7 @@ func Obsolete(_ crdt.ServiceID, fields []crdt.Field) []string {
 		if err != nil || pk.kind == 'l' {
 			continue
 		}
-		if pk.gen < maxGen[pk.port] {
+		if gens[pk.port].obsolete(pk.gen) {
 			drop = append(drop, f.Key)
 		}
 	}
@@ -244,16 +364,16 @@ func Obsolete(_ crdt.ServiceID, fields []crdt.Field) []string {
 type decoded struct {
 	svc  Service
 	addr netip.Addr // stored reservation, invalid if none
-	// maxGen is the highest generation seen per port, so that a new
-	// listener's generation is above it.
-	maxGen map[PortKey]uint64
+	// gens is what the fields say of each port's generations, so that a
+	// new listener's generation is above every one held.
+	gens map[PortKey]portGen
 }
 
 // decodeService turns a service's merged fields into a Service. Fields that
 // break the schema make it fail with ErrSchema (the caller reports the
 // service and keeps it out of routing).
 func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, error) {
-	d := decoded{svc: Service{ID: id, Network: network}, maxGen: maxGenerations(fields)}
+	d := decoded{svc: Service{ID: id, Network: network}, gens: portGenerations(fields)}
 	type lst struct {
 		gen     uint64
 		removed bool
@@ -365,12 +485,24 @@ func compareBackend(a, b Backend) int {
 	return int(a.Port) - int(b.Port)
 }
 
+// nextGeneration is the generation a new listener on port k gets: one
+// above every generation held for the port. A port whose fields reached
+// MaxGeneration (a member wrote the bound) takes no new listener.
+func (d *decoded) nextGeneration(k PortKey) (uint64, error) {
+	g := d.gens[k].max
+	if g >= MaxGeneration {
+		return 0, fmt.Errorf("%w: listener %s of service %s: its generation is at the bound %d, written by a member; remove and recreate the service to use the port",
+			ErrLimit, k, d.svc.ID, uint64(MaxGeneration))
+	}
+	return g + 1, nil
+}
+
 // diffEdits returns the crdt edits that turn the held service (cur, with
-// its generations) into the draft. nextGen is the generation a new listener
-// gets. A listener of the draft whose generation differs from the held one
-// (or is 0) is a new incarnation: the old one is removed and the new one
-// added with nextGen.
-func diffEdits(cur decoded, held bool, draft Service, nextGen uint64) []crdt.Edit {
+// its generations) into the draft. A listener of the draft whose
+// generation differs from the held one (or is 0) is a new incarnation:
+// the old one is removed and the new one added with its port's next
+// generation.
+func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
 	var edits []crdt.Edit
 	if !held || cur.svc.Name != draft.Name {
 		edits = append(edits, crdt.Edit{Key: keyName, Value: []byte(draft.Name)})
@@ -400,7 +532,10 @@ func diffEdits(cur decoded, held bool, draft Service, nextGen uint64) []crdt.Edi
 		case inCur && !inDraft:
 			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(c.Generation, true)})
 		case inDraft && (!inCur || d.Generation != c.Generation):
-			gen := nextGen
+			gen, err := cur.nextGeneration(k)
+			if err != nil {
+				return nil, err
+			}
 			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(gen, false)})
 			if d.Check != (Check{}) || d.IdleTimeout != 0 {
 				edits = append(edits, crdt.Edit{Key: cfgKey(k, gen), Value: encodeCfg(d.Check, d.IdleTimeout)})
@@ -432,7 +567,7 @@ func diffEdits(cur decoded, held bool, draft Service, nextGen uint64) []crdt.Edi
 			}
 		}
 	}
-	return edits
+	return edits, nil
 }
 
 func dedupBackends(bs []Backend) []Backend {

@@ -101,3 +101,100 @@ func BenchmarkEditFullServicePebble(b *testing.B) {
 		}
 	}
 }
+
+// benchAuthors is how many members sign the benchmark state, as in crdt's
+// own benchmarks.
+const benchAuthors = 8
+
+func benchMembers() []crdt.AuthorID {
+	out := make([]crdt.AuthorID, benchAuthors)
+	for i := range out {
+		out[i] = crdt.AuthorID(key(i + 1).Public().(ed25519.PublicKey))
+	}
+	return out
+}
+
+// maxState returns n full-limit encoded snapshots: 192 fields each,
+// signed by 8 members, about 250 bytes a field (the state of crdt's
+// BenchmarkVerifyMergeMaxSnapshot).
+func maxState(n int) [][]byte {
+	var out [][]byte
+	for s := 0; s < n; s++ {
+		id := crdt.ServiceID{0x5e, byte(s)}
+		snap := crdt.Snapshot{Network: testNet, Service: id}
+		for k := 0; k < crdt.DefaultMaxFieldsPerService; k++ {
+			val := fmt.Sprintf("backend node-%02d:%05d weight=%03d check=on interval=3000", k%32, 6000+k, k)
+			f := crdt.Field{Network: testNet, Service: id, Key: fmt.Sprintf("l/%d/b/%03d", k/32, k), HasValue: true,
+				Value: []byte(val[:48]), Lamport: uint64(1 + k%7), Counter: uint64(s*1000 + k)}
+			crdt.Sign(key(1+(s+k)%benchAuthors), &f)
+			snap.Fields = append(snap.Fields, f)
+		}
+		out = append(out, snap.Encode())
+	}
+	return out
+}
+
+// BenchmarkVerifyMergeMaxSnapshotPebble is crdt's
+// BenchmarkVerifyMergeMaxSnapshot on a pebble store: decode, batch
+// verification, merge and the synced commit of the whole state.
+func BenchmarkVerifyMergeMaxSnapshotPebble(b *testing.B) {
+	all := maxState(crdt.DefaultMaxServices)
+	for _, n := range []int{1, 64} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				b.StopTimer()
+				i++
+				st, err := Open(ctx, filepath.Join(b.TempDir(), fmt.Sprint("db", i)), nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, err := crdt.Open(ctx, crdt.Config{Network: testNet, Members: benchMembers(), Store: st})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				res, err := r.MergeSnapshots(ctx, all[:n])
+				if err != nil || res.Accepted != n*crdt.DefaultMaxFieldsPerService {
+					b.Fatalf("merge: %+v %v", res, err)
+				}
+				b.StopTimer()
+				_ = r.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkReMergeHeldSnapshotPebble merges again a full-limit state a
+// pebble-backed replica already holds byte-identical.
+func BenchmarkReMergeHeldSnapshotPebble(b *testing.B) {
+	all := maxState(crdt.DefaultMaxServices)
+	for _, n := range []int{1, 64} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			st, err := Open(ctx, filepath.Join(b.TempDir(), "db"), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := crdt.Open(ctx, crdt.Config{Network: testNet, Members: benchMembers(), Store: st})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			if _, err := r.MergeSnapshots(ctx, all[:n]); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				res, err := r.MergeSnapshots(ctx, all[:n])
+				if err != nil || res.Identical != n*crdt.DefaultMaxFieldsPerService {
+					b.Fatalf("re-merge: %+v %v", res, err)
+				}
+			}
+		})
+	}
+}

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"go.uber.org/goleak"
@@ -20,15 +22,25 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// diskHarness runs the contract suite on a real directory.
+// diskHarness runs the contract suite on a real directory, through an
+// errorfs that fails the disk on demand.
 func diskHarness(t *testing.T) storetest.Harness {
 	dir := filepath.Join(t.TempDir(), "db")
 	ctx := context.Background()
+	toggle := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if strings.HasSuffix(op.Path, ".log") && op.Kind.ReadOrWrite() == errorfs.OpIsWrite {
+			return errorfs.ErrInjected
+		}
+		return nil
+	})}
+	fs := errorfs.Wrap(vfs.Default, toggle)
 	return storetest.Harness{
-		Open: func(testing.TB) (crdt.Store, error) { return Open(ctx, dir, nil) },
-		FailNextCommit: func(_ testing.TB, s crdt.Store) {
-			s.(*Store).FailNextCommitForTest(2) // after the meta record
+		Open: func(testing.TB) (crdt.Store, error) {
+			toggle.Off()
+			return Open(ctx, dir, &Options{FS: fs})
 		},
+		// The disk refuses the commit's log write.
+		FailNextCommit: func(testing.TB, crdt.Store) { toggle.On() },
 		CorruptRecord: func(t testing.TB, id crdt.ServiceID) {
 			s, err := Open(ctx, dir, nil)
 			if err != nil {
@@ -52,7 +64,7 @@ func diskHarness(t *testing.T) storetest.Harness {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			if err := s.SetFormatForTest(v); err != nil {
+			if err := s.db.Set(keyFormat, binary.AppendUvarint(nil, v), pebble.Sync); err != nil {
 				t.Fatal(err)
 			}
 		},

@@ -3,7 +3,11 @@
 //
 // An implementation's test calls Run with a Harness that opens the store
 // over durable data that outlives each opened store (a directory, a
-// MemStore's content) and can damage that data.
+// MemStore's content) and can damage that data. Faults come from what the
+// harness passes in, never from hooks on the store itself: a file system
+// that fails or crashes (pebble's errorfs and crashable vfs for
+// pebblestore), or FaultStore, which wraps any Store and fails chosen
+// commits.
 package storetest
 
 import (
@@ -12,6 +16,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/vipkit/vipkit/crdt"
@@ -34,6 +39,38 @@ type Harness struct {
 	// UnknownVersion is a version SetVersion can write that the store must
 	// refuse.
 	UnknownVersion uint64
+}
+
+// FaultStore wraps a crdt.Store and fails the commits it is told to fail,
+// without calling the wrapped store: it keeps its old content, as a disk
+// that refused the write would. Harnesses of stores that have no fault
+// injection of their own (such as crdt.MemStore) use it for
+// Harness.FailNextCommit.
+type FaultStore struct {
+	crdt.Store
+	mu   sync.Mutex
+	fail int
+}
+
+// FailNextCommit makes the next Commit fail.
+func (s *FaultStore) FailNextCommit() {
+	s.mu.Lock()
+	s.fail++
+	s.mu.Unlock()
+}
+
+// Commit fails when told to and otherwise commits to the wrapped store.
+func (s *FaultStore) Commit(ctx context.Context, b crdt.Batch) error {
+	s.mu.Lock()
+	fail := s.fail > 0
+	if fail {
+		s.fail--
+	}
+	s.mu.Unlock()
+	if fail {
+		return errors.New("storetest: injected commit failure")
+	}
+	return s.Store.Commit(ctx, b)
 }
 
 var net = crdt.NetworkID{0x73, 0x74}

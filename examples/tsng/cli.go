@@ -152,14 +152,14 @@ func report(w io.Writer, err error) int {
 	}
 	var ee *editError
 	if errors.As(err, &ee) {
-		fmt.Fprintln(w, "tsng:", ee.Error())
+		fmt.Fprintln(w, "tsng:", printable(ee.Error()))
 		return ee.code
 	}
 	var ae *APIError
 	if errors.As(err, &ae) {
-		fmt.Fprintln(w, "tsng:", ae.Message)
+		fmt.Fprintln(w, "tsng:", printable(ae.Message))
 		for _, c := range ae.Candidates {
-			fmt.Fprintln(w, "  candidate:", c)
+			fmt.Fprintln(w, "  candidate:", printable(c))
 		}
 		if ae.Current != "" {
 			fmt.Fprintln(w, "  current revision:", ae.Current)
@@ -167,7 +167,7 @@ func report(w io.Writer, err error) int {
 		return ExitCode(ae.Code)
 	}
 	// Errors from this package already carry the "tsng: " prefix.
-	fmt.Fprintln(w, "tsng:", strings.TrimPrefix(err.Error(), "tsng: "))
+	fmt.Fprintln(w, "tsng:", printable(strings.TrimPrefix(err.Error(), "tsng: ")))
 	if errors.Is(err, ErrConfig) {
 		return ExitInvalid
 	}
@@ -490,7 +490,7 @@ func runNetworkList(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
 		if n.Up {
 			st = "up"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", n.Name, n.ID[:12], st, n.Services)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", printable(n.Name), n.ID[:12], st, n.Services)
 	}
 	return tw.Flush()
 }
@@ -501,7 +501,7 @@ func runUpDown(verb string) func(context.Context, *cliCtx, *opts, []string) erro
 		if err := c.client.Do(ctx, http.MethodPost, "/v1/networks/"+url.PathEscape(a[0])+"/"+verb, nil, &n); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.env.Stdout, "network %s is %s\n", n.Name, map[bool]string{true: "up", false: "down"}[n.Up])
+		fmt.Fprintf(c.env.Stdout, "network %s is %s\n", printable(n.Name), map[bool]string{true: "up", false: "down"}[n.Up])
 		return nil
 	}
 }
@@ -546,17 +546,18 @@ func runList(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 		if len(ls) == 0 {
 			ls = []string{"-"}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.Network, d.Name, d.Addr, strings.Join(ls, ","), d.Revision, docState(d))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", printable(d.Network), printable(d.Name), d.Addr, strings.Join(ls, ","), d.Revision, docState(d))
 	}
 	return tw.Flush()
 }
 
+// state describes a service's state; member-written parts are escaped.
 func state(v vip.ServiceView) string {
 	switch {
 	case v.Err != "":
-		return "error: " + v.Err
+		return "error: " + printable(v.Err)
 	case v.NameConflict != "":
-		return "name conflict: " + v.NameConflict
+		return "name conflict: " + printable(v.NameConflict)
 	case v.AddrMoved:
 		return "routed (address moved)"
 	case v.Routable:
@@ -572,7 +573,7 @@ func printDoc(c *cliCtx, d ServiceDoc) error {
 		return enc.Encode(d)
 	}
 	w := c.env.Stdout
-	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", d.Name, d.Network, d.Addr, d.Revision, docState(d))
+	fmt.Fprintf(w, "%s.%s  %s  revision %s  %s\n", printable(d.Name), printable(d.Network), d.Addr, d.Revision, docState(d))
 	for _, l := range d.Listeners {
 		ck := l.Check.Effective()
 		checks := "off"

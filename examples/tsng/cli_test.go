@@ -51,7 +51,7 @@ func newAPIFixture(t *testing.T) *apiFixture {
 	for _, n := range []struct{ name, id string }{{"home", "aa11"}, {"lab", "aa22"}} {
 		var nid crdt.NetworkID
 		copy(nid[:], n.name)
-		rep, err := crdt.Open(context.Background(), crdt.Config{Network: nid, Signer: key, Members: members, Obsolete: vip.Obsolete})
+		rep, err := crdt.Open(context.Background(), crdt.Config{Network: nid, Signer: key, Members: members, Obsolete: vip.Obsolete, Check: vip.CheckField, Rank: vip.Rank})
 		if err != nil {
 			t.Fatal(err)
 		}

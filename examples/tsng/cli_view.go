@@ -56,7 +56,7 @@ func confirmRemove(ctx context.Context, c *cliCtx, network, sel string) error {
 	if err := c.client.Do(ctx, http.MethodGet, vipPath(network, sel), nil, &d); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.env.Stderr, "Remove %s.%s (%s) permanently? Its id becomes a signed tombstone; creating the name again gives a new VIP. [y/N] ", d.Name, d.Network, d.ID)
+	fmt.Fprintf(c.env.Stderr, "Remove %s.%s (%s) permanently? Its id becomes a signed tombstone; creating the name again gives a new VIP. [y/N] ", printable(d.Name), printable(d.Network), d.ID)
 	var line []byte
 	b := make([]byte, 1)
 	for len(line) < 64 {
@@ -83,7 +83,7 @@ func confirmRemove(ctx context.Context, c *cliCtx, network, sel string) error {
 // since the previous sample when watching.
 func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 	w := c.env.Stdout
-	fmt.Fprintf(w, "%s  %s.%s  revision %v\n", s.Time.Format(time.TimeOnly), s.Service, s.Network, raw["revision"])
+	fmt.Fprintf(w, "%s  %s.%s  revision %v\n", s.Time.Format(time.TimeOnly), printable(s.Service), printable(s.Network), raw["revision"])
 	if s.Status == nil {
 		fmt.Fprintln(w, "  no observation (network down or service not routed)")
 		return

@@ -279,7 +279,7 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 	}
 	vl := nc.Limits.WithDefaults()
 	lim.MaxServices, lim.MaxTombstones, lim.MaxFieldsPerService = vl.ActiveServices, vl.Tombstones, vl.FieldsPerService
-	n.replica, err = crdt.Open(ctx, crdt.Config{Network: n.id, Signer: n.key, Members: authors, Store: store, Limits: lim, Obsolete: vip.Obsolete})
+	n.replica, err = crdt.Open(ctx, crdt.Config{Network: n.id, Signer: n.key, Members: authors, Store: store, Limits: lim, Obsolete: vip.Obsolete, Check: vip.CheckField, Rank: vip.Rank})
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("opening state in %s: %w", dir, err)

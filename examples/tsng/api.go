@@ -375,9 +375,11 @@ func (s *APIServer) remove(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// CreateRequest is the body of POST /v1/networks/{net}/vips.
+// CreateRequest is the body of POST /v1/networks/{net}/vips: a new VIP's
+// name and, from the editor's New VIP draft, its initial listeners.
 type CreateRequest struct {
-	Name string `json:"name"`
+	Name      string         `json:"name"`
+	Listeners []vip.Listener `json:"listeners,omitempty"`
 }
 
 // SaveRequest is the body of PUT /v1/networks/{net}/vips/{vip}: a whole
@@ -462,8 +464,46 @@ func listenerMutation[Req any](s *APIServer, fn func(ctx context.Context, reg *v
 	})
 }
 
+// create makes a new VIP. With listeners (the editor's New VIP draft) the
+// whole draft is validated before anything is written, so an invalid draft
+// creates nothing; the listeners are then saved against the new service's
+// first revision. Should that save still fail (a concurrent change of the
+// network's limits), the error names the created, empty VIP.
 func create(ctx context.Context, reg *vip.Registry, _ *http.Request, req CreateRequest) (vip.ServiceView, error) {
-	return reg.Create(ctx, req.Name)
+	if len(req.Listeners) == 0 {
+		return reg.Create(ctx, req.Name)
+	}
+	draft := vip.Service{ID: vip.ServiceID{1}, Name: req.Name, Network: reg.Network(), Listeners: req.Listeners}
+	member := func(id vip.NodeID) bool {
+		for _, n := range reg.Nodes() {
+			if n.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	if err := draft.Validate(reg.Limits(), member); err != nil {
+		return vip.ServiceView{}, err
+	}
+	others := []vip.Service{draft}
+	for _, v := range reg.List() {
+		if v.Routable {
+			others = append(others, v.Service)
+		}
+	}
+	if err := vip.ValidateNetwork(others, reg.Limits()); err != nil {
+		return vip.ServiceView{}, err
+	}
+	v, err := reg.Create(ctx, req.Name)
+	if err != nil {
+		return vip.ServiceView{}, err
+	}
+	draft.ID = v.ID
+	saved, err := reg.Save(ctx, draft, v.Revision)
+	if err != nil {
+		return vip.ServiceView{}, fmt.Errorf("tsng: created %s (%s) without its listeners: %w", v.Name, v.ID, err)
+	}
+	return saved, nil
 }
 
 func save(ctx context.Context, reg *vip.Registry, r *http.Request, req SaveRequest) (vip.ServiceView, error) {

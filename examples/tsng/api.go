@@ -28,6 +28,9 @@ type Network struct {
 	// JSON-encodable value (nil when the network is down or the service is
 	// not routed).
 	Status func(id vip.ServiceID) any
+	// CountersSince, when set, returns when the counters in Status started
+	// (the network's engine started); watchers take a change for a restart.
+	CountersSince func() time.Time
 }
 
 // Manager gives the local API the agent's networks.
@@ -141,6 +144,9 @@ type ServiceDoc struct {
 	// NodeNames maps the id (hex) of each backend node to its name.
 	NodeNames map[string]string `json:"node_names,omitempty"`
 	Status    any               `json:"status,omitempty"`
+	// CountersSince is when the cumulative counters in Status started:
+	// they reset only when the agent (or the network on it) restarts.
+	CountersSince time.Time `json:"counters_since,omitzero"`
 }
 
 // APIServer serves the local API over HTTP on a Unix socket.
@@ -269,6 +275,9 @@ func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 	}
 	if n.Up() && n.Status != nil {
 		d.Status = n.Status(v.ID)
+		if n.CountersSince != nil && d.Status != nil {
+			d.CountersSince = n.CountersSince()
+		}
 	}
 	return d
 }

@@ -75,6 +75,7 @@ type netRuntime struct {
 	host    *netstack.Host
 	engine  *vip.Engine
 	dev     *wg.Device
+	started time.Time // when engine started: its counters' zero
 	control *Control
 	repl    *vip.Replicator
 	dns     *dnsServers
@@ -291,7 +292,7 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 		n.replica.Close()
 		return nil, err
 	}
-	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status}
+	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince}
 	return n, nil
 }
 
@@ -326,6 +327,13 @@ func (n *netRuntime) status(id vip.ServiceID) any {
 		}
 	}
 	return nil
+}
+
+// countersSince is when the running engine, and so its counters, started.
+func (n *netRuntime) countersSince() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.started
 }
 
 func (n *netRuntime) self() vip.NodeInfo { return n.members[0] }
@@ -497,6 +505,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	}
 	close(n.done)
 	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
+	n.started = time.Now()
 	repl.Start()
 	if err := eng.Apply(); err != nil {
 		n.d.log.Warn("routing", "err", err)

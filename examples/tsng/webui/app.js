@@ -445,39 +445,77 @@ function fmtRate(v) {
   return v.toFixed(1);
 }
 
+// Keys of the rates: what they count, never a position (a listener by
+// protocol, port and generation; a backend by its listener, node and port).
+const listenerKey = (l) => l.listener + "#" + (l.generation || 0);
+const backendKey = (l, b) => listenerKey(l) + "/" + b.node + ":" + b.port;
+
+// statusRates derives per-second packet and byte rates (both directions
+// together) from the cumulative counters of a status document and the
+// previous baseline (null at first). The counters reset only when the
+// agent or the network restarts: a new counters_since, or any counter
+// lower than in the baseline, makes this document the new baseline with no
+// rates (reset). A counter new since the baseline has no rate yet. So no
+// rate is ever negative.
+function statusRates(base, doc, now) {
+  const st = doc && doc.status;
+  if (!st) return { base: null, reset: false, rates: {} };
+  const c = {};
+  const add = (key, x) => { c[key] = { p: (x.packets_out || 0) + (x.packets_in || 0), b: (x.bytes_out || 0) + (x.bytes_in || 0) }; };
+  add("totals", st.totals || {});
+  for (const l of st.listeners || []) {
+    add(listenerKey(l), l);
+    for (const b of (l.backends || []).concat(l.draining_backends || [])) add(backendKey(l, b), b);
+  }
+  const next = { t: now, since: doc.counters_since || "", c };
+  if (!base) return { base: next, reset: false, rates: {} };
+  let reset = base.since !== next.since;
+  for (const k of Object.keys(c)) if (base.c[k] && (c[k].p < base.c[k].p || c[k].b < base.c[k].b)) reset = true;
+  const rates = {};
+  const dt = (now - base.t) / 1000;
+  if (!reset && dt > 0) {
+    for (const k of Object.keys(c)) {
+      if (base.c[k]) rates[k] = { pps: (c[k].p - base.c[k].p) / dt, bps: (c[k].b - base.c[k].b) / dt };
+    }
+  }
+  return { base: next, reset, rates };
+}
+window.tsngStatusRates = statusRates; // for the tests
+
 function renderStatus(doc) {
   const box = $("#status");
   if (!box) return;
   const st = doc.status;
   if (!st) { box.replaceChildren(el("p", { class: "muted", text: "no observation (network down or VIP not routed)" })); return; }
-  const now = Date.now();
-  const counters = {};
+  const r = statusRates(state.lastCounters, doc, Date.parse(st.at) || Date.now());
+  state.lastCounters = r.base;
+  const fmt = (key) => {
+    const x = r.rates[key];
+    return x ? fmtRate(x.pps) + " pkt/s, " + fmtRate(x.bps) + " B/s" : "—";
+  };
   const rows = [];
   for (const l of st.listeners || []) {
-    for (const b of l.backends || []) {
-      const key = l.listener + " " + b.node + ":" + b.port;
-      counters[key] = { p: (b.packets_out || 0) + (b.packets_in || 0), b: (b.bytes_out || 0) + (b.bytes_in || 0) };
-      let rate = "—";
-      const prev = state.lastCounters && state.lastCounters.c[key];
-      if (prev) {
-        const dt = (now - state.lastCounters.t) / 1000;
-        rate = fmtRate(Math.max(0, counters[key].p - prev.p) / dt) + " pkt/s, " + fmtRate(Math.max(0, counters[key].b - prev.b) / dt) + " B/s";
-      }
+    for (const b of (l.backends || []).concat(l.draining_backends || [])) {
+      const rate = fmt(backendKey(l, b));
       const next = l.next && l.next.node === b.node && l.next.port === b.port;
       rows.push(el("tr", { class: "status-row", "data-backend": nodeName(b.node) + ":" + b.port },
         el("td", { text: l.listener }),
-        el("td", { text: (b.node_name || nodeName(b.node)) + ":" + b.port + (next ? "  ← next" : "") }),
+        el("td", { text: (b.node_name || nodeName(b.node)) + ":" + b.port + (next ? "  ← next" : "") + (b.draining ? " (draining)" : "") }),
         el("td", { class: "reason " + (b.eligible ? "ok" : "bad"), text: b.reason + (b.check_error ? " (" + b.check_error + ")" : "") }),
         el("td", { class: "status-cell rtt", text: b.rtt_known ? b.rtt_ms.toFixed(2) + " ms" : "unknown" }),
         el("td", { class: "status-cell bindings", text: String(b.active_bindings || 0) }),
         el("td", { class: "status-cell rate", text: rate })));
     }
   }
-  state.lastCounters = { t: now, c: counters };
-  box.replaceChildren(el("table", { id: "status-table" },
+  rows.push(el("tr", { class: "status-row totals" },
+    el("td", { text: "total" }), el("td"), el("td"), el("td"),
+    el("td", { class: "status-cell bindings", text: String((st.listeners || []).reduce((n, l) => n + (l.active_bindings || 0), 0)) }),
+    el("td", { class: "status-cell rate", id: "total-rate", text: fmt("totals") })));
+  box.replaceChildren(...[el("table", { id: "status-table" },
     el("thead", {}, el("tr", {}, ...["Listener", "Backend", "Health", "RTT", "Bindings", "Rate"].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...rows)),
-    el("p", { class: "muted", id: "status-at", text: "observed " + new Date(st.at || Date.now()).toLocaleTimeString() }));
+    r.reset ? el("p", { class: "muted", id: "counters-reset", text: "counters restarted (the agent or the network restarted): rates resume with the next sample" }) : null,
+    el("p", { class: "muted", id: "status-at", text: "observed " + new Date(st.at || Date.now()).toLocaleTimeString() })].filter((x) => x));
 }
 
 route();

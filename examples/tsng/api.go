@@ -131,6 +131,9 @@ type NetworkSummary struct {
 	ID       string `json:"id"`
 	Up       bool   `json:"up"`
 	Services int    `json:"services"`
+	// AddrCollisions describes each member whose address is a VIP's
+	// stored reservation.
+	AddrCollisions []string `json:"addr_collisions,omitempty"`
 }
 
 // ServiceDoc is a service as the API returns it: configuration, revision,
@@ -144,6 +147,9 @@ type ServiceDoc struct {
 	// NodeNames maps the id (hex) of each backend node to its name.
 	NodeNames map[string]string `json:"node_names,omitempty"`
 	Status    any               `json:"status,omitempty"`
+	// AddrCollision is set when a member's address is the VIP's stored
+	// reservation: the VIP then uses another address (addr_moved).
+	AddrCollision *vip.AddrCollision `json:"addr_collision,omitempty"`
 	// CountersSince is when the cumulative counters in Status started:
 	// they reset only when the agent (or the network on it) restarts.
 	CountersSince time.Time `json:"counters_since,omitzero"`
@@ -165,6 +171,7 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/nodes", s.listNodes)
+	s.mux.HandleFunc("GET /v1/networks/{net}/reservations", s.reservations)
 	s.mux.HandleFunc("POST /v1/networks/{net}/forward", s.forward)
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips", mutation(s, http.StatusCreated, create))
@@ -260,7 +267,7 @@ func (s *APIServer) upNetwork(sel string) (*Network, error) {
 }
 
 func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
-	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v}
+	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v, AddrCollision: collisionOf(n.Registry, v.ID)}
 	for _, m := range n.Registry.Nodes() {
 		for _, l := range v.Listeners {
 			for _, b := range l.Backends {
@@ -285,7 +292,11 @@ func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 func (s *APIServer) listNetworks(w http.ResponseWriter, r *http.Request) {
 	var out []NetworkSummary
 	for _, n := range s.m.Networks() {
-		out = append(out, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
+		ns := NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())}
+		for _, c := range n.Registry.AddrCollisions() {
+			ns.AddrCollisions = append(ns.AddrCollisions, c.String())
+		}
+		out = append(out, ns)
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -18,10 +18,14 @@ import (
 // docState is a service's state as list and show print it: a stopped
 // network's VIPs route nothing on this node, whatever the configuration.
 func docState(d ServiceDoc) string {
+	st := state(d.ServiceView)
 	if !d.NetworkUp && d.ServiceView.Err == "" {
-		return "network down"
+		st = "network down"
 	}
-	return state(d.ServiceView)
+	if c := d.AddrCollision; c != nil {
+		st += "; address collision: " + c.String()
+	}
+	return st
 }
 
 // nodeName is a backend node's name, or its id's first 12 hex digits.
@@ -91,6 +95,9 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 	if !ok {
 		fmt.Fprintln(w, "  (unreadable observation; see --json)")
 		return
+	}
+	if c := st.AddrCollision; c != nil {
+		fmt.Fprintln(w, "  address collision:", c.String())
 	}
 	if s.Reset {
 		fmt.Fprintln(w, "  counters restarted (the agent or the network restarted): rates resume from the next sample")

@@ -86,8 +86,11 @@ type netRuntime struct {
 	// overlay (netstack mode only).
 	proxies  []io.Closer
 	forwards []*forwarder
-	tunName  string         // the TUN interface in tun mode
-	uapi     *wg.UAPIServer // `wg show`'s socket, when served
+	tunName  string // the TUN interface in tun mode
+	// collisions are the address collisions already logged.
+	collMu     sync.Mutex
+	collisions map[string]bool
+	uapi       *wg.UAPIServer // `wg show`'s socket, when served
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -115,6 +118,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, trimPrefix(err))
 		}
 		d.nets = append(d.nets, n)
+		n.reportCollisions()
 	}
 	for _, n := range d.nets {
 		if n.cfg.Stopped {
@@ -311,6 +315,7 @@ func (n *netRuntime) onChange(ids []vip.ServiceID, local bool) {
 		repl.Publish(context.Background(), ids)
 	}
 	n.d.log.Info("configuration changed", "network", n.cfg.Name, "services", len(ids), "local", local)
+	n.reportCollisions()
 }
 
 func (n *netRuntime) status(id vip.ServiceID) any {

@@ -1,15 +1,18 @@
 package tsng
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,13 +24,36 @@ import (
 // restartableAgent is a one-node agent (netstack mode) whose config and
 // state survive Restart, as an agent restarted by systemd does.
 type restartableAgent struct {
-	t   *testing.T
-	cfg *Config
-	d   *Daemon
-	f   *apiFixture
+	t    *testing.T
+	cfg  *Config
+	d    *Daemon
+	f    *apiFixture
+	logs lockedBuffer // the agent's log, across restarts
 }
 
-func newRestartableAgent(t *testing.T) *restartableAgent {
+// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newRestartableAgent(t *testing.T) *restartableAgent { return newAgentIn(t, "100.80.0.0/24") }
+
+// newAgentIn is newRestartableAgent on another overlay range (server1 has
+// its first address, server2 the second).
+func newAgentIn(t *testing.T, overlay string) *restartableAgent {
 	dir, err := os.MkdirTemp("", "tsngwatch")
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +64,7 @@ func newRestartableAgent(t *testing.T) *restartableAgent {
 	peerSeed := make([]byte, 32)
 	peerSeed[0] = 6
 	cfg := &Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"),
-		Networks: []NetworkConfig{{Name: "home", Overlay: "100.80.0.0/24", DNSPort: 5353,
+		Networks: []NetworkConfig{{Name: "home", Overlay: overlay, DNSPort: 5353,
 			Node: NodeConfig{Name: "server1", Address: "100.80.0.1", IdentityKey: base64.StdEncoding.EncodeToString(seed), WireGuardKey: wg.GeneratePrivateKey()},
 			Peers: []PeerConfig{{Name: "server2", Address: "100.80.0.2", Identity: base64.StdEncoding.EncodeToString(ed25519.NewKeyFromSeed(peerSeed).Public().(ed25519.PublicKey)),
 				WireGuardKey: wg.GeneratePrivateKey().PublicKey()}}}}}
@@ -54,7 +80,7 @@ func newRestartableAgent(t *testing.T) *restartableAgent {
 
 func (a *restartableAgent) start() {
 	a.t.Helper()
-	d, err := NewDaemon(context.Background(), a.cfg, DaemonOptions{})
+	d, err := NewDaemon(context.Background(), a.cfg, DaemonOptions{Logger: slog.New(slog.NewJSONHandler(&a.logs, nil))})
 	if err != nil {
 		a.t.Fatal(err)
 	}

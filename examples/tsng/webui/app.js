@@ -310,6 +310,10 @@ function renderVIP() {
       el("span", { id: "dirty", class: "dirty-mark" })),
     conflict,
     deleting,
+    doc.addr_collision ? el("div", { id: "addr-collision", class: "banner error" },
+      el("strong", { text: "Address collision. " }),
+      el("span", { text: "Node " + (doc.addr_collision.node_name || doc.addr_collision.node.slice(0, 12)) + "'s address " + doc.addr_collision.addr +
+        " is this VIP's reservation, so the VIP uses " + (doc.addr_collision.effective_addr || "no address") + " instead. Give the node another address in its config." })) : null,
     el("div", { id: "error" }),
     el("div", { class: "row" }, el("label", { text: "Name " }, el("input", { id: "vip-name", value: d.name, oninput: (e) => { d.name = e.target.value; markDirty(); } }))),
     el("h2", { text: "Listeners" }),

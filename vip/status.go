@@ -46,6 +46,9 @@ type Status struct {
 	Drops map[string]uint64 `json:"drops,omitempty"`
 	// Error reports listeners the engine could not apply.
 	Error string `json:"error,omitempty"`
+	// AddrCollisions lists members whose overlay address is a VIP's stored
+	// reservation (the VIP then uses another address; see AddrCollision).
+	AddrCollisions []AddrCollision `json:"addr_collisions,omitempty"`
 }
 
 // Traffic counts IP packets and bytes in each direction: Out is toward the
@@ -91,7 +94,10 @@ type ServiceStatus struct {
 	NameConflict string     `json:"name_conflict,omitempty"`
 	Error        string     `json:"error,omitempty"`
 	Routable     bool       `json:"routable"`
-	Config       Service    `json:"config"`
+	// AddrCollision is set when a member's address is this VIP's stored
+	// reservation (AddrMoved then says it uses another).
+	AddrCollision *AddrCollision `json:"addr_collision,omitempty"`
+	Config        Service        `json:"config"`
 	// Totals are the VIP's cumulative counters: its listeners', including
 	// removed listeners and backends, since the engine started.
 	Totals    Totals           `json:"totals"`
@@ -370,12 +376,21 @@ func (e *Engine) Status() Status {
 		}
 	}
 	view := &statusView{pt: pt, lstats: lstats, backends: bmap, draining: drainingBackends, now: now}
+	st.AddrCollisions = e.reg.AddrCollisions()
+	collision := map[ServiceID]*AddrCollision{}
+	for i := range st.AddrCollisions {
+		collision[st.AddrCollisions[i].Service] = &st.AddrCollisions[i]
+	}
 
 	for _, v := range e.reg.List() {
 		ss := ServiceStatus{
 			ID: v.ID, Name: v.Name, Revision: v.Revision, Addr: v.Addr, AddrMoved: v.AddrMoved,
 			NameConflict: v.NameConflict, Error: v.Err, Routable: v.Routable, Config: v.Service,
 			Listeners: []ListenerStatus{},
+		}
+		if c := collision[v.ID]; c != nil {
+			cc := *c
+			ss.AddrCollision = &cc
 		}
 		if t := totals[v.ID]; t != nil {
 			ss.Totals = *t

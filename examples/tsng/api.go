@@ -28,6 +28,9 @@ type Network struct {
 	// JSON-encodable value (nil when the network is down or the service is
 	// not routed).
 	Status func(id vip.ServiceID) any
+	// CountersSince, when set, returns when the counters in Status started
+	// (the network's engine started); watchers take a change for a restart.
+	CountersSince func() time.Time
 }
 
 // Manager gives the local API the agent's networks.
@@ -128,6 +131,9 @@ type NetworkSummary struct {
 	ID       string `json:"id"`
 	Up       bool   `json:"up"`
 	Services int    `json:"services"`
+	// AddrCollisions describes each member whose address is a VIP's
+	// stored reservation.
+	AddrCollisions []string `json:"addr_collisions,omitempty"`
 }
 
 // ServiceDoc is a service as the API returns it: configuration, revision,
@@ -141,6 +147,12 @@ type ServiceDoc struct {
 	// NodeNames maps the id (hex) of each backend node to its name.
 	NodeNames map[string]string `json:"node_names,omitempty"`
 	Status    any               `json:"status,omitempty"`
+	// AddrCollision is set when a member's address is the VIP's stored
+	// reservation: the VIP then uses another address (addr_moved).
+	AddrCollision *vip.AddrCollision `json:"addr_collision,omitempty"`
+	// CountersSince is when the cumulative counters in Status started:
+	// they reset only when the agent (or the network on it) restarts.
+	CountersSince time.Time `json:"counters_since,omitzero"`
 }
 
 // APIServer serves the local API over HTTP on a Unix socket.
@@ -159,6 +171,7 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/nodes", s.listNodes)
+	s.mux.HandleFunc("GET /v1/networks/{net}/reservations", s.reservations)
 	s.mux.HandleFunc("POST /v1/networks/{net}/forward", s.forward)
 	s.mux.HandleFunc("GET /v1/networks/{net}/vips", s.listVIPs)
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips", mutation(s, http.StatusCreated, create))
@@ -254,7 +267,7 @@ func (s *APIServer) upNetwork(sel string) (*Network, error) {
 }
 
 func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
-	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v}
+	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v, AddrCollision: collisionOf(n.Registry, v.ID)}
 	for _, m := range n.Registry.Nodes() {
 		for _, l := range v.Listeners {
 			for _, b := range l.Backends {
@@ -269,6 +282,9 @@ func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 	}
 	if n.Up() && n.Status != nil {
 		d.Status = n.Status(v.ID)
+		if n.CountersSince != nil && d.Status != nil {
+			d.CountersSince = n.CountersSince()
+		}
 	}
 	return d
 }
@@ -276,7 +292,11 @@ func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 func (s *APIServer) listNetworks(w http.ResponseWriter, r *http.Request) {
 	var out []NetworkSummary
 	for _, n := range s.m.Networks() {
-		out = append(out, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
+		ns := NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())}
+		for _, c := range n.Registry.AddrCollisions() {
+			ns.AddrCollisions = append(ns.AddrCollisions, c.String())
+		}
+		out = append(out, ns)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -375,9 +395,11 @@ func (s *APIServer) remove(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// CreateRequest is the body of POST /v1/networks/{net}/vips.
+// CreateRequest is the body of POST /v1/networks/{net}/vips: a new VIP's
+// name and, from the editor's New VIP draft, its initial listeners.
 type CreateRequest struct {
-	Name string `json:"name"`
+	Name      string         `json:"name"`
+	Listeners []vip.Listener `json:"listeners,omitempty"`
 }
 
 // SaveRequest is the body of PUT /v1/networks/{net}/vips/{vip}: a whole
@@ -462,8 +484,46 @@ func listenerMutation[Req any](s *APIServer, fn func(ctx context.Context, reg *v
 	})
 }
 
+// create makes a new VIP. With listeners (the editor's New VIP draft) the
+// whole draft is validated before anything is written, so an invalid draft
+// creates nothing; the listeners are then saved against the new service's
+// first revision. Should that save still fail (a concurrent change of the
+// network's limits), the error names the created, empty VIP.
 func create(ctx context.Context, reg *vip.Registry, _ *http.Request, req CreateRequest) (vip.ServiceView, error) {
-	return reg.Create(ctx, req.Name)
+	if len(req.Listeners) == 0 {
+		return reg.Create(ctx, req.Name)
+	}
+	draft := vip.Service{ID: vip.ServiceID{1}, Name: req.Name, Network: reg.Network(), Listeners: req.Listeners}
+	member := func(id vip.NodeID) bool {
+		for _, n := range reg.Nodes() {
+			if n.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	if err := draft.Validate(reg.Limits(), member); err != nil {
+		return vip.ServiceView{}, err
+	}
+	others := []vip.Service{draft}
+	for _, v := range reg.List() {
+		if v.Routable {
+			others = append(others, v.Service)
+		}
+	}
+	if err := vip.ValidateNetwork(others, reg.Limits()); err != nil {
+		return vip.ServiceView{}, err
+	}
+	v, err := reg.Create(ctx, req.Name)
+	if err != nil {
+		return vip.ServiceView{}, err
+	}
+	draft.ID = v.ID
+	saved, err := reg.Save(ctx, draft, v.Revision)
+	if err != nil {
+		return vip.ServiceView{}, fmt.Errorf("tsng: created %s (%s) without its listeners: %w", v.Name, v.ID, err)
+	}
+	return saved, nil
 }
 
 func save(ctx context.Context, reg *vip.Registry, r *http.Request, req SaveRequest) (vip.ServiceView, error) {

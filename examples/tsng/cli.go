@@ -492,7 +492,15 @@ func runNetworkList(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", printable(n.Name), n.ID[:12], st, n.Services)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range all {
+		for _, msg := range n.AddrCollisions {
+			fmt.Fprintf(c.env.Stderr, "tsng: warning: network %s: %s\n", n.Name, msg)
+		}
+	}
+	return nil
 }
 
 func runUpDown(verb string) func(context.Context, *cliCtx, *opts, []string) error {

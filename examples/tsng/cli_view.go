@@ -2,7 +2,6 @@ package tsng
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,10 +18,14 @@ import (
 // docState is a service's state as list and show print it: a stopped
 // network's VIPs route nothing on this node, whatever the configuration.
 func docState(d ServiceDoc) string {
+	st := state(d.ServiceView)
 	if !d.NetworkUp && d.ServiceView.Err == "" {
-		return "network down"
+		st = "network down"
 	}
-	return state(d.ServiceView)
+	if c := d.AddrCollision; c != nil {
+		st += "; address collision: " + c.String()
+	}
+	return st
 }
 
 // nodeName is a backend node's name, or its id's first 12 hex digits.
@@ -79,8 +82,8 @@ func confirmRemove(ctx context.Context, c *cliCtx, network, sel string) error {
 }
 
 // printStatusTable prints a status sample as the demo does: one row per
-// backend with its health, RTT, bindings and counters, and the rates
-// since the previous sample when watching.
+// backend with its health, RTT, bindings and counters, the VIP's totals,
+// and the rates since the previous sample when watching.
 func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 	w := c.env.Stdout
 	fmt.Fprintf(w, "%s  %s.%s  revision %v\n", s.Time.Format(time.TimeOnly), printable(s.Service), printable(s.Network), raw["revision"])
@@ -88,10 +91,16 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		fmt.Fprintln(w, "  no observation (network down or service not routed)")
 		return
 	}
-	var st vip.ServiceStatus
-	if b, err := json.Marshal(s.Status); err != nil || json.Unmarshal(b, &st) != nil {
+	st, ok := decodeServiceStatus(s.Status)
+	if !ok {
 		fmt.Fprintln(w, "  (unreadable observation; see --json)")
 		return
+	}
+	if c := st.AddrCollision; c != nil {
+		fmt.Fprintln(w, "  address collision:", c.String())
+	}
+	if s.Reset {
+		fmt.Fprintln(w, "  counters restarted (the agent or the network restarted): rates resume from the next sample")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	hdr := "LISTENER\tBACKEND\tHEALTH\tRTT\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tNEXT"
@@ -99,27 +108,49 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		hdr += "\tBYTES/S OUT/IN"
 	}
 	fmt.Fprintln(tw, hdr)
-	for i, l := range st.Listeners {
+	rate := func(key string) string {
+		out, okOut := s.Rates[key+".bytes_out"]
+		in, okIn := s.Rates[key+".bytes_in"]
+		if !okOut || !okIn {
+			return "\t-" // new since the previous sample
+		}
+		return fmt.Sprintf("\t%.0f/%.0f", out, in)
+	}
+	for _, l := range st.Listeners {
 		next := "-"
 		if l.Next != nil {
 			next = fmt.Sprintf("%s:%d", nameOr(*l.Next), l.Next.Port)
 		}
 		if len(l.Backends) == 0 {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%s\n", l.Listener, l.Active, l.PacketsOut, l.PacketsIn, l.BytesOut, l.BytesIn, next)
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%s", l.Listener, l.Active, l.PacketsOut, l.PacketsIn, l.BytesOut, l.BytesIn, next)
+			if s.Rates != nil {
+				fmt.Fprint(tw, rate(listenerKey(l)))
+			}
+			fmt.Fprintln(tw)
 		}
-		for j, b := range l.Backends {
+		rows := append(append([]vip.BackendStatus{}, l.Backends...), l.DrainingBackends...)
+		for _, b := range rows {
 			rtt := "-"
 			if b.RTTKnown {
 				rtt = fmt.Sprintf("%.2fms", b.RTTMillis)
 			}
-			fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s", l.Listener, nameOr(b.BackendRef), b.Port, b.Reason, rtt,
+			reason := b.Reason
+			if b.Draining {
+				reason += " (draining)"
+			}
+			fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s", l.Listener, nameOr(b.BackendRef), b.Port, reason, rtt,
 				b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, next)
 			if s.Rates != nil {
-				p := fmt.Sprintf("listeners.%d.backends.%d.", i, j)
-				fmt.Fprintf(tw, "\t%.0f/%.0f", s.Rates[p+"bytes_out"], s.Rates[p+"bytes_in"])
+				fmt.Fprint(tw, rate(backendKey(l, b)))
 			}
 			fmt.Fprintln(tw)
 		}
 	}
+	t := st.Totals
+	fmt.Fprintf(tw, "total\t\t\t\t\t%d/%d\t%d/%d\t", t.PacketsOut, t.PacketsIn, t.BytesOut, t.BytesIn)
+	if s.Rates != nil {
+		fmt.Fprint(tw, rate("totals"))
+	}
+	fmt.Fprintln(tw)
 	tw.Flush()
 }

@@ -75,6 +75,7 @@ type netRuntime struct {
 	host    *netstack.Host
 	engine  *vip.Engine
 	dev     *wg.Device
+	started time.Time // when engine started: its counters' zero
 	control *Control
 	repl    *vip.Replicator
 	dns     *dnsServers
@@ -85,8 +86,11 @@ type netRuntime struct {
 	// overlay (netstack mode only).
 	proxies  []io.Closer
 	forwards []*forwarder
-	tunName  string         // the TUN interface in tun mode
-	uapi     *wg.UAPIServer // `wg show`'s socket, when served
+	tunName  string // the TUN interface in tun mode
+	// collisions are the address collisions already logged.
+	collMu     sync.Mutex
+	collisions map[string]bool
+	uapi       *wg.UAPIServer // `wg show`'s socket, when served
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -114,6 +118,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, trimPrefix(err))
 		}
 		d.nets = append(d.nets, n)
+		n.reportCollisions()
 	}
 	for _, n := range d.nets {
 		if n.cfg.Stopped {
@@ -291,7 +296,7 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 		n.replica.Close()
 		return nil, err
 	}
-	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status}
+	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince}
 	return n, nil
 }
 
@@ -310,6 +315,7 @@ func (n *netRuntime) onChange(ids []vip.ServiceID, local bool) {
 		repl.Publish(context.Background(), ids)
 	}
 	n.d.log.Info("configuration changed", "network", n.cfg.Name, "services", len(ids), "local", local)
+	n.reportCollisions()
 }
 
 func (n *netRuntime) status(id vip.ServiceID) any {
@@ -326,6 +332,13 @@ func (n *netRuntime) status(id vip.ServiceID) any {
 		}
 	}
 	return nil
+}
+
+// countersSince is when the running engine, and so its counters, started.
+func (n *netRuntime) countersSince() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.started
 }
 
 func (n *netRuntime) self() vip.NodeInfo { return n.members[0] }
@@ -497,6 +510,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	}
 	close(n.done)
 	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
+	n.started = time.Now()
 	repl.Start()
 	if err := eng.Apply(); err != nil {
 		n.d.log.Warn("routing", "err", err)

@@ -19,7 +19,7 @@
 //	tsng vip remove NET VIP [--yes]
 //	tsng vip forward NET VIP PROTO/PORT [--listen 127.0.0.1:PORT]
 //	tsng keygen [--json]
-//	tsng init --network NAME --overlay CIDR --address ADDR [--name NODE] [--config FILE]
+//	tsng init --network NAME --overlay CIDR [--address ADDR] [--name NODE] [--config FILE]
 //	tsng config check FILE
 //	tsng daemon [--config FILE]
 //	tsng version (or --version)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,7 +127,7 @@ func initFlags(in *initOpts) func(fs *flag.FlagSet, o *opts) {
 	return func(fs *flag.FlagSet, o *opts) {
 		fs.StringVar(&in.network, "network", "", "the network's `name` (required)")
 		fs.StringVar(&in.overlay, "overlay", "", "the network's agreed overlay range, an IPv4 `CIDR` such as 100.80.0.0/16 (required)")
-		fs.StringVar(&in.address, "address", "", "this node's overlay `address` inside the range (required)")
+		fs.StringVar(&in.address, "address", "", "this node's overlay `address` inside the range (default: one chosen to avoid every VIP reservation and node address the agent or the data directory knows)")
 		fs.StringVar(&in.name, "name", "", "this node's `name` (default: the host name)")
 		fs.StringVar(&in.dataDir, "data-dir", "/var/lib/tsng", "the agent's state `directory`")
 		fs.StringVar(&in.socket, "socket", "", "the local API's socket `path` (default "+DefaultSocket+")")
@@ -137,8 +138,8 @@ func initFlags(in *initOpts) func(fs *flag.FlagSet, o *opts) {
 }
 
 func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error {
-	return func(_ context.Context, c *cliCtx, o *opts, _ []string) error {
-		for _, r := range []struct{ flag, v string }{{"--network", in.network}, {"--overlay", in.overlay}, {"--address", in.address}} {
+	return func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+		for _, r := range []struct{ flag, v string }{{"--network", in.network}, {"--overlay", in.overlay}} {
 			if r.v == "" {
 				return usageError{"init needs " + r.flag}
 			}
@@ -157,6 +158,12 @@ func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error
 		k, err := GenerateKeys()
 		if err != nil {
 			return err
+		}
+		chosen := ""
+		if in.address == "" {
+			if in.address, chosen, err = chooseAddress(ctx, c, in, k); err != nil {
+				return err
+			}
 		}
 		cfg := Config{DataDir: in.dataDir, Socket: in.socket, Networks: []NetworkConfig{{
 			Name: in.network, Overlay: in.overlay, Mode: in.mode, Peers: []PeerConfig{},
@@ -188,12 +195,57 @@ func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error
 			return err
 		}
 		entry, _ := json.MarshalIndent(PeerConfig{Name: name, Address: in.address, Identity: k.Identity, WireGuardKey: k.WireGuardPublicKey}, "", "  ")
+		if chosen != "" {
+			fmt.Fprintf(c.env.Stdout, "%s\n\n", chosen)
+		}
 		fmt.Fprintf(c.env.Stdout, "wrote %s (mode 0600)\n\nThis node's entry for the other members' \"peers\" lists (add \"endpoint\", the IP:port they reach it at):\n%s\n", o.config, entry)
 		return nil
 	}
 }
 
-func runConfigCheck(_ context.Context, c *cliCtx, _ *opts, a []string) error {
+// chooseAddress picks `init`'s node address when --address is not given:
+// one that avoids every VIP reservation (stored and effective) and node
+// address that the agent on the socket knows for the network, or else that
+// the data directory's stored state holds. It returns the address and a
+// sentence saying what the choice could take into account.
+func chooseAddress(ctx context.Context, c *cliCtx, in *initOpts, k Keys) (string, string, error) {
+	prefix, err := netip.ParsePrefix(in.overlay)
+	if err != nil || !prefix.Addr().Is4() {
+		return "", "", usageError{fmt.Sprintf("--overlay %q: want an IPv4 CIDR such as 100.80.0.0/16", in.overlay)}
+	}
+	socket := in.socket
+	if socket == "" {
+		socket = c.client.Socket
+	}
+	known := learnReservations(ctx, socket, in.dataDir, NetworkConfig{Name: in.network, Overlay: in.overlay})
+	avoid := map[netip.Addr]bool{}
+	for _, r := range known.reservations {
+		avoid[r.Reserved], avoid[r.Addr] = true, true
+	}
+	for _, n := range known.nodes {
+		avoid[n.Addr] = true
+	}
+	seed, _ := base64.StdEncoding.DecodeString(k.Identity)
+	a, err := vip.ChooseNodeAddr(prefix.Masked(), seed, func(a netip.Addr) bool { return avoid[a] })
+	if err != nil {
+		return "", "", fmt.Errorf("tsng: init: %w (known from %s); give --address", err, nonEmpty(known.source, "nothing"))
+	}
+	var why string
+	switch {
+	case known.source == "":
+		why = fmt.Sprintf("address %v: chosen at random in %s; no VIP reservations were known (%s). Once this node has joined, `tsng config check` on the members' configs reports an address that collides with a VIP reservation.",
+			a, prefix.Masked(), strings.Join(known.why, "; "))
+	case len(known.nodes) > 0:
+		why = fmt.Sprintf("address %v: chosen in %s avoiding the %d VIP reservations and %d node addresses known to %s.",
+			a, prefix.Masked(), len(known.reservations), len(known.nodes), known.source)
+	default:
+		why = fmt.Sprintf("address %v: chosen in %s avoiding the %d VIP reservations in %s (%s); it names no node addresses, so compare with the other members' (`tsng config check` reports a collision).",
+			a, prefix.Masked(), len(known.reservations), known.source, strings.Join(known.why, "; "))
+	}
+	return a.String(), why, nil
+}
+
+func runConfigCheck(ctx context.Context, c *cliCtx, _ *opts, a []string) error {
 	cfg, err := LoadConfig(a[0])
 	if err != nil {
 		return err
@@ -201,11 +253,36 @@ func runConfigCheck(_ context.Context, c *cliCtx, _ *opts, a []string) error {
 	for _, w := range cfg.Warnings() {
 		fmt.Fprintln(c.env.Stderr, "tsng: warning:", w)
 	}
+	// Address collisions with the VIP reservations the agent (or, without
+	// one, the stored state) knows.
+	socket := nonEmpty(cfg.Socket, DefaultSocket)
+	var problems, notes []string
+	for i, n := range cfg.Networks {
+		known := learnReservations(ctx, socket, cfg.DataDir, n)
+		if known.source == "" {
+			notes = append(notes, fmt.Sprintf("%s: VIP reservations unknown, address collisions not checked (%s)", n.Name, strings.Join(known.why, "; ")))
+			continue
+		}
+		p := checkCollisions(fmt.Sprintf("networks[%d]", i), n, known)
+		problems = append(problems, p...)
+		if len(p) == 0 {
+			notes = append(notes, fmt.Sprintf("%s: no address collides with the %d VIP reservations known to %s", n.Name, len(known.reservations), known.source))
+		}
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(c.env.Stderr, "tsng:", p)
+		}
+		return fmt.Errorf("%w: %s: %d node address(es) collide with VIP reservations", ErrConfig, a[0], len(problems))
+	}
 	var parts []string
 	for _, n := range cfg.Networks {
 		parts = append(parts, fmt.Sprintf("%s (%s, %s, %d peers)", n.Name, nonEmpty(n.Mode, "netstack"), n.Node.Address, len(n.Peers)))
 	}
 	fmt.Fprintf(c.env.Stdout, "%s: ok: %s\n", a[0], strings.Join(parts, "; "))
+	for _, n := range notes {
+		fmt.Fprintln(c.env.Stdout, "  "+n)
+	}
 	return nil
 }
 
@@ -221,11 +298,13 @@ func keysCommands() []*command {
 	in := &initOpts{}
 	return []*command{
 		{name: "keygen", args: "[--json]", short: "Print a new node's keys: WireGuard private and public key, identity seed and public key (base64).", max: 0, flags: jsonFlag, run: runKeygen},
-		{name: "init", args: "--network NAME --overlay CIDR --address ADDR [--name NODE] [--config FILE]", short: "Write a config file (mode 0600) with fresh keys for this node.", max: 0,
-			long:  "Prints this node's entry for the other members' peers lists. See docs/tsng-config.md for every field.",
+		{name: "init", args: "--network NAME --overlay CIDR [--address ADDR] [--name NODE] [--config FILE]", short: "Write a config file (mode 0600) with fresh keys for this node.", max: 0,
+			long: "Prints this node's entry for the other members' peers lists. Without --address it chooses one that avoids every VIP reservation\n" +
+				"and node address known to the agent (on --socket), or else to the data directory's stored state, and says what it knew.\n" +
+				"See docs/tsng-config.md for every field.",
 			flags: initFlags(in), run: runInit(in)},
 		{name: "config", short: "Check config files.", sub: []*command{
-			{name: "check", args: "FILE", short: "Check a config file; print each problem, or ok.", min: 1, max: 1, run: runConfigCheck},
+			{name: "check", args: "FILE", short: "Check a config file, and its node addresses against known VIP reservations; print each problem, or ok.", min: 1, max: 1, run: runConfigCheck},
 		}},
 	}
 }

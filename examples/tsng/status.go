@@ -3,67 +3,126 @@ package tsng
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
-	"strings"
+	"strconv"
 	"time"
+
+	"github.com/vipkit/vipkit/vip"
 )
 
 // Sample is one `tsng vip status --watch --json` line: the status at a
-// time, and the per-second rates of every cumulative counter (packets and
-// bytes) since the previous sample.
+// time, and the per-second rates of the cumulative packet and byte
+// counters since the previous sample.
+//
+// Rates are keyed by what they count, never by position, so a listener or
+// backend that comes or goes does not shift the others: "totals.bytes_out"
+// for the VIP, "udp/53#GEN.bytes_out" for a listener of generation GEN,
+// "udp/53#GEN/NODE:PORT.bytes_out" for a backend (NODE is the node id in
+// hex), draining backends included. A counter seen for the first time gets
+// its first rate from the next sample. When the counters restarted since
+// the previous sample (CountersSince changed, or any counter fell: the
+// agent or the network restarted), Reset is set and the sample has no
+// rates: it is the new baseline. Rates are therefore never negative.
 type Sample struct {
-	Time    time.Time          `json:"time"`
-	Network string             `json:"network"`
-	Service string             `json:"service"`
-	Status  any                `json:"status"`
-	Rates   map[string]float64 `json:"rates,omitempty"`
+	Time    time.Time `json:"time"`
+	Network string    `json:"network"`
+	Service string    `json:"service"`
+	// CountersSince is when the agent's counters for the network started
+	// (zero when the agent does not say).
+	CountersSince time.Time          `json:"counters_since,omitzero"`
+	Reset         bool               `json:"counters_reset,omitempty"`
+	Status        any                `json:"status"`
+	Rates         map[string]float64 `json:"rates,omitempty"`
 }
 
-// counters flattens the numeric leaves of a JSON document whose path names
-// a packet or byte counter ("listeners.0.backends.1.to_backend.bytes").
-func counters(v any, prefix string, out map[string]float64) {
-	switch x := v.(type) {
-	case map[string]any:
-		for k, e := range x {
-			counters(e, join(prefix, k), out)
-		}
-	case []any:
-		for i, e := range x {
-			counters(e, join(prefix, fmt.Sprint(i)), out)
-		}
-	case float64:
-		low := strings.ToLower(prefix)
-		if strings.Contains(low, "packets") || strings.Contains(low, "bytes") {
-			out[prefix] = x
-		}
-	}
+// counterKey is a rate's key: see Sample.
+func listenerKey(l vip.ListenerStatus) string {
+	return l.Listener + "#" + strconv.FormatUint(l.Generation, 10)
 }
 
-func join(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a + "." + b
+func backendKey(l vip.ListenerStatus, b vip.BackendStatus) string {
+	return listenerKey(l) + "/" + b.Node.String() + ":" + strconv.Itoa(int(b.Port))
 }
 
-// rates derives per-second rates from two counter sets; a counter that went
-// down (an agent restart resets counters) restarts from zero.
-func rates(prev, cur map[string]float64, dt time.Duration) map[string]float64 {
-	if dt <= 0 {
+func addTraffic(out map[string]float64, prefix string, t vip.Traffic) {
+	out[prefix+".packets_out"] = float64(t.PacketsOut)
+	out[prefix+".bytes_out"] = float64(t.BytesOut)
+	out[prefix+".packets_in"] = float64(t.PacketsIn)
+	out[prefix+".bytes_in"] = float64(t.BytesIn)
+}
+
+// counters returns a service status's cumulative packet and byte
+// counters by key (see Sample); nil when there is no observation.
+func counters(status any) map[string]float64 {
+	st, ok := decodeServiceStatus(status)
+	if !ok {
 		return nil
 	}
 	out := map[string]float64{}
-	for k, v := range cur {
-		d := v - prev[k]
-		if d < 0 {
-			d = v
+	addTraffic(out, "totals", st.Totals.Traffic)
+	for _, l := range st.Listeners {
+		addTraffic(out, listenerKey(l), l.Traffic)
+		for _, b := range l.Backends {
+			addTraffic(out, backendKey(l, b), b.Traffic)
 		}
-		if d != 0 {
-			out[k] = d / dt.Seconds()
+		for _, b := range l.DrainingBackends {
+			addTraffic(out, backendKey(l, b), b.Traffic)
 		}
 	}
 	return out
+}
+
+// decodeServiceStatus reads the status of a ServiceDoc as it arrived
+// (decoded into any).
+func decodeServiceStatus(status any) (vip.ServiceStatus, bool) {
+	var st vip.ServiceStatus
+	if status == nil {
+		return st, false
+	}
+	b, err := json.Marshal(status)
+	if err != nil || json.Unmarshal(b, &st) != nil {
+		return st, false
+	}
+	return st, true
+}
+
+// counterSample is what the rates of the next sample are derived from.
+type counterSample struct {
+	at    time.Time
+	since time.Time
+	c     map[string]float64
+}
+
+// rates derives per-second rates from two samples of cumulative counters.
+// Counters restart only with the agent's engine; a sample taken across a
+// restart (another CountersSince, or any counter lower than before)
+// becomes the new baseline: reset is true and there are no rates.
+// Counters present in only one of the samples get no rate.
+func rates(prev, cur counterSample) (out map[string]float64, reset bool) {
+	if prev.c == nil || cur.c == nil {
+		return nil, false
+	}
+	if !prev.since.Equal(cur.since) {
+		return nil, true
+	}
+	for k, v := range cur.c {
+		if p, ok := prev.c[k]; ok && v < p {
+			return nil, true
+		}
+	}
+	dt := cur.at.Sub(prev.at).Seconds()
+	if dt <= 0 {
+		return nil, false
+	}
+	out = map[string]float64{}
+	for k, v := range cur.c {
+		if p, ok := prev.c[k]; ok {
+			out[k] = (v - p) / dt
+		}
+	}
+	return out, false
 }
 
 func runStatus(ctx context.Context, c *cliCtx, o *opts, a []string) error {
@@ -80,20 +139,29 @@ func runStatus(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 			}
 		}
 	}
-	var prev map[string]float64
-	var prevT time.Time
+	var prev counterSample
 	for n := 0; ; n++ {
 		var raw map[string]any
 		if err := c.client.Do(ctx, http.MethodGet, vipPath(a[0], a[1]), nil, &raw); err != nil {
-			return err
+			if !o.watch || n == 0 || !errors.Is(err, ErrAgentUnreachable) {
+				return err
+			}
+			// The agent is restarting: keep watching; its next sample is
+			// a new baseline.
+			fmt.Fprintln(c.env.Stderr, "tsng:", err, "(retrying)")
+			prev = counterSample{}
+			if err := sleep(ctx, o.interval); err != nil {
+				return nil
+			}
+			n--
+			continue
 		}
-		now := time.Now()
-		cur := map[string]float64{}
-		counters(raw["status"], "", cur)
-		s := Sample{Time: now, Network: fmt.Sprint(raw["network"]), Service: fmt.Sprint(raw["name"]), Status: raw["status"]}
-		if prev != nil {
-			s.Rates = rates(prev, cur, now.Sub(prevT))
+		cur := counterSample{at: time.Now(), c: counters(raw["status"])}
+		if v, ok := raw["counters_since"].(string); ok {
+			cur.since, _ = time.Parse(time.RFC3339Nano, v)
 		}
+		s := Sample{Time: cur.at, Network: fmt.Sprint(raw["network"]), Service: fmt.Sprint(raw["name"]), Status: raw["status"], CountersSince: cur.since}
+		s.Rates, s.Reset = rates(prev, cur)
 		if c.json {
 			if err := json.NewEncoder(c.env.Stdout).Encode(s); err != nil {
 				return err
@@ -101,7 +169,7 @@ func runStatus(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 		} else {
 			printStatus(c, raw, s)
 		}
-		prev, prevT = cur, now
+		prev = cur
 		if !o.watch || (o.count > 0 && n+1 >= o.count) {
 			return nil
 		}

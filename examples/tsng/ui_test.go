@@ -136,8 +136,8 @@ func TestWebEditor(t *testing.T) {
 		setInput(`.listener[data-listener="1"] .backend-port`, "5353"),
 		setInput(`.listener[data-listener="0"] .check-interval`, "1000"),
 		setInput(`.listener[data-listener="0"] .check-timeout`, "500"))
-	if n := len(get().Listeners); n != 0 {
-		t.Fatalf("a draft reached the configuration: %d listeners before Save", n)
+	if n := len(reg.List()); n != 0 {
+		t.Fatalf("a New VIP draft reached the configuration: %d services before Save", n)
 	}
 	run("save", chromedp.Click(chromedp.CSS("#save")), waitJS(`document.querySelector("#dirty").textContent === ""`))
 	v := get()

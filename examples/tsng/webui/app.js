@@ -1,7 +1,10 @@
 // tsng VIP editor. Plain JavaScript, no build step, served from the
-// agent's binary. Every edit stays a draft until Save; status refreshes never
-// replace a dirty draft; a save conflict keeps the draft and offers
-// Discard / reload; closing a dirty window asks first.
+// agent's binary. Every edit stays a draft until Save, New VIP and Delete
+// VIP included: a new VIP exists only in the window until Save creates it,
+// and a deletion is only marked until Save removes it. Status refreshes
+// never replace a dirty draft; a save conflict keeps the draft and offers
+// Discard / reload; Discard drops the draft; closing a dirty window asks
+// first.
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -64,7 +67,9 @@ const clone = (v) => JSON.parse(JSON.stringify(v));
 // The editor's state: one VIP window at a time.
 const state = {
   net: null,       // network name
-  id: null,        // service id of the open VIP window
+  id: null,        // service id of the open VIP window ("new" for a New VIP draft)
+  isNew: false,    // the window holds a VIP that Save has not created yet
+  newName: "",     // the name typed on the network page for New VIP
   loaded: null,    // {service, revision} as last read or saved
   draft: null,     // the service being edited
   nodes: [],       // the network's members
@@ -86,7 +91,28 @@ function canon(svc) {
   (s.listeners || []).sort((a, b) => (a.proto + a.port).localeCompare(b.proto + b.port));
   return JSON.stringify({ name: s.name, listeners: s.listeners || [] });
 }
-const dirty = () => state.draft !== null && canon(state.draft) !== canon(state.loaded.service);
+// A new VIP and a pending deletion are unsaved by definition.
+const dirty = () => state.draft !== null &&
+  (state.isNew || !!state.draft.deleted || canon(state.draft) !== canon(state.loaded.service));
+
+// The address of the open window.
+const windowHash = () => "#/n/" + encodeURIComponent(state.net) + (state.isNew ? "/new" : "/v/" + state.id);
+
+// discardDraft drops the draft: an existing VIP goes back to its loaded
+// configuration (a pending deletion included); a new one is forgotten.
+// It reports whether the window is gone (a new VIP's).
+function discardDraft() {
+  if (state.isNew) {
+    state.id = null;
+    state.draft = null;
+    state.isNew = false;
+    window.onbeforeunload = null;
+    return true;
+  }
+  state.draft = clone(state.loaded.service);
+  markDirty();
+  return false;
+}
 
 function markDirty() {
   const d = dirty();
@@ -94,6 +120,8 @@ function markDirty() {
   if (mark) mark.textContent = d ? "● unsaved draft" : "";
   const save = $("#save");
   if (save) save.disabled = !d;
+  const discard = $("#discard");
+  if (discard) discard.disabled = !d;
   window.onbeforeunload = d ? (e) => { e.preventDefault(); e.returnValue = ""; return ""; } : null;
 }
 
@@ -123,8 +151,7 @@ $("#dialog-keep").addEventListener("click", () => {
 $("#dialog-discard").addEventListener("click", () => {
   const to = state.pendingNav || "#/n/" + encodeURIComponent(state.net);
   state.pendingNav = null;
-  state.draft = clone(state.loaded.service); // discard
-  markDirty();
+  discardDraft();
   $("#close-dialog").close();
   location.hash = to;
 });
@@ -132,7 +159,7 @@ $("#dialog-discard").addEventListener("click", () => {
 let lastHash = location.hash;
 window.addEventListener("hashchange", () => {
   // The browser's back button: stay if the draft is dirty, and ask.
-  if (state.id && dirty() && !location.hash.startsWith("#/n/" + encodeURIComponent(state.net) + "/v/" + state.id)) {
+  if (state.id && dirty() && !location.hash.startsWith(windowHash())) {
     state.pendingNav = location.hash;
     history.replaceState(null, "", lastHash);
     $("#close-dialog").showModal();
@@ -151,13 +178,16 @@ async function route() {
     renderNetworkLinks(nets || []);
     if (parts[0] === "n" && parts[1]) {
       state.net = parts[1];
+      if (parts[2] === "new") return await openNew(parts[1]);
       if (parts[2] === "v" && parts[3]) return await openVIP(parts[1], parts[3]);
       state.id = null;
       state.draft = null;
+      state.isNew = false;
       return await showNetwork(parts[1]);
     }
     state.id = null;
     state.draft = null;
+    state.isNew = false;
     if (nets && nets.length) return navigate("#/n/" + encodeURIComponent(nets[0].name));
     $("#main").replaceChildren(el("p", { class: "muted", text: "No networks configured." }));
   } catch (err) {
@@ -192,13 +222,10 @@ async function showNetwork(net) {
   });
   const name = el("input", { id: "new-name", placeholder: "name, e.g. api" });
   const msg = el("div");
-  const create = el("button", { id: "create", class: "primary", text: "New VIP", onclick: async () => {
-    try {
-      const d = await api("POST", "/v1/networks/" + encodeURIComponent(net) + "/vips", { name: name.value.trim() });
-      navigate("#/n/" + encodeURIComponent(net) + "/v/" + d.id);
-    } catch (err) {
-      msg.replaceChildren(el("div", { class: "banner error", text: err.message }));
-    }
+  // New VIP opens a draft; Save creates it.
+  const create = el("button", { id: "create", class: "primary", text: "New VIP", onclick: () => {
+    state.newName = name.value.trim();
+    navigate("#/n/" + encodeURIComponent(net) + "/new");
   } });
   $("#main").replaceChildren(
     el("h1", { text: "Network " + net }),
@@ -236,6 +263,22 @@ async function openVIP(net, id) {
   state.statusTimer = setInterval(refreshStatus, 1000);
 }
 
+// openNew opens a New VIP draft: nothing exists until Save.
+async function openNew(net) {
+  if (!(state.isNew && state.draft)) {
+    state.nodes = (await api("GET", "/v1/networks/" + encodeURIComponent(net) + "/nodes")) || [];
+    state.id = "new";
+    state.isNew = true;
+    const empty = { id: "", name: "", network: net, listeners: [] };
+    state.loaded = { service: empty, revision: "", doc: { id: "", addr: "", status: null } };
+    state.draft = Object.assign(clone(empty), { name: state.newName || "" });
+    state.newName = "";
+    state.conflict = null;
+    state.lastCounters = null;
+  }
+  renderVIP();
+}
+
 function serviceOf(doc) {
   return { id: doc.id, name: doc.name, network: doc.network, listeners: clone(doc.listeners || []) };
 }
@@ -252,6 +295,10 @@ function numberInput(attrs, value, onchange) {
 function renderVIP() {
   const d = state.draft, doc = state.loaded.doc, net = state.net;
   const main = $("#main");
+  const deleting = d.deleted ? el("div", { id: "delete-draft", class: "banner conflict" },
+    el("strong", { text: "Deletion pending. " }),
+    el("span", { text: "Save deletes this VIP for good (its id becomes a signed tombstone); Discard keeps it. " }),
+    el("button", { id: "undo-delete", text: "Keep this VIP", onclick: () => { delete d.deleted; renderVIP(); } })) : null;
   const listeners = (d.listeners || []).map((l, i) => renderListener(l, i));
   const conflict = state.conflict ? el("div", { id: "conflict", class: "banner conflict" },
     el("strong", { text: "This VIP was changed elsewhere (now at revision " + state.conflict + "). " }),
@@ -259,9 +306,14 @@ function renderVIP() {
     el("button", { id: "discard-reload", onclick: discardReload, text: "Discard / reload" })) : null;
   main.replaceChildren(...[
     el("div", { class: "toolbar" },
-      el("h1", { class: "title", text: "VIP " + (d.name || "") + "." + net }),
+      el("h1", { class: "title", text: (state.isNew ? "New VIP " : "VIP ") + (d.name || "") + "." + net }),
       el("span", { id: "dirty", class: "dirty-mark" })),
     conflict,
+    deleting,
+    doc.addr_collision ? el("div", { id: "addr-collision", class: "banner error" },
+      el("strong", { text: "Address collision. " }),
+      el("span", { text: "Node " + (doc.addr_collision.node_name || doc.addr_collision.node.slice(0, 12)) + "'s address " + doc.addr_collision.addr +
+        " is this VIP's reservation, so the VIP uses " + (doc.addr_collision.effective_addr || "no address") + " instead. Give the node another address in its config." })) : null,
     el("div", { id: "error" }),
     el("div", { class: "row" }, el("label", { text: "Name " }, el("input", { id: "vip-name", value: d.name, oninput: (e) => { d.name = e.target.value; markDirty(); } }))),
     el("h2", { text: "Listeners" }),
@@ -274,13 +326,18 @@ function renderVIP() {
       } })),
     el("div", { class: "toolbar" },
       el("button", { id: "save", class: "primary", text: "Save", onclick: save }),
-      el("button", { id: "close", text: "Close", onclick: () => navigate("#/n/" + encodeURIComponent(net)) })),
+      el("button", { id: "discard", text: "Discard", onclick: () => {
+        if (discardDraft()) location.hash = "#/n/" + encodeURIComponent(net);
+        else renderVIP();
+      } }),
+      el("button", { id: "close", text: "Close", onclick: () => navigate("#/n/" + encodeURIComponent(net)) }),
+      state.isNew || d.deleted ? null : el("button", { id: "delete-vip", class: "danger", text: "Delete VIP", onclick: () => { d.deleted = true; renderVIP(); } })),
     el("h2", { text: "Live status" }),
     el("div", { id: "status" }, el("p", { class: "muted", text: "waiting for the first sample…" })),
     el("details", { id: "ids" }, el("summary", { text: "Addresses and ids" }),
-      el("p", {}, "Service id ", el("code", { id: "service-id", text: doc.id })),
+      el("p", {}, "Service id ", el("code", { id: "service-id", text: doc.id || "— (assigned on Save)" })),
       el("p", {}, "Address ", el("code", { id: "service-addr", text: doc.addr || "—" }), doc.addr_moved ? el("span", { class: "warn", text: " (moved after a collision)" }) : null),
-      el("p", {}, "Revision ", el("code", { id: "revision", text: state.loaded.revision })),
+      el("p", {}, "Revision ", el("code", { id: "revision", text: state.loaded.revision || "—" })),
       el("p", { text: "Backend nodes:" }),
       el("ul", {}, ...state.nodes.map((n) => el("li", {}, n.name + " ", el("code", { text: n.addr + " " + n.id })))))].filter((x) => x));
   markDirty();
@@ -324,8 +381,29 @@ function renderListener(l, i) {
 async function save() {
   const net = state.net;
   $("#error").replaceChildren();
+  const base = "/v1/networks/" + encodeURIComponent(net) + "/vips";
   try {
-    const doc = await api("PUT", "/v1/networks/" + encodeURIComponent(net) + "/vips/" + state.id, { service: state.draft, revision: state.loaded.revision });
+    if (state.isNew) {
+      // One request: the agent validates the whole draft before it
+      // creates anything.
+      const doc = await api("POST", base, { name: state.draft.name, listeners: state.draft.listeners || [] });
+      state.isNew = false;
+      state.id = doc.id;
+      state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
+      state.draft = clone(state.loaded.service);
+      markDirty();
+      location.hash = windowHash(); // opens the created VIP's window
+      return;
+    }
+    if (state.draft.deleted) {
+      await api("DELETE", base + "/" + state.id + "?revision=" + encodeURIComponent(state.loaded.revision));
+      state.id = null;
+      state.draft = null;
+      window.onbeforeunload = null;
+      location.hash = "#/n/" + encodeURIComponent(net);
+      return;
+    }
+    const doc = await api("PUT", base + "/" + state.id, { service: state.draft, revision: state.loaded.revision });
     state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
     state.draft = clone(state.loaded.service);
     state.conflict = null;
@@ -349,7 +427,7 @@ async function discardReload() {
 }
 
 async function refreshStatus() {
-  if (!state.id) return;
+  if (!state.id || state.isNew) return;
   let doc;
   try {
     doc = await api("GET", "/v1/networks/" + encodeURIComponent(state.net) + "/vips/" + state.id);
@@ -371,39 +449,77 @@ function fmtRate(v) {
   return v.toFixed(1);
 }
 
+// Keys of the rates: what they count, never a position (a listener by
+// protocol, port and generation; a backend by its listener, node and port).
+const listenerKey = (l) => l.listener + "#" + (l.generation || 0);
+const backendKey = (l, b) => listenerKey(l) + "/" + b.node + ":" + b.port;
+
+// statusRates derives per-second packet and byte rates (both directions
+// together) from the cumulative counters of a status document and the
+// previous baseline (null at first). The counters reset only when the
+// agent or the network restarts: a new counters_since, or any counter
+// lower than in the baseline, makes this document the new baseline with no
+// rates (reset). A counter new since the baseline has no rate yet. So no
+// rate is ever negative.
+function statusRates(base, doc, now) {
+  const st = doc && doc.status;
+  if (!st) return { base: null, reset: false, rates: {} };
+  const c = {};
+  const add = (key, x) => { c[key] = { p: (x.packets_out || 0) + (x.packets_in || 0), b: (x.bytes_out || 0) + (x.bytes_in || 0) }; };
+  add("totals", st.totals || {});
+  for (const l of st.listeners || []) {
+    add(listenerKey(l), l);
+    for (const b of (l.backends || []).concat(l.draining_backends || [])) add(backendKey(l, b), b);
+  }
+  const next = { t: now, since: doc.counters_since || "", c };
+  if (!base) return { base: next, reset: false, rates: {} };
+  let reset = base.since !== next.since;
+  for (const k of Object.keys(c)) if (base.c[k] && (c[k].p < base.c[k].p || c[k].b < base.c[k].b)) reset = true;
+  const rates = {};
+  const dt = (now - base.t) / 1000;
+  if (!reset && dt > 0) {
+    for (const k of Object.keys(c)) {
+      if (base.c[k]) rates[k] = { pps: (c[k].p - base.c[k].p) / dt, bps: (c[k].b - base.c[k].b) / dt };
+    }
+  }
+  return { base: next, reset, rates };
+}
+window.tsngStatusRates = statusRates; // for the tests
+
 function renderStatus(doc) {
   const box = $("#status");
   if (!box) return;
   const st = doc.status;
   if (!st) { box.replaceChildren(el("p", { class: "muted", text: "no observation (network down or VIP not routed)" })); return; }
-  const now = Date.now();
-  const counters = {};
+  const r = statusRates(state.lastCounters, doc, Date.parse(st.at) || Date.now());
+  state.lastCounters = r.base;
+  const fmt = (key) => {
+    const x = r.rates[key];
+    return x ? fmtRate(x.pps) + " pkt/s, " + fmtRate(x.bps) + " B/s" : "—";
+  };
   const rows = [];
   for (const l of st.listeners || []) {
-    for (const b of l.backends || []) {
-      const key = l.listener + " " + b.node + ":" + b.port;
-      counters[key] = { p: (b.packets_out || 0) + (b.packets_in || 0), b: (b.bytes_out || 0) + (b.bytes_in || 0) };
-      let rate = "—";
-      const prev = state.lastCounters && state.lastCounters.c[key];
-      if (prev) {
-        const dt = (now - state.lastCounters.t) / 1000;
-        rate = fmtRate(Math.max(0, counters[key].p - prev.p) / dt) + " pkt/s, " + fmtRate(Math.max(0, counters[key].b - prev.b) / dt) + " B/s";
-      }
+    for (const b of (l.backends || []).concat(l.draining_backends || [])) {
+      const rate = fmt(backendKey(l, b));
       const next = l.next && l.next.node === b.node && l.next.port === b.port;
       rows.push(el("tr", { class: "status-row", "data-backend": nodeName(b.node) + ":" + b.port },
         el("td", { text: l.listener }),
-        el("td", { text: (b.node_name || nodeName(b.node)) + ":" + b.port + (next ? "  ← next" : "") }),
+        el("td", { text: (b.node_name || nodeName(b.node)) + ":" + b.port + (next ? "  ← next" : "") + (b.draining ? " (draining)" : "") }),
         el("td", { class: "reason " + (b.eligible ? "ok" : "bad"), text: b.reason + (b.check_error ? " (" + b.check_error + ")" : "") }),
         el("td", { class: "status-cell rtt", text: b.rtt_known ? b.rtt_ms.toFixed(2) + " ms" : "unknown" }),
         el("td", { class: "status-cell bindings", text: String(b.active_bindings || 0) }),
         el("td", { class: "status-cell rate", text: rate })));
     }
   }
-  state.lastCounters = { t: now, c: counters };
-  box.replaceChildren(el("table", { id: "status-table" },
+  rows.push(el("tr", { class: "status-row totals" },
+    el("td", { text: "total" }), el("td"), el("td"), el("td"),
+    el("td", { class: "status-cell bindings", text: String((st.listeners || []).reduce((n, l) => n + (l.active_bindings || 0), 0)) }),
+    el("td", { class: "status-cell rate", id: "total-rate", text: fmt("totals") })));
+  box.replaceChildren(...[el("table", { id: "status-table" },
     el("thead", {}, el("tr", {}, ...["Listener", "Backend", "Health", "RTT", "Bindings", "Rate"].map((h) => el("th", { text: h })))),
     el("tbody", {}, ...rows)),
-    el("p", { class: "muted", id: "status-at", text: "observed " + new Date(st.at || Date.now()).toLocaleTimeString() }));
+    r.reset ? el("p", { class: "muted", id: "counters-reset", text: "counters restarted (the agent or the network restarted): rates resume with the next sample" }) : null,
+    el("p", { class: "muted", id: "status-at", text: "observed " + new Date(st.at || Date.now()).toLocaleTimeString() })].filter((x) => x));
 }
 
 route();

@@ -21,6 +21,7 @@ import (
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/transport/transporttest"
 	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // cluster is n nodes on a simulated network (real clock), each a gVisor
@@ -41,7 +42,7 @@ type cnode struct {
 	info   NodeInfo
 	key    ed25519.PrivateKey
 	wgKey  wg.Key
-	bind   *wg.SimBind
+	bind   *wgtest.SimBind
 	host   *netstack.Host
 	reg    *Registry
 	eng    atomic.Pointer[Engine]
@@ -83,7 +84,7 @@ func newCluster(t testing.TB, o clusterOptions) *cluster {
 		members = append(members, crdt.AuthorID(id))
 	}
 	for _, nd := range c.nodes {
-		nd.bind = wg.NewSimBind(c.net, nd.name)
+		nd.bind = wgtest.NewSimBind(c.net, nd.name)
 	}
 	for pair, d := range o.latency {
 		if err := c.net.SetLinkBoth(c.nodes[pair[0]].bind.Node(), c.nodes[pair[1]].bind.Node(), transporttest.LinkConfig{Latency: d}); err != nil {

@@ -217,13 +217,6 @@ func TestChecksumMatchesNaive(t *testing.T) {
 	}
 }
 
-// rewrite is one field rewrite of the property test.
-type rewrite struct {
-	off   int // offset in the segment
-	wide  bool
-	value uint32
-}
-
 // TestPropertyIncrementalEqualsRecompute rewrites addresses and ports of
 // random TCP and UDP packets with Delta16/Delta32/AddDelta and Adjust (the
 // packet path's way) and checks every checksum against a full recompute.

@@ -251,7 +251,7 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 		w.st.injOut.Add(1)
 		return w.readInjected(bufs, sizes, offset, 1), nil
 	case b := <-w.batches:
-		n := 0
+		n, reflected := 0, false
 		for i := 0; i < b.n && n < len(bufs); i++ {
 			pkt := w.rbufs[i][Offset : Offset+w.rsizes[i]]
 			v := Accept
@@ -264,12 +264,18 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 				n++
 			case Reflect:
 				w.st.outRefl.Add(1)
-				w.injectInbound(pkt)
+				reflected = w.injectInbound(pkt) || reflected
 			default:
 				w.st.outDrop.Add(1)
 			}
 		}
-		w.free <- struct{}{}
+		select {
+		case w.free <- struct{}{}:
+		case <-w.closed: // the reader has stopped; nobody takes the buffers back
+		}
+		if reflected {
+			w.kickInbound()
+		}
 		err := b.err
 		if err != nil && errors.Is(err, os.ErrClosed) {
 			err = ErrClosed

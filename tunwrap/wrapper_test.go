@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -277,5 +278,82 @@ func TestCloseUnblocksAndFails(t *testing.T) {
 	}
 	if err := w.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// A hairpin the Filter reflects on the way out reaches the host at once,
+// with no later traffic to push it.
+func TestOutboundReflectReachesHost(t *testing.T) {
+	h := &hooks{out: func(p []byte) tunwrap.Verdict {
+		if tag(p) == "hairpin" {
+			return tunwrap.Reflect
+		}
+		return tunwrap.Accept
+	}}
+	w, host := newFixture(t, h, tunwrap.Options{})
+	if _, err := host.Write([][]byte{udp(t, cliAddr, 1, "hairpin")}, 0); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		bufs, sizes := batch(64)
+		for {
+			if _, err := w.Read(bufs, sizes, tunwrap.Offset); err != nil {
+				return
+			}
+		}
+	}()
+	got := make(chan []string, 1)
+	go func() { got <- hostReadN(t, host, 1) }()
+	select {
+	case g := <-got:
+		if g[0] != "hairpin" {
+			t.Fatalf("host read %v", g)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reflected packet never reached the host")
+	}
+	if st := w.Stats(); st.OutboundReflected != 1 || st.InjectedInbound != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Close while a Read holds a batch must not hang it.
+func TestCloseDuringBatch(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := &hooks{out: func([]byte) tunwrap.Verdict {
+		close(entered)
+		<-release
+		return tunwrap.Drop
+	}}
+	w, host := newFixture(t, h, tunwrap.Options{})
+	if _, err := host.Write([][]byte{udp(t, cliAddr, 1, "x")}, 0); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		bufs, sizes := batch(64)
+		w.Read(bufs, sizes, tunwrap.Offset)
+		close(done)
+	}()
+	<-entered
+	closed := make(chan struct{})
+	go func() { w.Close(); close(closed) }()
+	// Close waits for the reader goroutine, which is waiting for this
+	// batch's buffers; let the Filter return only once Close has begun
+	// (injections fail from then on).
+	p := udp(t, cliAddr, 2, "y")
+	for deadline := time.Now().Add(5 * time.Second); !errors.Is(w.InjectOutbound(p), tunwrap.ErrClosed); {
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not begin")
+		}
+		runtime.Gosched()
+	}
+	close(release)
+	for _, c := range []chan struct{}{done, closed} {
+		select {
+		case <-c:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Read or Close hung")
+		}
 	}
 }

@@ -13,10 +13,10 @@ import (
 // checksum updated incrementally.
 func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64) Result {
 	q := pkt[hl+packet.ICMPv4HeaderLen:]
-	if len(q) < packet.IPv4MinHeaderLen || q[0]>>4 != 4 {
+	if len(q) < packet.IPv4MinHeaderLen || packet.Version(q) != 4 {
 		return n.drop(ReasonICMPQuote)
 	}
-	ihl := int(q[0]&0xf) * 4
+	ihl := packet.IPv4(q).HeaderLen()
 	if ihl < packet.IPv4MinHeaderLen || len(q) < ihl+packet.ICMPv4MinQuoted {
 		return n.drop(ReasonICMPQuote)
 	}
@@ -121,7 +121,7 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 func rewriteICMPError(pkt []byte, hl int, oSrc, oDst, iSrc, iDst uint32, iSport, iDport uint16) {
 	icmp := pkt[hl:]
 	q := icmp[packet.ICMPv4HeaderLen:]
-	ihl := int(q[0]&0xf) * 4
+	ihl := packet.IPv4(q).HeaderLen()
 	il4 := q[ihl:]
 
 	var dICMP uint32

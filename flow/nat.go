@@ -320,12 +320,12 @@ func (n *NAT) handleOne(pkt []byte, s side, peer PeerID, now time.Time) Result {
 // Options.Admit.
 func (n *NAT) precheck(p []byte, s side, peer PeerID, vs *vipSet) (r Result, ours bool) {
 	if len(p) < packet.IPv4MinHeaderLen {
-		if len(p) == 0 || p[0]>>4 != 4 {
+		if packet.Version(p) != 4 {
 			return Result{}, false
 		}
 		return n.drop(ReasonTruncated), false
 	}
-	if p[0]>>4 != 4 {
+	if packet.Version(p) != 4 {
 		return Result{}, false
 	}
 	src := binary.BigEndian.Uint32(p[packet.IPv4SrcOff:])
@@ -437,7 +437,7 @@ func (n *NAT) prefetchLocked(chunk [][]byte, out []Result) {
 		if out[i].Verdict != Consumed {
 			continue
 		}
-		hl := int(p[0]&0xf) * 4
+		hl := packet.IPv4(p).HeaderLen()
 		if len(p) < hl+4 {
 			continue
 		}
@@ -499,7 +499,7 @@ func (n *NAT) handleLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 
 // translateLocked handles a whole (unfragmented), validated IPv4 packet.
 func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result {
-	hl := int(pkt[0]&0xf) * 4
+	hl := packet.IPv4(pkt).HeaderLen()
 	l4 := pkt[hl:]
 	switch Proto(pkt[packet.IPv4ProtoOff]) {
 	case ProtoTCP:

@@ -36,6 +36,8 @@ nsA=vkdpA$$ nsB=vkdpB$$
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # A process in a namespace outlives `ip netns del`: end the iperf3 server.
+  [ -f "$work/iperf3.pid" ] && kill "$(cat "$work/iperf3.pid")" 2>/dev/null || true
   wait 2>/dev/null || true
   ip netns del "$nsA" 2>/dev/null || true
   ip netns del "$nsB" 2>/dev/null || true
@@ -58,7 +60,7 @@ for ns in "$nsA" "$nsB"; do
   ip -n "$ns" link set lo up
   ip -n "$ns" link set "v$ns" up
 done
-ip netns exec "$nsB" iperf3 -s -D -p 5201 --logfile "$work/iperf3-server.log"
+ip netns exec "$nsB" iperf3 -s -D -p 5201 --logfile "$work/iperf3-server.log" --pidfile "$work/iperf3.pid"
 
 # Keys for both tools: Curve25519 (base64 and hex) and Ed25519 identities.
 python3 - "$work" <<'EOF'

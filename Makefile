@@ -5,7 +5,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: test deps demo lint
+.PHONY: test deps demo lint cross importer-check
 
 deps:
 	@bash scripts/deps.sh
@@ -27,3 +27,13 @@ lint:
 	$(GO) vet ./...
 	@command -v staticcheck >/dev/null 2>&1 || GOFLAGS= $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" staticcheck ./...
+
+# The library packages build and vet (tests included) for every GOOS/GOARCH
+# an importer may target; see scripts/cross-check.sh.
+cross:
+	@bash scripts/cross-check.sh
+
+# Fresh importer modules outside the repository: each public package, all,
+# and every ordered pair of the heavy ones; see scripts/importer-check.sh.
+importer-check:
+	@bash scripts/importer-check.sh

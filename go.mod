@@ -23,6 +23,7 @@ require (
 	golang.org/x/net v0.61.0
 	golang.org/x/sys v0.50.0
 	golang.zx2c4.com/wireguard v0.0.0-20260522210424-ecfc5a8d5446
+	google.golang.org/genproto v0.0.0-20230920204549-e6e6cdab5c13
 	google.golang.org/grpc v1.83.2
 	gvisor.dev/gvisor v0.0.0-20250503011706-39ed1f5ac29c
 )

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // Established flows translate without allocating, in both directions, for
@@ -16,8 +18,8 @@ func TestZeroAllocsEstablished(t *testing.T) {
 	require.NoError(t, f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}))
 
 	out := openTCP(t, f, 40000)
-	tcpOut := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: TCPFlagACK, Payload: make([]byte, 1000)}.Build()
-	tcpIn := replyTo(out, TCPFlagACK, "0123456789")
+	tcpOut := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagACK, Payload: make([]byte, 1000)}.Build()
+	tcpIn := replyTo(out, packet.TCPFlagACK, "0123456789")
 	u := udpTo(5000, "q")
 	require.Equal(t, Forward, f.host(u).Verdict)
 	udpIn := replyTo(u, 0, "answer")

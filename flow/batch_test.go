@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/packet"
 )
 
 // The batch calls give exactly the results, rewrites, emitted packets and
@@ -28,10 +30,10 @@ func TestBatchEqualsSingle(t *testing.T) {
 			var p []byte
 			switch k := rng.IntN(10); {
 			case !hostSide && k < 6 && len(replies) > 0:
-				p = replyTo(replies[rng.IntN(len(replies))], TCPFlagACK, "r")
+				p = replyTo(replies[rng.IntN(len(replies))], packet.TCPFlagACK, "r")
 			case !hostSide && k < 8 && len(replies) > 0:
 				q := replies[rng.IntN(len(replies))]
-				p = P{Src: IPv4(q).Dst(), Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 3, Payload: q}.Build()
+				p = P{Src: packet.IPv4(q).Dst(), Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: q}.Build()
 			case k < 3:
 				p = udpTo(uint16(1000+rng.IntN(80)), "x")
 			case k < 5:

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -51,18 +52,18 @@ func (bt *benchTable) header(pkt []byte, j int, in bool) PeerID {
 		src0, sport0 := benchClient(0)
 		binary.BigEndian.PutUint32(pkt[12:], src)
 		binary.BigEndian.PutUint16(pkt[20:], sport)
-		d := delta32(src0, src)
-		adjust(pkt[10:], d)
-		adjust(pkt[20+csum:], addDelta(d, delta16(sport0, sport)))
+		d := packet.Delta32(src0, src)
+		packet.Adjust(pkt[10:], d)
+		packet.Adjust(pkt[20+csum:], packet.AddDelta(d, packet.Delta16(sport0, sport)))
 		return 0
 	}
 	copy(pkt, bt.tmplIn)
 	bidx, shadow := benchBidx(j), bt.shadow[j]
-	d := delta32(benchBackend(benchBidx(0)), benchBackend(bidx))
+	d := packet.Delta32(benchBackend(benchBidx(0)), benchBackend(bidx))
 	binary.BigEndian.PutUint32(pkt[12:], benchBackend(bidx))
 	binary.BigEndian.PutUint16(pkt[22:], shadow)
-	adjust(pkt[10:], d)
-	adjust(pkt[20+csum:], addDelta(d, delta16(bt.shadow[0], shadow)))
+	packet.Adjust(pkt[10:], d)
+	packet.Adjust(pkt[20+csum:], packet.AddDelta(d, packet.Delta16(bt.shadow[0], shadow)))
 	return PeerID(bidx + 1)
 }
 
@@ -78,7 +79,7 @@ func hdrInto(dst []byte, src, dstA uint32, sport, dport uint16, proto Proto, fla
 	dst[9] = byte(proto)
 	binary.BigEndian.PutUint32(dst[12:], src)
 	binary.BigEndian.PutUint32(dst[16:], dstA)
-	IPv4(dst).UpdateChecksum()
+	packet.IPv4(dst).UpdateChecksum()
 	binary.BigEndian.PutUint16(l4[0:], sport)
 	binary.BigEndian.PutUint16(l4[2:], dport)
 	var s, d [4]byte
@@ -94,8 +95,8 @@ func hdrInto(dst []byte, src, dstA uint32, sport, dport uint16, proto Proto, fla
 	} else {
 		binary.BigEndian.PutUint16(l4[4:], uint16(l4len))
 	}
-	sum := sum64(l4) + psum + uint64(PseudoHeaderSum(s, d, proto, l4len))
-	c := ^fold64(sum)
+	sum := packet.Sum(l4) + psum + uint64(packet.PseudoHeaderSum(s, d, proto, l4len))
+	c := ^packet.Fold(sum)
 	if c == 0 && proto == ProtoUDP {
 		c = 0xffff
 	}
@@ -126,16 +127,16 @@ func newBenchTable(tb testing.TB, proto Proto, flows, size int) *benchTable {
 	if err := n.SetListener(l, ListenerConfig{Backends: backends}); err != nil {
 		tb.Fatal(err)
 	}
-	hl := 20 + UDPHeaderLen
+	hl := 20 + packet.UDPHeaderLen
 	if proto == ProtoTCP {
-		hl = 20 + TCPMinHeaderLen
+		hl = 20 + packet.TCPMinHeaderLen
 	}
 	plen := size - hl
 	payload := make([]byte, plen)
 	for i := range payload {
 		payload[i] = byte(i)
 	}
-	psum := sum64(payload)
+	psum := packet.Sum(payload)
 	bt := &benchTable{nat: n, proto: proto, flows: flows, hl: hl, shadow: make([]uint16, flows), now: time.Now()}
 	pkt := make([]byte, size)
 	copy(pkt[hl:], payload)
@@ -143,18 +144,18 @@ func newBenchTable(tb testing.TB, proto Proto, flows, size int) *benchTable {
 	for i := range flows {
 		src, sport := benchClient(i)
 		if proto == ProtoTCP {
-			hdrInto(pkt[:hl], src, vip, sport, 443, proto, TCPFlagSYN, 0, 0)
+			hdrInto(pkt[:hl], src, vip, sport, 443, proto, packet.TCPFlagSYN, 0, 0)
 			r := n.FromHost(pkt[:hl], bt.now)
 			if r.Verdict != Forward {
 				tb.Fatalf("flow %d: SYN: %v %v", i, r.Verdict, r.Reason)
 			}
 			b := pkt[:hl]
-			hdrInto(b, binary.BigEndian.Uint32(b[16:]), binary.BigEndian.Uint32(b[12:]), binary.BigEndian.Uint16(b[22:]), binary.BigEndian.Uint16(b[20:]), proto, TCPFlagSYN|TCPFlagACK, 0, 0)
+			hdrInto(b, binary.BigEndian.Uint32(b[16:]), binary.BigEndian.Uint32(b[12:]), binary.BigEndian.Uint16(b[22:]), binary.BigEndian.Uint16(b[20:]), proto, packet.TCPFlagSYN|packet.TCPFlagACK, 0, 0)
 			if r2 := n.FromPeer(b, r.Peer, bt.now); r2.Verdict != Forward {
 				tb.Fatalf("flow %d: SYN-ACK: %v %v", i, r2.Verdict, r2.Reason)
 			}
 		}
-		hdrInto(pkt[:hl], src, vip, sport, 443, proto, TCPFlagACK, plen, psum)
+		hdrInto(pkt[:hl], src, vip, sport, 443, proto, packet.TCPFlagACK, plen, psum)
 		if i == 0 {
 			bt.tmplOut = append([]byte(nil), pkt[:hl]...)
 		}
@@ -170,7 +171,7 @@ func newBenchTable(tb testing.TB, proto Proto, flows, size int) *benchTable {
 		bt.shadow[i] = shadow
 		if i == 0 {
 			bt.tmplIn = make([]byte, hl)
-			hdrInto(bt.tmplIn, benchBackend(bidx), addr4(localAddr), 8000, shadow, proto, TCPFlagACK, plen, psum)
+			hdrInto(bt.tmplIn, benchBackend(bidx), addr4(localAddr), 8000, shadow, proto, packet.TCPFlagACK, plen, psum)
 		}
 	}
 	runtime.GC()
@@ -234,11 +235,11 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 		}
 	}
 	mask := bt.flows - 1
-	const stride = 0x9e3779b1 // odd: visits every flow, scattered
-	j := 0                    // the flow of the next header to write
+	const stride uint64 = 0x9e3779b1 // odd: visits every flow, scattered (uint64: fits on 32-bit too)
+	j := 0                           // the flow of the next header to write
 	for i := range ahead {
 		peers[i] = bt.header(bufs[i], j, in)
-		j = (j + stride) & mask
+		j = int((uint64(j) + stride) & uint64(mask))
 	}
 	now := bt.now
 	b.ReportAllocs()
@@ -249,7 +250,7 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 		for i := range b.N {
 			w := (i + ahead) % ring
 			peers[w] = bt.header(bufs[w], j, true)
-			j = (j + stride) & mask
+			j = int((uint64(j) + stride) & uint64(mask))
 			if r := bt.nat.FromPeer(bufs[i%ring], peers[i%ring], now); r.Verdict != Forward {
 				b.Fatalf("%v %v", r.Verdict, r.Reason)
 			}
@@ -258,7 +259,7 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 		for i := range b.N {
 			w := (i + ahead) % ring
 			bt.header(bufs[w], j, false)
-			j = (j + stride) & mask
+			j = int((uint64(j) + stride) & uint64(mask))
 			if r := bt.nat.FromHost(bufs[i%ring], now); r.Verdict != Forward {
 				b.Fatalf("%v %v", r.Verdict, r.Reason)
 			}
@@ -291,7 +292,7 @@ func benchTranslateBatch(b *testing.B, bt *benchTable, size int, in bool) {
 	}
 	res := make([]Result, batch)
 	mask := bt.flows - 1
-	const stride = 0x9e3779b1
+	const stride uint64 = 0x9e3779b1
 	// For FromPeerBatch: per peer, the flows bound to it, so that a batch
 	// holds one peer's packets in scattered order.
 	var byPeer [][]int
@@ -317,14 +318,14 @@ func benchTranslateBatch(b *testing.B, bt *benchTable, size int, in bool) {
 				list = byPeer[peer]
 			}
 			for i := range pkts {
-				bt.header(pkts[i], list[(j+i*stride)%len(list)], true)
+				bt.header(pkts[i], list[(uint64(j)+uint64(i)*stride)%uint64(len(list))], true)
 			}
-			j = (j + stride) & mask
+			j = int((uint64(j) + stride) & uint64(mask))
 			bt.nat.FromPeerBatch(pkts, peer, now, res)
 		} else {
 			for i := range pkts {
 				bt.header(pkts[i], j, false)
-				j = (j + stride) & mask
+				j = int((uint64(j) + stride) & uint64(mask))
 			}
 			bt.nat.FromHostBatch(pkts, now, res)
 		}
@@ -371,7 +372,7 @@ func BenchmarkReassemble(b *testing.B) {
 			p := buf[:len(f)]
 			copy(p, f)
 			binary.BigEndian.PutUint16(p[4:], uint16(i)) // a new datagram id each time
-			IPv4(p).UpdateChecksum()
+			packet.IPv4(p).UpdateChecksum()
 			if r := n.FromHost(p, now); r.Verdict == Drop {
 				b.Fatalf("%v", r.Reason)
 			}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // Both packet sides, the clock-driven sweep and the control API run at
@@ -39,7 +41,7 @@ func TestConcurrentSidesSweepAndControl(t *testing.T) {
 			mu.Lock()
 			var p []byte
 			if len(replies) > 0 {
-				p = replyTo(replies[i%len(replies)], TCPFlagACK, "y")
+				p = replyTo(replies[i%len(replies)], packet.TCPFlagACK, "y")
 			}
 			mu.Unlock()
 			if p != nil {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // The defaults tests pin each of the spec's numbers by behaviour, with
@@ -71,8 +73,8 @@ func TestDefaultQuarantine120s(t *testing.T) {
 // from src to dst with IPv4 id.
 func firstFragment(src, dst netip.AddrPort, id uint16) []byte {
 	p := P{Src: src.Addr(), Dst: dst.Addr(), Proto: ProtoUDP, Sport: src.Port(), Dport: dst.Port(), Payload: make([]byte, 16), ID: id}.Build()
-	binary.BigEndian.PutUint16(p[6:], ipv4FlagMF)
-	IPv4(p).UpdateChecksum()
+	binary.BigEndian.PutUint16(p[6:], packet.IPv4FlagMF)
+	packet.IPv4(p).UpdateChecksum()
 	return p
 }
 

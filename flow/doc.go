@@ -55,8 +55,8 @@
 // get their quoted headers translated, so the client's stack sees the error
 // for its own VIP flow.
 //
-// The package also holds the header views it is built on (IPv4, TCP, UDP,
-// ICMPv4: one Validate, then accessors) and the checksum helpers, and two
+// Headers are read, validated and rewritten through the packet package
+// (its views, checksums and RFC 1624 deltas). The package holds two
 // PortReservers: MemReserver (in memory, optionally keyed per backend for
 // tables beyond 64k flows) and OSReserver (real sockets bound on the overlay
 // address, Linux).

@@ -1,34 +1,27 @@
 package flow_test
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 
 	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
 // udpPacket builds an IPv4/UDP packet with correct checksums.
 func udpPacket(src, dst netip.AddrPort, payload string) []byte {
-	p := make([]byte, 28+len(payload))
-	p[0], p[8], p[9] = 0x45, 64, byte(flow.ProtoUDP)
-	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
-	s, d := src.Addr().As4(), dst.Addr().As4()
-	copy(p[12:], s[:])
-	copy(p[16:], d[:])
-	flow.IPv4(p).UpdateChecksum()
-	binary.BigEndian.PutUint16(p[20:], src.Port())
-	binary.BigEndian.PutUint16(p[22:], dst.Port())
-	binary.BigEndian.PutUint16(p[24:], uint16(8+len(payload)))
-	copy(p[28:], payload)
-	binary.BigEndian.PutUint16(p[26:], flow.Checksum(p[20:], flow.PseudoHeaderSum(s, d, flow.ProtoUDP, 8+len(payload))))
+	p, err := packet.AppendUDP(nil, packet.IPv4Fields{Src: src.Addr(), Dst: dst.Addr()},
+		packet.UDPFields{SrcPort: src.Port(), DstPort: dst.Port()}, []byte(payload))
+	if err != nil {
+		panic(err)
+	}
 	return p
 }
 
 func show(p []byte) string {
-	ip := flow.IPv4(p)
-	u := flow.UDP(ip.Payload())
+	ip := packet.IPv4(p)
+	u := packet.UDP(ip.Payload())
 	return fmt.Sprintf("%v:%d → %v:%d", ip.Src(), u.SrcPort(), ip.Dst(), u.DstPort())
 }
 
@@ -59,7 +52,7 @@ func Example() {
 	r := nat.FromHost(q, clock.Now())
 	fmt.Println(r.Verdict, "to peer", r.Peer, show(q))
 
-	a := udpPacket(netip.AddrPortFrom(backend.Addr, 5353), netip.AddrPortFrom(local, flow.UDP(flow.IPv4(q).Payload()).SrcPort()), "answer")
+	a := udpPacket(netip.AddrPortFrom(backend.Addr, 5353), netip.AddrPortFrom(local, packet.UDP(packet.IPv4(q).Payload()).SrcPort()), "answer")
 	r = nat.FromPeer(a, backend.Peer, clock.Now())
 	fmt.Println(r.Verdict, show(a))
 

@@ -1,6 +1,10 @@
 package flow
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/vipkit/vipkit/packet"
+)
 
 // Fragment reassembly (before NAT) and fragmentation (after it).
 //
@@ -18,7 +22,7 @@ import "encoding/binary"
 // asks); exact duplicates are dropped alone. An incomplete datagram expires
 // FragTimeout after its last fragment, by the clock-driven sweep.
 
-const fragHeadroom = IPv4MaxHeaderLen
+const fragHeadroom = packet.IPv4MaxHeaderLen
 
 type fragKey struct {
 	side  side
@@ -39,7 +43,7 @@ type span struct{ start, end int }
 type fragEntry struct {
 	key      fragKey
 	buf      []byte // fragHeadroom + 65535: the datagram is assembled in place
-	hdr      [IPv4MaxHeaderLen]byte
+	hdr      [packet.IPv4MaxHeaderLen]byte
 	hl       int
 	spans    []span
 	total    int // payload length, -1 until the last fragment
@@ -77,7 +81,7 @@ func (fc *fragCache) add(k fragKey) *fragEntry {
 		e = fc.spare[l-1]
 		fc.spare = fc.spare[:l-1]
 	} else {
-		e = &fragEntry{buf: make([]byte, fragHeadroom+IPv4MaxPacketLen), spans: make([]span, 0, 8)}
+		e = &fragEntry{buf: make([]byte, fragHeadroom+packet.IPv4MaxPacketLen), spans: make([]span, 0, 8)}
 	}
 	e.key, e.hl, e.total, e.got, e.poisoned = k, 0, -1, 0, 0
 	e.spans = e.spans[:0]
@@ -112,8 +116,8 @@ func (fc *fragCache) poison(e *fragEntry, r DropReason) {
 // fragmentLocked takes one validated fragment. When it completes a
 // datagram, the datagram is translated and emitted.
 func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result {
-	ip := IPv4(pkt)
-	if s == sidePeer && n.beRefs[binary.BigEndian.Uint32(pkt[ipv4Src:])] == 0 {
+	ip := packet.IPv4(pkt)
+	if s == sidePeer && n.beRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 {
 		// Not from a backend address with bindings: not NAT traffic, left
 		// for the host to reassemble.
 		return pass
@@ -124,7 +128,7 @@ func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result 
 	mf := ip.MF()
 	end := off + len(data)
 	fc := &n.frags
-	k := fragKey{s, peer, binary.BigEndian.Uint32(pkt[ipv4Src:]), binary.BigEndian.Uint32(pkt[ipv4Dst:]), ip.ID(), pkt[ipv4Proto]}
+	k := fragKey{s, peer, binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:]), binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:]), ip.ID(), pkt[packet.IPv4ProtoOff]}
 	e := fc.m[k]
 	if e != nil && e.poisoned != 0 {
 		return n.drop(e.poisoned)
@@ -135,7 +139,7 @@ func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result 
 		}
 		return n.drop(r)
 	}
-	if end+hl > IPv4MaxPacketLen {
+	if end+hl > packet.IPv4MaxPacketLen {
 		return poison(ReasonFragTooBig)
 	}
 	if mf && (len(data) == 0 || len(data)%8 != 0) {
@@ -189,14 +193,14 @@ func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result 
 	}
 	// Complete: build the datagram in place behind the payload.
 	hl = e.hl
-	if hl+e.total > IPv4MaxPacketLen {
+	if hl+e.total > packet.IPv4MaxPacketLen {
 		return poison(ReasonFragTooBig)
 	}
 	dg := e.buf[fragHeadroom-hl : fragHeadroom+e.total]
 	copy(dg, e.hdr[:hl])
-	binary.BigEndian.PutUint16(dg[ipv4TotalLen:], uint16(len(dg)))
-	binary.BigEndian.PutUint16(dg[ipv4FlagsOff:], binary.BigEndian.Uint16(dg[ipv4FlagsOff:])&ipv4FlagDF)
-	IPv4(dg).UpdateChecksum()
+	binary.BigEndian.PutUint16(dg[packet.IPv4TotalLenOff:], uint16(len(dg)))
+	binary.BigEndian.PutUint16(dg[packet.IPv4FlagsOff:], binary.BigEndian.Uint16(dg[packet.IPv4FlagsOff:])&packet.IPv4FlagDF)
+	packet.IPv4(dg).UpdateChecksum()
 	fc.remove(e)
 	defer fc.recycle(e)
 	n.reassembled++
@@ -248,14 +252,14 @@ func (n *NAT) emitFragmentsLocked(dir Direction, pkt []byte, mtu int) bool {
 		return true
 	}
 	n.fragmented++
-	ip := IPv4(pkt)
+	ip := packet.IPv4(pkt)
 	hl := ip.HeaderLen()
 	payload := pkt[hl:]
 	baseOff := ip.FragOffset()
 	baseMF := ip.MF()
-	var later [IPv4MaxHeaderLen]byte
-	ll := IPv4MinHeaderLen + copiedOptions(later[IPv4MinHeaderLen:], pkt[IPv4MinHeaderLen:hl])
-	copy(later[:IPv4MinHeaderLen], pkt[:IPv4MinHeaderLen])
+	var later [packet.IPv4MaxHeaderLen]byte
+	ll := packet.IPv4MinHeaderLen + copiedOptions(later[packet.IPv4MinHeaderLen:], pkt[packet.IPv4MinHeaderLen:hl])
+	copy(later[:packet.IPv4MinHeaderLen], pkt[:packet.IPv4MinHeaderLen])
 	later[0] = 0x40 | byte(ll/4)
 	buf := n.scratch
 	for off := 0; off < len(payload); {
@@ -267,13 +271,13 @@ func (n *NAT) emitFragmentsLocked(dir Direction, pkt []byte, mtu int) bool {
 		last := off+size == len(payload)
 		copy(buf, h)
 		copy(buf[len(h):], payload[off:off+size])
-		f := IPv4(buf[:len(h)+size])
-		binary.BigEndian.PutUint16(f[ipv4TotalLen:], uint16(len(f)))
+		f := packet.IPv4(buf[:len(h)+size])
+		binary.BigEndian.PutUint16(f[packet.IPv4TotalLenOff:], uint16(len(f)))
 		fo := uint16((baseOff + off) / 8)
 		if !last || baseMF {
-			fo |= ipv4FlagMF
+			fo |= packet.IPv4FlagMF
 		}
-		binary.BigEndian.PutUint16(f[ipv4FlagsOff:], fo)
+		binary.BigEndian.PutUint16(f[packet.IPv4FlagsOff:], fo)
 		f.UpdateChecksum()
 		n.o.Emit(dir, f)
 		off += size
@@ -320,22 +324,22 @@ func (n *NAT) fragNeededLocked(pkt []byte, hl, mtu int, dir Direction) {
 	if n.o.Emit == nil {
 		return
 	}
-	q := min(len(pkt), hl+icmpMinQuotedL4)
-	out := n.scratch[:IPv4MinHeaderLen+ICMPv4HeaderLen+q]
-	clear(out[:IPv4MinHeaderLen+ICMPv4HeaderLen])
+	q := min(len(pkt), hl+packet.ICMPv4MinQuoted)
+	out := n.scratch[:packet.IPv4MinHeaderLen+packet.ICMPv4HeaderLen+q]
+	clear(out[:packet.IPv4MinHeaderLen+packet.ICMPv4HeaderLen])
 	out[0] = 0x45
-	binary.BigEndian.PutUint16(out[ipv4TotalLen:], uint16(len(out)))
-	out[ipv4TTL] = 64
-	out[ipv4Proto] = byte(ProtoICMP)
-	copy(out[ipv4Src:ipv4Src+4], pkt[ipv4Dst:ipv4Dst+4])
-	copy(out[ipv4Dst:ipv4Dst+4], pkt[ipv4Src:ipv4Src+4])
-	icmp := out[IPv4MinHeaderLen:]
-	icmp[icmpType] = ICMPDestUnreachable
-	icmp[icmpCode] = ICMPCodeFragNeeded
-	binary.BigEndian.PutUint16(icmp[icmpMTU:], uint16(mtu))
-	copy(icmp[ICMPv4HeaderLen:], pkt[:q])
-	binary.BigEndian.PutUint16(icmp[icmpChecksum:], Checksum(icmp, 0))
-	IPv4(out).UpdateChecksum()
+	binary.BigEndian.PutUint16(out[packet.IPv4TotalLenOff:], uint16(len(out)))
+	out[packet.IPv4TTLOff] = 64
+	out[packet.IPv4ProtoOff] = byte(ProtoICMP)
+	copy(out[packet.IPv4SrcOff:packet.IPv4SrcOff+4], pkt[packet.IPv4DstOff:packet.IPv4DstOff+4])
+	copy(out[packet.IPv4DstOff:packet.IPv4DstOff+4], pkt[packet.IPv4SrcOff:packet.IPv4SrcOff+4])
+	icmp := out[packet.IPv4MinHeaderLen:]
+	icmp[packet.ICMPv4TypeOff] = packet.ICMPDestUnreachable
+	icmp[packet.ICMPv4CodeOff] = packet.ICMPCodeFragNeeded
+	binary.BigEndian.PutUint16(icmp[packet.ICMPv4MTUOff:], uint16(mtu))
+	copy(icmp[packet.ICMPv4HeaderLen:], pkt[:q])
+	binary.BigEndian.PutUint16(icmp[packet.ICMPv4ChecksumOff:], packet.Checksum(icmp, 0))
+	packet.IPv4(out).UpdateChecksum()
 	n.icmpSent++
 	n.o.Emit(dir, out)
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 func bigUDP(sport uint16, n int, id uint16) []byte {
@@ -30,7 +32,7 @@ func TestFragmentsReassembledOutOfOrder(t *testing.T) {
 	dg := reassemble(t, [][]byte{out[0].pkt, out[1].pkt, out[2].pkt})
 	require.Equal(t, pkt[28:], dg[28:])
 	requireSums(t, dg)
-	require.Equal(t, be1.Addr, IPv4(dg).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(dg).Dst())
 }
 
 func TestFragmentOverlapDiscardsDatagram(t *testing.T) {
@@ -41,8 +43,8 @@ func TestFragmentOverlapDiscardsDatagram(t *testing.T) {
 	require.Equal(t, Consumed, f.host(frags[0]).Verdict)
 	// A fragment overlapping the first one's tail.
 	ov := append([]byte(nil), frags[1]...)
-	binary.BigEndian.PutUint16(ov[6:], ipv4FlagMF|uint16((1200-16)/8))
-	IPv4(ov).UpdateChecksum()
+	binary.BigEndian.PutUint16(ov[6:], packet.IPv4FlagMF|uint16((1200-16)/8))
+	packet.IPv4(ov).UpdateChecksum()
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonFragOverlap}, f.host(ov))
 	// The rest of the datagram is dropped too: nothing is ever emitted.
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonFragOverlap}, f.host(frags[1]))
@@ -134,13 +136,13 @@ func TestFragmentTooBig(t *testing.T) {
 	frags := fragment(bigUDP(5000, 3000, 5), 1200)
 	last := append([]byte(nil), frags[2]...)
 	binary.BigEndian.PutUint16(last[6:], 8190) // offset 65520
-	IPv4(last).UpdateChecksum()
+	packet.IPv4(last).UpdateChecksum()
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonFragTooBig}, f.host(last))
 	// Non-last fragments must be multiples of 8.
 	odd := P{Src: localAddr, Dst: vipAddr, Proto: 0xfe, Payload: make([]byte, 13), ID: 9}.Build()
 	odd[9] = byte(ProtoUDP)
-	binary.BigEndian.PutUint16(odd[6:], ipv4FlagMF)
-	IPv4(odd).UpdateChecksum()
+	binary.BigEndian.PutUint16(odd[6:], packet.IPv4FlagMF)
+	packet.IPv4(odd).UpdateChecksum()
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonBadLength}, f.host(odd))
 }
 
@@ -163,7 +165,7 @@ func TestFragmentScopedBySender(t *testing.T) {
 	out := f.takeOut()
 	require.Len(t, out, 3)
 	dg := reassemble(t, [][]byte{out[0].pkt, out[1].pkt, out[2].pkt})
-	require.Equal(t, vipAddr, IPv4(dg).Src())
+	require.Equal(t, vipAddr, packet.IPv4(dg).Src())
 	requireSums(t, dg)
 }
 
@@ -190,9 +192,9 @@ func TestFragmentOptionsCopied(t *testing.T) {
 	require.Equal(t, Consumed, f.host(pkt).Verdict)
 	out := f.takeOut()
 	require.Greater(t, len(out), 1)
-	require.Equal(t, 28, IPv4(out[0].pkt).HeaderLen())
+	require.Equal(t, 28, packet.IPv4(out[0].pkt).HeaderLen())
 	for _, e := range out[1:] {
-		ip := IPv4(e.pkt)
+		ip := packet.IPv4(e.pkt)
 		require.Equal(t, 24, ip.HeaderLen())
 		require.Equal(t, []byte{0x94, 4, 0, 0}, []byte(ip[20:24]))
 	}

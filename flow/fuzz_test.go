@@ -1,13 +1,14 @@
 package flow
 
 import (
-	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/packet"
 )
 
 // seedPackets are the unit tables' packets, used as fuzz corpus seeds.
@@ -15,109 +16,15 @@ func seedPackets() [][]byte {
 	good := udpTo(5000, "payload")
 	s := syn(40000, 1)
 	frags := fragment(bigUDP(5000, 3000, 1), 1200)
-	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 3, Payload: s}.Build()
+	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: s}.Build()
 	bad := append([]byte(nil), good...)
 	bad[10] ^= 1
 	opts := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 1, Dport: 53, Options: []byte{0x94, 4, 0, 0}}.Build()
 	return [][]byte{
 		good, s, icmp, bad, opts, frags[0], frags[1], frags[2], good[:10], {0x45}, {0x60, 0, 0, 0},
 		P{Src: be1.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: be1.Port, Dport: 33000, Payload: []byte("x")}.Build(),
-		P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: ICMPEchoRequest}.Build(),
+		P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPEchoRequest}.Build(),
 	}
-}
-
-func FuzzIPv4(f *testing.F) {
-	for _, p := range seedPackets() {
-		f.Add(p)
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		ip := IPv4(b)
-		if ip.Validate() != nil {
-			return
-		}
-		require.LessOrEqual(t, ip.HeaderLen(), len(b))
-		require.Equal(t, len(b), ip.TotalLen())
-		_ = ip.Payload()
-		_, _, _, _, _ = ip.Src(), ip.Dst(), ip.ID(), ip.FragOffset(), ip.Protocol()
-		// A valid header's checksum verifies, and recomputing changes nothing.
-		cp := append([]byte(nil), b...)
-		IPv4(cp).UpdateChecksum()
-		require.Equal(t, ip.Checksum(), IPv4(cp).Checksum())
-	})
-}
-
-func FuzzTCP(f *testing.F) {
-	f.Add(syn(1, 2)[20:])
-	f.Add([]byte{0, 1, 0, 2})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h := TCP(b)
-		if h.Validate() != nil {
-			return
-		}
-		require.LessOrEqual(t, h.HeaderLen(), len(b))
-		_ = h.Payload()
-		_, _, _, _, _ = h.SrcPort(), h.DstPort(), h.Seq(), h.Ack(), h.Flags()
-	})
-}
-
-func FuzzUDP(f *testing.F) {
-	f.Add(udpTo(1, "x")[20:])
-	f.Add([]byte{0, 1, 0, 2, 0, 200, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h := UDP(b)
-		if h.Validate() != nil {
-			return
-		}
-		require.LessOrEqual(t, h.Length(), len(b))
-		_ = h.Payload()
-	})
-}
-
-func FuzzICMPv4(f *testing.F) {
-	f.Add(P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: 3, ICMPCode: 4, ICMPRest: 1400, Payload: syn(1, 1)}.Build()[20:])
-	f.Fuzz(func(t *testing.T, b []byte) {
-		h := ICMPv4(b)
-		if h.Validate() != nil {
-			return
-		}
-		_, _, _, _ = h.Type(), h.Code(), h.MTU(), h.IsError()
-		_ = h.Quoted()
-	})
-}
-
-// FuzzChecksumIncremental checks RFC 1624 updates against a full recompute
-// for arbitrary data and arbitrary 32-bit and 16-bit rewrites.
-func FuzzChecksumIncremental(f *testing.F) {
-	f.Add([]byte("0123456789abcdef"), uint32(0xc0a80001), uint16(443), uint8(4))
-	f.Add([]byte{0xff, 0xff, 0, 0, 0xff, 0xff}, uint32(0), uint16(0), uint8(0))
-	f.Fuzz(func(t *testing.T, data []byte, v32 uint32, v16 uint16, at uint8) {
-		if len(data) < 8 {
-			return
-		}
-		buf := append([]byte{0, 0}, data...) // checksum field at 0
-		binary.BigEndian.PutUint16(buf, Checksum(buf, 0))
-		off := 2 + 2*(int(at)%((len(data)-4)/2+1))
-		if off+4 > len(buf) {
-			return
-		}
-		old32 := binary.BigEndian.Uint32(buf[off:])
-		binary.BigEndian.PutUint32(buf[off:], v32)
-		adjust(buf, delta32(old32, v32))
-		want := append([]byte(nil), buf...)
-		binary.BigEndian.PutUint16(want, 0)
-		binary.BigEndian.PutUint16(want, Checksum(want, 0))
-		// Equal as one's-complement values (the only ambiguity is ±0, which
-		// RFC 1624 eqn. 3 avoids for nonzero data).
-		require.Equal(t, binary.BigEndian.Uint16(want), binary.BigEndian.Uint16(buf))
-		// A 16-bit rewrite too.
-		o := binary.BigEndian.Uint16(buf[off+2:])
-		binary.BigEndian.PutUint16(buf[off+2:], v16)
-		adjust(buf, delta16(o, v16))
-		binary.BigEndian.PutUint16(want[off+2:], v16)
-		binary.BigEndian.PutUint16(want, 0)
-		binary.BigEndian.PutUint16(want, Checksum(want, 0))
-		require.Equal(t, binary.BigEndian.Uint16(want), binary.BigEndian.Uint16(buf))
-	})
 }
 
 // fuzzNAT builds a NAT with a TCP, a UDP and a hairpin listener and small

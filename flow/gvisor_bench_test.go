@@ -14,6 +14,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // gvisorNAT is gVisor netstack's own NAT: a forwarding stack with two
@@ -122,7 +124,7 @@ func BenchmarkVsGVisorNAT(b *testing.B) {
 	// Both really translate: check once.
 	out := make([]byte, 1500)
 	got := g.forward(stream[0], out)
-	if got == nil || IPv4(got).Dst() != be1.Addr || binary.BigEndian.Uint16(got[22:]) != be1.Port {
+	if got == nil || packet.IPv4(got).Dst() != be1.Addr || binary.BigEndian.Uint16(got[22:]) != be1.Port {
 		st := g.s.Stats().IP
 		b.Fatalf("gVisor did not DNAT: %x (received %d, prerouting dropped %d, invalid dst %d, forward errs %d/%d/%d, malformed %d)", got,
 			st.PacketsReceived.Value(), st.IPTablesPreroutingDropped.Value(), st.InvalidDestinationAddressesReceived.Value(),
@@ -130,7 +132,7 @@ func BenchmarkVsGVisorNAT(b *testing.B) {
 	}
 	pkt := make([]byte, 64)
 	copy(pkt, stream[0])
-	if r := n.FromHost(pkt, time.Now()); r.Verdict != Forward || IPv4(pkt).Dst() != be1.Addr {
+	if r := n.FromHost(pkt, time.Now()); r.Verdict != Forward || packet.IPv4(pkt).Dst() != be1.Addr {
 		b.Fatalf("flow: %v", r)
 	}
 

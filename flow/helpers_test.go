@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -34,11 +36,11 @@ func (p P) Build() []byte {
 	for len(opts)%4 != 0 {
 		opts = append(opts, 0)
 	}
-	hl := IPv4MinHeaderLen + len(opts)
+	hl := packet.IPv4MinHeaderLen + len(opts)
 	var l4 []byte
 	switch p.Proto {
 	case ProtoTCP:
-		l4 = make([]byte, TCPMinHeaderLen+len(p.Payload))
+		l4 = make([]byte, packet.TCPMinHeaderLen+len(p.Payload))
 		binary.BigEndian.PutUint16(l4[0:], p.Sport)
 		binary.BigEndian.PutUint16(l4[2:], p.Dport)
 		binary.BigEndian.PutUint32(l4[4:], p.Seq)
@@ -48,13 +50,13 @@ func (p P) Build() []byte {
 		binary.BigEndian.PutUint16(l4[14:], 65535)
 		copy(l4[20:], p.Payload)
 	case ProtoUDP:
-		l4 = make([]byte, UDPHeaderLen+len(p.Payload))
+		l4 = make([]byte, packet.UDPHeaderLen+len(p.Payload))
 		binary.BigEndian.PutUint16(l4[0:], p.Sport)
 		binary.BigEndian.PutUint16(l4[2:], p.Dport)
 		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
 		copy(l4[8:], p.Payload)
 	case ProtoICMP:
-		l4 = make([]byte, ICMPv4HeaderLen+len(p.Payload))
+		l4 = make([]byte, packet.ICMPv4HeaderLen+len(p.Payload))
 		l4[0], l4[1] = p.ICMPType, p.ICMPCode
 		binary.BigEndian.PutUint32(l4[4:], p.ICMPRest)
 		copy(l4[8:], p.Payload)
@@ -66,7 +68,7 @@ func (p P) Build() []byte {
 	binary.BigEndian.PutUint16(pkt[2:], uint16(len(pkt)))
 	binary.BigEndian.PutUint16(pkt[4:], p.ID)
 	if p.DF {
-		binary.BigEndian.PutUint16(pkt[6:], ipv4FlagDF)
+		binary.BigEndian.PutUint16(pkt[6:], packet.IPv4FlagDF)
 	}
 	pkt[8] = p.TTL
 	if pkt[8] == 0 {
@@ -78,14 +80,14 @@ func (p P) Build() []byte {
 	copy(pkt[16:], d4[:])
 	copy(pkt[20:], opts)
 	copy(pkt[hl:], l4)
-	IPv4(pkt).UpdateChecksum()
+	packet.IPv4(pkt).UpdateChecksum()
 	fixL4(pkt, p.NoUDPCsum)
 	return pkt
 }
 
 // fixL4 recomputes the L4 checksum of a whole packet.
 func fixL4(pkt []byte, noUDP bool) {
-	hl := IPv4(pkt).HeaderLen()
+	hl := packet.IPv4(pkt).HeaderLen()
 	l4 := pkt[hl:]
 	var s, d [4]byte
 	copy(s[:], pkt[12:16])
@@ -93,20 +95,20 @@ func fixL4(pkt []byte, noUDP bool) {
 	switch Proto(pkt[9]) {
 	case ProtoTCP:
 		binary.BigEndian.PutUint16(l4[16:], 0)
-		binary.BigEndian.PutUint16(l4[16:], Checksum(l4, PseudoHeaderSum(s, d, ProtoTCP, len(l4))))
+		binary.BigEndian.PutUint16(l4[16:], packet.Checksum(l4, packet.PseudoHeaderSum(s, d, ProtoTCP, len(l4))))
 	case ProtoUDP:
 		binary.BigEndian.PutUint16(l4[6:], 0)
 		if noUDP {
 			return
 		}
-		c := Checksum(l4, PseudoHeaderSum(s, d, ProtoUDP, len(l4)))
+		c := packet.Checksum(l4, packet.PseudoHeaderSum(s, d, ProtoUDP, len(l4)))
 		if c == 0 {
 			c = 0xffff
 		}
 		binary.BigEndian.PutUint16(l4[6:], c)
 	case ProtoICMP:
 		binary.BigEndian.PutUint16(l4[2:], 0)
-		binary.BigEndian.PutUint16(l4[2:], Checksum(l4, 0))
+		binary.BigEndian.PutUint16(l4[2:], packet.Checksum(l4, 0))
 	}
 }
 
@@ -115,12 +117,12 @@ func fixL4(pkt []byte, noUDP bool) {
 func requireSums(t testing.TB, pkt []byte) {
 	t.Helper()
 	cp := append([]byte(nil), pkt...)
-	IPv4(cp).UpdateChecksum()
-	require.Equal(t, IPv4(cp).Checksum(), IPv4(pkt).Checksum(), "IPv4 header checksum")
-	if IPv4(pkt).IsFragment() {
+	packet.IPv4(cp).UpdateChecksum()
+	require.Equal(t, packet.IPv4(cp).Checksum(), packet.IPv4(pkt).Checksum(), "IPv4 header checksum")
+	if packet.IPv4(pkt).IsFragment() {
 		return
 	}
-	hl := IPv4(pkt).HeaderLen()
+	hl := packet.IPv4(pkt).HeaderLen()
 	noUDP := Proto(pkt[9]) == ProtoUDP && binary.BigEndian.Uint16(pkt[hl+6:]) == 0
 	fixL4(cp, noUDP)
 	require.Equal(t, cp[hl:], pkt[hl:], "L4 header and checksum")
@@ -233,7 +235,7 @@ func (f *fixture) takeOut() []emitted {
 
 // syn builds a client SYN to the VIP.
 func syn(sport uint16, seq uint32) []byte {
-	return P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: 443, Flags: TCPFlagSYN, Seq: seq}.Build()
+	return P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: 443, Flags: packet.TCPFlagSYN, Seq: seq}.Build()
 }
 
 func udpTo(sport uint16, payload string) []byte {
@@ -242,7 +244,7 @@ func udpTo(sport uint16, payload string) []byte {
 
 // replyTo builds the backend's reply to a translated client packet.
 func replyTo(out []byte, flags uint8, payload string) []byte {
-	ip := IPv4(out)
+	ip := packet.IPv4(out)
 	hl := ip.HeaderLen()
 	p := P{Src: ip.Dst(), Dst: ip.Src(), Proto: ip.Protocol(), Payload: []byte(payload), Flags: flags}
 	p.Sport = binary.BigEndian.Uint16(out[hl+2:])
@@ -251,7 +253,7 @@ func replyTo(out []byte, flags uint8, payload string) []byte {
 }
 
 func ports(pkt []byte) (uint16, uint16) {
-	hl := IPv4(pkt).HeaderLen()
+	hl := packet.IPv4(pkt).HeaderLen()
 	return binary.BigEndian.Uint16(pkt[hl:]), binary.BigEndian.Uint16(pkt[hl+2:])
 }
 

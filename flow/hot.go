@@ -1,6 +1,10 @@
 package flow
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/vipkit/vipkit/packet"
+)
 
 // The fast path. An established packet is translated from its index entry
 // alone: the entry (32 bytes, one cache line with its neighbour) holds the
@@ -84,8 +88,8 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 		return Result{}, false
 	}
 	l4 := pkt[hl:]
-	tcp := pkt[ipv4Proto] == byte(ProtoTCP)
-	if tcp && l4[tcpFlags]&(TCPFlagSYN|TCPFlagFIN|TCPFlagRST) != 0 {
+	tcp := pkt[packet.IPv4ProtoOff] == byte(ProtoTCP)
+	if tcp && l4[packet.TCPFlagsOff]&(packet.TCPFlagSYN|packet.TCPFlagFIN|packet.TCPFlagRST) != 0 {
 		return Result{}, false
 	}
 	c := &n.classes[ci]
@@ -106,7 +110,7 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 		}
 		src := n.local
 		if hairpin {
-			src = binary.BigEndian.Uint32(pkt[ipv4Dst:]) // the VIP
+			src = binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:]) // the VIP
 		}
 		newA = uint64(src)<<32 | uint64(c.addr)
 		newP = uint32(v0)&0xffff0000 | uint32(c.port)
@@ -202,8 +206,8 @@ func (n *NAT) syncLocked(id uint32, now int64) {
 // deltas returns the checksum deltas of rewriting a packet with tuple from
 // to the reverse of tuple to (its source becomes to's destination, ...).
 func deltas(from, to tuple) (dIP, dL4 uint16) {
-	ip := addDelta(delta32(from.src(), to.dst()), delta32(from.dst(), to.src()))
-	l4 := addDelta(ip, addDelta(delta16(from.sport(), to.dport()), delta16(from.dport(), to.sport())))
+	ip := packet.AddDelta(packet.Delta32(from.src(), to.dst()), packet.Delta32(from.dst(), to.src()))
+	l4 := packet.AddDelta(ip, packet.AddDelta(packet.Delta16(from.sport(), to.dport()), packet.Delta16(from.dport(), to.sport())))
 	return uint16(ip), uint16(l4)
 }
 

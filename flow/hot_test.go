@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/packet"
 )
 
 // The fast path (translation from the index entry alone, counters and
@@ -53,19 +55,19 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 		case op < 8:
 			pkt = syn(sport, uint32(rng.IntN(3)))
 		case op < 11:
-			flags := []uint8{TCPFlagACK, TCPFlagACK, TCPFlagACK | TCPFlagPSH, TCPFlagFIN | TCPFlagACK, TCPFlagRST}[rng.IntN(5)]
+			flags := []uint8{packet.TCPFlagACK, packet.TCPFlagACK, packet.TCPFlagACK | packet.TCPFlagPSH, packet.TCPFlagFIN | packet.TCPFlagACK, packet.TCPFlagRST}[rng.IntN(5)]
 			pkt = P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: 443, Flags: flags, Payload: []byte("d")}.Build()
 		case op < 16:
 			out := last[sport]
 			if out == nil {
 				continue
 			}
-			flags := []uint8{0, TCPFlagACK, TCPFlagACK, TCPFlagSYN | TCPFlagACK, TCPFlagFIN | TCPFlagACK}[rng.IntN(5)]
+			flags := []uint8{0, packet.TCPFlagACK, packet.TCPFlagACK, packet.TCPFlagSYN | packet.TCPFlagACK, packet.TCPFlagFIN | packet.TCPFlagACK}[rng.IntN(5)]
 			pkt = replyTo(out, flags, "r")
-			if IPv4(out).Dst() != localAddr {
+			if packet.IPv4(out).Dst() != localAddr {
 				host = false
 				from = be1.Peer
-				if IPv4(out).Dst() == be2.Addr {
+				if packet.IPv4(out).Dst() == be2.Addr {
 					from = be2.Peer
 				}
 				if rng.IntN(10) == 0 {
@@ -105,10 +107,10 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 		}
 		require.Equal(t, res[1], res[0], "step %d", step)
 		require.Equal(t, bufs[1], bufs[0], "step %d", step)
-		if host && (res[1].Verdict == Forward || res[1].Verdict == Reflect) && IPv4(pkt).Dst() != localAddr {
+		if host && (res[1].Verdict == Forward || res[1].Verdict == Reflect) && packet.IPv4(pkt).Dst() != localAddr {
 			last[sport] = bufs[1]
 		}
-		if e := fast.nat.idx.find(packetTuple(pkt, pkt[IPv4(pkt).HeaderLen():])); e != nil && e.v1>>48 != classNone {
+		if e := fast.nat.idx.find(packetTuple(pkt, pkt[packet.IPv4(pkt).HeaderLen():])); e != nil && e.v1>>48 != classNone {
 			hits++
 		}
 	}

@@ -1,6 +1,10 @@
 package flow
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+
+	"github.com/vipkit/vipkit/packet"
+)
 
 // icmpErrorLocked translates an ICMP error (destination unreachable, time
 // exceeded, parameter problem) whose quoted datagram belongs to a binding:
@@ -8,16 +12,16 @@ import "encoding/binary"
 // (RFC 5508 §4.2, RFC 3022 §4.3), with their checksums and the ICMP
 // checksum updated incrementally.
 func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64) Result {
-	q := pkt[hl+ICMPv4HeaderLen:]
-	if len(q) < IPv4MinHeaderLen || q[0]>>4 != 4 {
+	q := pkt[hl+packet.ICMPv4HeaderLen:]
+	if len(q) < packet.IPv4MinHeaderLen || packet.Version(q) != 4 {
 		return n.drop(ReasonICMPQuote)
 	}
-	ihl := int(q[0]&0xf) * 4
-	if ihl < IPv4MinHeaderLen || len(q) < ihl+icmpMinQuotedL4 {
+	ihl := packet.IPv4(q).HeaderLen()
+	if ihl < packet.IPv4MinHeaderLen || len(q) < ihl+packet.ICMPv4MinQuoted {
 		return n.drop(ReasonICMPQuote)
 	}
-	iproto := Proto(q[ipv4Proto])
-	if (iproto != ProtoTCP && iproto != ProtoUDP) || IPv4(q).FragOffset() != 0 {
+	iproto := Proto(q[packet.IPv4ProtoOff])
+	if (iproto != ProtoTCP && iproto != ProtoUDP) || packet.IPv4(q).FragOffset() != 0 {
 		// Legitimately not ours (an error about a ping, a later fragment):
 		// from a peer it passes; quoted to a VIP it cannot be mapped.
 		if s == sidePeer {
@@ -28,7 +32,7 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	il4 := q[ihl:]
 	// The quoted datagram travelled the other way: its swapped tuple is a
 	// tuple of ours.
-	k := mkTuple(binary.BigEndian.Uint32(q[ipv4Dst:]), binary.BigEndian.Uint32(q[ipv4Src:]),
+	k := mkTuple(binary.BigEndian.Uint32(q[packet.IPv4DstOff:]), binary.BigEndian.Uint32(q[packet.IPv4SrcOff:]),
 		binary.BigEndian.Uint16(il4[2:]), binary.BigEndian.Uint16(il4[0:]), iproto)
 	e := n.idx.find(k)
 	if e == nil {
@@ -42,7 +46,7 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	c := &n.classes[b.cls]
 	orig, reply := n.tuples(id)
 	hairpin := b.st&stHairpin != 0
-	oSrc := binary.BigEndian.Uint32(pkt[ipv4Src:])
+	oSrc := binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])
 	if dir == dirRev {
 		// An error about a packet we sent toward the backend: it goes back
 		// to the client as if the VIP had answered.
@@ -75,8 +79,8 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 		b.bytesIn += sz
 		ls.c.PacketsIn++
 		ls.c.BytesIn += sz
-		ic := ICMPv4(pkt[hl:])
-		if ic.Type() == ICMPDestUnreachable && ic.Code() == ICMPCodePortUnreach {
+		ic := packet.ICMPv4(pkt[hl:])
+		if ic.Type() == packet.ICMPDestUnreachable && ic.Code() == packet.ICMPCodePortUnreach {
 			n.reports[s] = append(n.reports[s], unreachReport{l: ls.l, b: n.backendOf(b)})
 		}
 		if s == sideHost {
@@ -116,39 +120,39 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 // and the ICMP checksum, all incrementally.
 func rewriteICMPError(pkt []byte, hl int, oSrc, oDst, iSrc, iDst uint32, iSport, iDport uint16) {
 	icmp := pkt[hl:]
-	q := icmp[ICMPv4HeaderLen:]
-	ihl := int(q[0]&0xf) * 4
+	q := icmp[packet.ICMPv4HeaderLen:]
+	ihl := packet.IPv4(q).HeaderLen()
 	il4 := q[ihl:]
 
 	var dICMP uint32
-	dAddr := addDelta(delta32(binary.BigEndian.Uint32(q[ipv4Src:]), iSrc), delta32(binary.BigEndian.Uint32(q[ipv4Dst:]), iDst))
-	binary.BigEndian.PutUint32(q[ipv4Src:], iSrc)
-	binary.BigEndian.PutUint32(q[ipv4Dst:], iDst)
-	oldIC := binary.BigEndian.Uint16(q[ipv4Checksum:])
-	adjust(q[ipv4Checksum:], dAddr)
-	dICMP = addDelta(dAddr, delta16(oldIC, binary.BigEndian.Uint16(q[ipv4Checksum:])))
+	dAddr := packet.AddDelta(packet.Delta32(binary.BigEndian.Uint32(q[packet.IPv4SrcOff:]), iSrc), packet.Delta32(binary.BigEndian.Uint32(q[packet.IPv4DstOff:]), iDst))
+	binary.BigEndian.PutUint32(q[packet.IPv4SrcOff:], iSrc)
+	binary.BigEndian.PutUint32(q[packet.IPv4DstOff:], iDst)
+	oldIC := binary.BigEndian.Uint16(q[packet.IPv4ChecksumOff:])
+	packet.Adjust(q[packet.IPv4ChecksumOff:], dAddr)
+	dICMP = packet.AddDelta(dAddr, packet.Delta16(oldIC, binary.BigEndian.Uint16(q[packet.IPv4ChecksumOff:])))
 
-	dPorts := addDelta(delta16(binary.BigEndian.Uint16(il4[0:]), iSport), delta16(binary.BigEndian.Uint16(il4[2:]), iDport))
+	dPorts := packet.AddDelta(packet.Delta16(binary.BigEndian.Uint16(il4[0:]), iSport), packet.Delta16(binary.BigEndian.Uint16(il4[2:]), iDport))
 	binary.BigEndian.PutUint16(il4[0:], iSport)
 	binary.BigEndian.PutUint16(il4[2:], iDport)
-	dICMP = addDelta(dICMP, dPorts)
-	dL4 := addDelta(dAddr, dPorts)
-	switch Proto(q[ipv4Proto]) {
+	dICMP = packet.AddDelta(dICMP, dPorts)
+	dL4 := packet.AddDelta(dAddr, dPorts)
+	switch Proto(q[packet.IPv4ProtoOff]) {
 	case ProtoUDP:
-		old := binary.BigEndian.Uint16(il4[udpChecksum:])
-		adjustUDP(il4[udpChecksum:], dL4)
-		dICMP = addDelta(dICMP, delta16(old, binary.BigEndian.Uint16(il4[udpChecksum:])))
+		old := binary.BigEndian.Uint16(il4[packet.UDPChecksumOff:])
+		packet.AdjustUDP(il4[packet.UDPChecksumOff:], dL4)
+		dICMP = packet.AddDelta(dICMP, packet.Delta16(old, binary.BigEndian.Uint16(il4[packet.UDPChecksumOff:])))
 	case ProtoTCP:
-		if len(il4) >= tcpChecksum+2 {
-			old := binary.BigEndian.Uint16(il4[tcpChecksum:])
-			adjust(il4[tcpChecksum:], dL4)
-			dICMP = addDelta(dICMP, delta16(old, binary.BigEndian.Uint16(il4[tcpChecksum:])))
+		if len(il4) >= packet.TCPChecksumOff+2 {
+			old := binary.BigEndian.Uint16(il4[packet.TCPChecksumOff:])
+			packet.Adjust(il4[packet.TCPChecksumOff:], dL4)
+			dICMP = packet.AddDelta(dICMP, packet.Delta16(old, binary.BigEndian.Uint16(il4[packet.TCPChecksumOff:])))
 		}
 	}
-	adjust(icmp[icmpChecksum:], dICMP)
+	packet.Adjust(icmp[packet.ICMPv4ChecksumOff:], dICMP)
 
-	dOuter := addDelta(delta32(binary.BigEndian.Uint32(pkt[ipv4Src:]), oSrc), delta32(binary.BigEndian.Uint32(pkt[ipv4Dst:]), oDst))
-	binary.BigEndian.PutUint32(pkt[ipv4Src:], oSrc)
-	binary.BigEndian.PutUint32(pkt[ipv4Dst:], oDst)
-	adjust(pkt[ipv4Checksum:], dOuter)
+	dOuter := packet.AddDelta(packet.Delta32(binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:]), oSrc), packet.Delta32(binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:]), oDst))
+	binary.BigEndian.PutUint32(pkt[packet.IPv4SrcOff:], oSrc)
+	binary.BigEndian.PutUint32(pkt[packet.IPv4DstOff:], oDst)
+	packet.Adjust(pkt[packet.IPv4ChecksumOff:], dOuter)
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"unsafe"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // tuple is a packed IPv4 5-tuple: k0 = src<<32 | dst (exactly the eight bytes
@@ -18,7 +20,7 @@ func mkTuple(src, dst uint32, sport, dport uint16, proto Proto) tuple {
 
 // packetTuple reads the tuple of an IPv4 packet whose L4 header starts at l4.
 func packetTuple(pkt, l4 []byte) tuple {
-	return tuple{binary.BigEndian.Uint64(pkt[ipv4Src:]), uint64(binary.BigEndian.Uint32(l4))<<32 | uint64(pkt[ipv4Proto])<<24}
+	return tuple{binary.BigEndian.Uint64(pkt[packet.IPv4SrcOff:]), uint64(binary.BigEndian.Uint32(l4))<<32 | uint64(pkt[packet.IPv4ProtoOff])<<24}
 }
 
 func (t tuple) src() uint32   { return uint32(t.k0 >> 32) }

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/packet"
 )
 
 // modelSel is a deterministic selector shared by the NAT and the model: the
@@ -126,7 +128,7 @@ type want struct {
 func (m *model) hostPacket(proto Proto, cport uint16, flags uint8, seq uint32, data bool, now time.Time) want {
 	m.expire(now)
 	b := m.active(proto, cport)
-	if b != nil && proto == ProtoTCP && flags&(TCPFlagSYN|TCPFlagACK|TCPFlagRST) == TCPFlagSYN {
+	if b != nil && proto == ProtoTCP && flags&(packet.TCPFlagSYN|packet.TCPFlagACK|packet.TCPFlagRST) == packet.TCPFlagSYN {
 		if seq != b.isn {
 			m.retire(b, now)
 			b = nil
@@ -164,7 +166,7 @@ func (m *model) hostPacket(proto Proto, cport uint16, flags uint8, seq uint32, d
 		if ls == nil || ls.removed {
 			return want{res: Result{Verdict: Drop, Reason: ReasonNoListener}}
 		}
-		if proto == ProtoTCP && flags&(TCPFlagSYN|TCPFlagACK|TCPFlagRST) != TCPFlagSYN {
+		if proto == ProtoTCP && flags&(packet.TCPFlagSYN|packet.TCPFlagACK|packet.TCPFlagRST) != packet.TCPFlagSYN {
 			return want{res: Result{Verdict: Drop, Reason: ReasonNoFlow}}
 		}
 		i := m.selectFor(ls)
@@ -185,11 +187,11 @@ func (m *model) hostPacket(proto Proto, cport uint16, flags uint8, seq uint32, d
 }
 
 func (m *model) flags(b *mBinding, fl uint8, out bool) {
-	if fl&TCPFlagRST != 0 {
+	if fl&packet.TCPFlagRST != 0 {
 		b.idle = min(b.idle, mClosed)
 		return
 	}
-	if fl&TCPFlagFIN != 0 {
+	if fl&packet.TCPFlagFIN != 0 {
 		if out {
 			b.finOut = true
 		} else {
@@ -199,7 +201,7 @@ func (m *model) flags(b *mBinding, fl uint8, out bool) {
 			b.idle = min(b.idle, mFin)
 		}
 	}
-	if !out && fl&(TCPFlagSYN|TCPFlagACK) == TCPFlagSYN|TCPFlagACK {
+	if !out && fl&(packet.TCPFlagSYN|packet.TCPFlagACK) == packet.TCPFlagSYN|packet.TCPFlagACK {
 		b.synAck = true
 	}
 }
@@ -289,7 +291,7 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 			var seq uint32
 			var payload []byte
 			if proto == ProtoTCP {
-				flags = []uint8{TCPFlagSYN, TCPFlagSYN, TCPFlagACK, TCPFlagACK | TCPFlagFIN, TCPFlagRST}[rng.IntN(5)]
+				flags = []uint8{packet.TCPFlagSYN, packet.TCPFlagSYN, packet.TCPFlagACK, packet.TCPFlagACK | packet.TCPFlagFIN, packet.TCPFlagRST}[rng.IntN(5)]
 				seq = uint32(100 * (1 + rng.IntN(2)))
 				if rng.IntN(4) == 0 {
 					payload = []byte("data")
@@ -308,7 +310,7 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 			require.Equal(t, w.res, got, ctx)
 			seen[outcome("", got)]++
 			if got.Verdict == Forward {
-				require.Equal(t, w.backend.Addr, IPv4(pkt).Dst(), ctx)
+				require.Equal(t, w.backend.Addr, packet.IPv4(pkt).Dst(), ctx)
 				sp, dp := ports(pkt)
 				require.Equal(t, w.backend.Port, dp, ctx)
 				if s, ok := shadows[w.newB]; ok {
@@ -330,7 +332,7 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 			}
 			var flags uint8
 			if b.proto == ProtoTCP {
-				flags = []uint8{TCPFlagSYN | TCPFlagACK, TCPFlagACK, TCPFlagACK | TCPFlagFIN, TCPFlagRST}[rng.IntN(4)]
+				flags = []uint8{packet.TCPFlagSYN | packet.TCPFlagACK, packet.TCPFlagACK, packet.TCPFlagACK | packet.TCPFlagFIN, packet.TCPFlagRST}[rng.IntN(4)]
 			}
 			lport := map[Proto]uint16{ProtoTCP: 443, ProtoUDP: 53}[b.proto]
 			pkt := P{Src: b.backend.Addr, Dst: localAddr, Proto: b.proto, Sport: b.backend.Port, Dport: b.shadow, Flags: flags}.Build()
@@ -340,7 +342,7 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 			seen[outcome("peer/", got)]++
 			if got.Verdict == Forward {
 				sp, dp := ports(pkt)
-				require.Equal(t, vipAddr, IPv4(pkt).Src(), ctx)
+				require.Equal(t, vipAddr, packet.IPv4(pkt).Src(), ctx)
 				require.Equal(t, lport, sp, ctx)
 				require.Equal(t, b.cport, dp, ctx)
 				requireSums(t, pkt)

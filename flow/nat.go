@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -229,7 +230,7 @@ func New(o Options) (*NAT, error) {
 	n.closedTCP, n.finTCP, n.qtn = int64(o.TCPClosedTimeout), int64(o.TCPFinTimeout), int64(o.Quarantine)
 	n.fragTimeout = int64(o.FragTimeout)
 	n.frags.init(&n.o)
-	n.scratch = make([]byte, max(o.MTU, o.HostMTU, 2*IPv4MaxHeaderLen+2*ICMPv4HeaderLen+16))
+	n.scratch = make([]byte, max(o.MTU, o.HostMTU, 2*packet.IPv4MaxHeaderLen+2*packet.ICMPv4HeaderLen+16))
 	return n, nil
 }
 
@@ -322,17 +323,17 @@ func (n *NAT) handleOne(pkt []byte, s side, peer PeerID, now time.Time) Result {
 // a VIP), only packets for LocalAddr are the NAT's, and they must pass
 // Options.Admit.
 func (n *NAT) precheck(p []byte, s side, peer PeerID, vs *vipSet) (r Result, ours bool) {
-	if len(p) < IPv4MinHeaderLen {
-		if len(p) == 0 || p[0]>>4 != 4 {
+	if len(p) < packet.IPv4MinHeaderLen {
+		if packet.Version(p) != 4 {
 			return Result{}, false
 		}
 		return n.drop(ReasonTruncated), false
 	}
-	if p[0]>>4 != 4 {
+	if packet.Version(p) != 4 {
 		return Result{}, false
 	}
-	src := binary.BigEndian.Uint32(p[ipv4Src:])
-	dst := binary.BigEndian.Uint32(p[ipv4Dst:])
+	src := binary.BigEndian.Uint32(p[packet.IPv4SrcOff:])
+	dst := binary.BigEndian.Uint32(p[packet.IPv4DstOff:])
 	if s == sideHost {
 		if !vs.has(dst) {
 			return Result{}, false
@@ -347,7 +348,7 @@ func (n *NAT) precheck(p []byte, s side, peer PeerID, vs *vipSet) (r Result, our
 			return Result{}, false
 		}
 	}
-	if err := IPv4(p).Validate(); err != nil {
+	if err := packet.IPv4(p).Validate(); err != nil {
 		return n.drop(reasonFor(err)), false
 	}
 	if s == sidePeer && n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
@@ -440,7 +441,7 @@ func (n *NAT) prefetchLocked(chunk [][]byte, out []Result) {
 		if out[i].Verdict != Consumed {
 			continue
 		}
-		hl := int(p[0]&0xf) * 4
+		hl := packet.IPv4(p).HeaderLen()
 		if len(p) < hl+4 {
 			continue
 		}
@@ -494,7 +495,7 @@ func (n *NAT) handleLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	if n.closed {
 		return n.drop(ReasonClosed)
 	}
-	if IPv4(pkt).IsFragment() {
+	if packet.IPv4(pkt).IsFragment() {
 		return n.fragmentLocked(pkt, s, peer, now)
 	}
 	return n.translateLocked(pkt, s, peer, now)
@@ -502,22 +503,22 @@ func (n *NAT) handleLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 
 // translateLocked handles a whole (unfragmented), validated IPv4 packet.
 func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result {
-	hl := int(pkt[0]&0xf) * 4
+	hl := packet.IPv4(pkt).HeaderLen()
 	l4 := pkt[hl:]
-	switch Proto(pkt[ipv4Proto]) {
+	switch Proto(pkt[packet.IPv4ProtoOff]) {
 	case ProtoTCP:
-		if err := TCP(l4).Validate(); err != nil {
+		if err := packet.TCP(l4).Validate(); err != nil {
 			return n.drop(reasonFor(err))
 		}
 	case ProtoUDP:
-		if err := UDP(l4).Validate(); err != nil {
+		if err := packet.UDP(l4).Validate(); err != nil {
 			return n.drop(reasonFor(err))
 		}
 	case ProtoICMP:
-		if len(l4) < ICMPv4HeaderLen {
+		if len(l4) < packet.ICMPv4HeaderLen {
 			return n.drop(ReasonTruncated)
 		}
-		if ICMPv4(l4).IsError() {
+		if packet.ICMPv4(l4).IsError() {
 			n.flushLocked()
 			return n.icmpErrorLocked(pkt, hl, s, peer, now)
 		}
@@ -569,8 +570,8 @@ func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 	var isn uint32
 	var synData bool
 	if k.proto() == ProtoTCP {
-		t := TCP(pkt[hl:])
-		if t.Flags()&(TCPFlagSYN|TCPFlagACK|TCPFlagRST) != TCPFlagSYN {
+		t := packet.TCP(pkt[hl:])
+		if t.Flags()&(packet.TCPFlagSYN|packet.TCPFlagACK|packet.TCPFlagRST) != packet.TCPFlagSYN {
 			return n.dropL(ls, ReasonNoFlow)
 		}
 		isn, synData = t.Seq(), len(t) > t.HeaderLen()
@@ -714,14 +715,14 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 	l4 := pkt[hl:]
 	switch k.proto() {
 	case ProtoTCP:
-		fl := l4[tcpFlags]
-		if fl&(TCPFlagSYN|TCPFlagACK|TCPFlagRST) == TCPFlagSYN {
-			if binary.BigEndian.Uint32(l4[tcpSeq:]) != b.isn {
+		fl := l4[packet.TCPFlagsOff]
+		if fl&(packet.TCPFlagSYN|packet.TCPFlagACK|packet.TCPFlagRST) == packet.TCPFlagSYN {
+			if binary.BigEndian.Uint32(l4[packet.TCPSeqOff:]) != b.isn {
 				// A new SYN sequence on a reused tuple: a new binding.
 				n.retireLocked(id, now)
 				return n.newFlowLocked(pkt, hl, k, now)
 			}
-			if b.st&(stSynAck|stSynData) == 0 && len(l4) == TCP(l4).HeaderLen() {
+			if b.st&(stSynAck|stSynData) == 0 && len(l4) == packet.TCP(l4).HeaderLen() {
 				from := n.classes[b.cls].bs
 				if nid, moved := n.rebindLocked(id, SelectSYNRetry, now); moved {
 					if nid == noID {
@@ -793,11 +794,11 @@ func (n *NAT) backendOf(b *binding) Backend {
 }
 
 func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
-	if fl&TCPFlagRST != 0 {
+	if fl&packet.TCPFlagRST != 0 {
 		b.idle = min(b.idle, n.closedTCP)
 		return
 	}
-	if fl&TCPFlagFIN != 0 {
+	if fl&packet.TCPFlagFIN != 0 {
 		if out {
 			b.st |= stFinOut
 		} else {
@@ -807,7 +808,7 @@ func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
 			b.idle = min(b.idle, n.finTCP)
 		}
 	}
-	if !out && fl&(TCPFlagSYN|TCPFlagACK) == TCPFlagSYN|TCPFlagACK {
+	if !out && fl&(packet.TCPFlagSYN|packet.TCPFlagACK) == packet.TCPFlagSYN|packet.TCPFlagACK {
 		b.st |= stSynAck
 	}
 }
@@ -823,7 +824,7 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 		dir, mtu = ToHost, n.o.HostMTU
 	}
 	if len(pkt) > mtu {
-		if IPv4(pkt).DF() {
+		if packet.IPv4(pkt).DF() {
 			n.fragNeededLocked(pkt, hl, mtu, ToHost)
 			return n.dropB(b, ReasonFragNeeded)
 		}
@@ -890,11 +891,11 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 		return n.dropB(b, ReasonPeerMismatch)
 	}
 	if c.ls.key.proto == ProtoTCP {
-		n.tcpFlags(b, pkt[hl+tcpFlags], false)
+		n.tcpFlags(b, pkt[hl+packet.TCPFlagsOff], false)
 	}
 	n.touchLocked(id, now)
 	mtu := n.o.HostMTU
-	if len(pkt) > mtu && IPv4(pkt).DF() {
+	if len(pkt) > mtu && packet.IPv4(pkt).DF() {
 		back := ToOverlay
 		if s == sideHost {
 			back = ToHost
@@ -930,14 +931,14 @@ func (n *NAT) touchLocked(id uint32, now int64) {
 // rewrite writes new addresses (src<<32|dst) and ports (sport<<16|dport)
 // into a TCP or UDP packet and applies the precomputed checksum deltas.
 func rewrite(pkt []byte, hl int, addrs uint64, ports uint32, dIP, dL4 uint16) {
-	binary.BigEndian.PutUint64(pkt[ipv4Src:], addrs)
-	adjust(pkt[ipv4Checksum:], uint32(dIP))
+	binary.BigEndian.PutUint64(pkt[packet.IPv4SrcOff:], addrs)
+	packet.Adjust(pkt[packet.IPv4ChecksumOff:], uint32(dIP))
 	l4 := pkt[hl:]
 	binary.BigEndian.PutUint32(l4, ports)
-	if pkt[ipv4Proto] == byte(ProtoTCP) {
-		adjust(l4[tcpChecksum:], uint32(dL4))
+	if pkt[packet.IPv4ProtoOff] == byte(ProtoTCP) {
+		packet.Adjust(l4[packet.TCPChecksumOff:], uint32(dL4))
 	} else {
-		adjustUDP(l4[udpChecksum:], uint32(dL4))
+		packet.AdjustUDP(l4[packet.UDPChecksumOff:], uint32(dL4))
 	}
 }
 

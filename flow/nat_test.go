@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 func setTCP(t testing.TB, f *fixture, bs ...Backend) {
@@ -27,7 +29,7 @@ func openTCP(t testing.TB, f *fixture, sport uint16) []byte {
 	p := syn(sport, 1000)
 	r := f.host(p)
 	require.Equal(t, Forward, r.Verdict, "SYN: %v", r.Reason)
-	sa := replyTo(p, TCPFlagSYN|TCPFlagACK, "")
+	sa := replyTo(p, packet.TCPFlagSYN|packet.TCPFlagACK, "")
 	require.Equal(t, Forward, f.peer(r.Peer, sa).Verdict)
 	return p
 }
@@ -39,7 +41,7 @@ func TestTCPForwardAndReverse(t *testing.T) {
 	p := append([]byte(nil), orig...)
 	r := f.host(p)
 	require.Equal(t, Result{Verdict: Forward, Peer: be1.Peer}, r)
-	ip := IPv4(p)
+	ip := packet.IPv4(p)
 	require.Equal(t, localAddr, ip.Src())
 	require.Equal(t, be1.Addr, ip.Dst())
 	sp, dp := ports(p)
@@ -49,11 +51,11 @@ func TestTCPForwardAndReverse(t *testing.T) {
 	// Only the NAT's fields changed.
 	require.Equal(t, orig[20+4:20+16], p[20+4:20+16])
 
-	reply := replyTo(p, TCPFlagSYN|TCPFlagACK, "hello")
+	reply := replyTo(p, packet.TCPFlagSYN|packet.TCPFlagACK, "hello")
 	r = f.peer(be1.Peer, reply)
 	require.Equal(t, Forward, r.Verdict)
-	require.Equal(t, vipAddr, IPv4(reply).Src())
-	require.Equal(t, localAddr, IPv4(reply).Dst())
+	require.Equal(t, vipAddr, packet.IPv4(reply).Src())
+	require.Equal(t, localAddr, packet.IPv4(reply).Dst())
 	sp, dp = ports(reply)
 	require.Equal(t, uint16(443), sp)
 	require.Equal(t, uint16(40000), dp)
@@ -81,11 +83,11 @@ func TestSourceAddressIsSNATed(t *testing.T) {
 	setUDP(t, f, be1)
 	p := P{Src: clientAlt, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: []byte("q")}.Build()
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, localAddr, IPv4(p).Src())
+	require.Equal(t, localAddr, packet.IPv4(p).Src())
 	requireSums(t, p)
 	rep := replyTo(p, 0, "a")
 	require.Equal(t, Forward, f.peer(be1.Peer, rep).Verdict)
-	require.Equal(t, clientAlt, IPv4(rep).Dst())
+	require.Equal(t, clientAlt, packet.IPv4(rep).Dst())
 	requireSums(t, rep)
 }
 
@@ -159,7 +161,7 @@ func TestBadInputDropped(t *testing.T) {
 		{"udp truncated", mut(func(b []byte) []byte {
 			b = b[:24]
 			binary.BigEndian.PutUint16(b[2:], 24)
-			IPv4(b).UpdateChecksum()
+			packet.IPv4(b).UpdateChecksum()
 			return b
 		}), ReasonTruncated},
 		{"tcp data offset", func() []byte {
@@ -168,7 +170,7 @@ func TestBadInputDropped(t *testing.T) {
 			return b
 		}(), ReasonBadLength},
 		{"no listener", P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 1, Dport: 54}.Build(), ReasonNoListener},
-		{"echo to vip", P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: ICMPEchoRequest}.Build(), ReasonUnsupported},
+		{"echo to vip", P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPEchoRequest}.Build(), ReasonUnsupported},
 		{"gre to vip", P{Src: localAddr, Dst: vipAddr, Proto: 47, Payload: []byte{1, 2, 3, 4}}.Build(), ReasonUnsupported},
 	}
 	for _, c := range cases {
@@ -202,7 +204,7 @@ func TestUDPZeroChecksumStaysZero(t *testing.T) {
 	setUDP(t, f, be1)
 	p := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: []byte("q"), NoUDPCsum: true}.Build()
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, uint16(0), UDP(p[20:]).Checksum())
+	require.Equal(t, uint16(0), packet.UDP(p[20:]).Checksum())
 	requireSums(t, p)
 }
 
@@ -210,22 +212,22 @@ func TestTCPPinnedAndRetarget(t *testing.T) {
 	f := newFixture(t)
 	setTCP(t, f, be1, be2)
 	p := openTCP(t, f, 40000)
-	require.Equal(t, be1.Addr, IPv4(p).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
 	// A "faster" backend does not move an established flow.
 	f.sel.pick = func(req SelectRequest) int { return 1 }
-	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: TCPFlagACK, Seq: 1001}.Build()
+	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagACK, Seq: 1001}.Build()
 	require.Equal(t, Forward, f.host(ack).Verdict)
-	require.Equal(t, be1.Addr, IPv4(ack).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(ack).Dst())
 	// Even a retransmitted SYN after the SYN-ACK stays.
 	s := syn(40000, 1000)
 	require.Equal(t, Forward, f.host(s).Verdict)
-	require.Equal(t, be1.Addr, IPv4(s).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(s).Dst())
 
 	// Before any SYN-ACK, a retransmitted empty SYN may move.
 	f.sel.pick = nil
 	s1 := syn(40001, 5000)
 	require.Equal(t, Forward, f.host(s1).Verdict)
-	require.Equal(t, be1.Addr, IPv4(s1).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(s1).Dst())
 	shadow1, _ := ports(s1)
 	f.sel.pick = func(req SelectRequest) int {
 		if req.Reason == SelectSYNRetry {
@@ -236,24 +238,24 @@ func TestTCPPinnedAndRetarget(t *testing.T) {
 	s2 := syn(40001, 5000)
 	r := f.host(s2)
 	require.Equal(t, Result{Verdict: Forward, Peer: be2.Peer}, r)
-	require.Equal(t, be2.Addr, IPv4(s2).Dst())
+	require.Equal(t, be2.Addr, packet.IPv4(s2).Dst())
 	shadow2, _ := ports(s2)
 	require.NotEqual(t, shadow1, shadow2)
 	ls, _ := f.nat.ListenerStats(lTCP)
 	require.Equal(t, uint64(1), ls.Retargets)
 	require.Equal(t, 1, ls.Quarantined)
 	// The old backend's late SYN-ACK hits the quarantine.
-	late := replyTo(s1, TCPFlagSYN|TCPFlagACK, "")
+	late := replyTo(s1, packet.TCPFlagSYN|packet.TCPFlagACK, "")
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonQuarantined}, f.peer(be1.Peer, late))
 
 	// A SYN carrying data is never retargeted.
 	f.sel.pick = nil
-	d1 := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40002, Dport: 443, Flags: TCPFlagSYN, Seq: 7, Payload: []byte("GET")}.Build()
+	d1 := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40002, Dport: 443, Flags: packet.TCPFlagSYN, Seq: 7, Payload: []byte("GET")}.Build()
 	require.Equal(t, Forward, f.host(d1).Verdict)
 	f.sel.pick = func(SelectRequest) int { return 1 }
-	d2 := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40002, Dport: 443, Flags: TCPFlagSYN, Seq: 7}.Build()
+	d2 := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40002, Dport: 443, Flags: packet.TCPFlagSYN, Seq: 7}.Build()
 	require.Equal(t, Forward, f.host(d2).Verdict)
-	require.Equal(t, be1.Addr, IPv4(d2).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(d2).Dst())
 }
 
 func TestTCPNewSYNSequenceNewBinding(t *testing.T) {
@@ -274,7 +276,7 @@ func TestTCPNewSYNSequenceNewBinding(t *testing.T) {
 func TestTCPNonSYNWithoutBindingDropped(t *testing.T) {
 	f := newFixture(t)
 	setTCP(t, f, be1)
-	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 1, Dport: 443, Flags: TCPFlagACK}.Build()
+	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 1, Dport: 443, Flags: packet.TCPFlagACK}.Build()
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoFlow}, f.host(ack))
 }
 
@@ -286,7 +288,7 @@ func TestTCPRetention(t *testing.T) {
 	require.Equal(t, f.clock.Now().Add(7200*time.Second), bs[0].Expires)
 
 	// RST shortens retention.
-	rst := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: TCPFlagRST, Seq: 1001}.Build()
+	rst := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagRST, Seq: 1001}.Build()
 	require.Equal(t, Forward, f.host(rst).Verdict)
 	require.Equal(t, f.clock.Now().Add(DefaultTCPClosedTimeout), f.nat.Bindings()[0].Expires)
 	f.clock.Advance(DefaultTCPClosedTimeout)
@@ -299,10 +301,10 @@ func TestTCPRetention(t *testing.T) {
 
 	// FIN in both directions: 120 s.
 	p := openTCP(t, f, 40001)
-	fin := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40001, Dport: 443, Flags: TCPFlagFIN | TCPFlagACK, Seq: 1001}.Build()
+	fin := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40001, Dport: 443, Flags: packet.TCPFlagFIN | packet.TCPFlagACK, Seq: 1001}.Build()
 	require.Equal(t, Forward, f.host(fin).Verdict)
 	require.Equal(t, f.clock.Now().Add(7200*time.Second), f.nat.Bindings()[0].Expires)
-	rfin := replyTo(p, TCPFlagFIN|TCPFlagACK, "")
+	rfin := replyTo(p, packet.TCPFlagFIN|packet.TCPFlagACK, "")
 	require.Equal(t, Forward, f.peer(be1.Peer, rfin).Verdict)
 	require.Equal(t, f.clock.Now().Add(DefaultTCPFinTimeout), f.nat.Bindings()[0].Expires)
 }
@@ -369,16 +371,16 @@ func TestUDPFailover(t *testing.T) {
 	setUDP(t, f, be1, be2)
 	p := udpTo(5000, "1")
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be1.Addr, IPv4(p).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
 	// Unavailability is noticed after HealthChanged, not per packet.
 	f.sel.setDown(be1, true)
 	p = udpTo(5000, "2")
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be1.Addr, IPv4(p).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
 	f.nat.HealthChanged()
 	p = udpTo(5000, "3")
 	require.Equal(t, Result{Verdict: Forward, Peer: be2.Peer}, f.host(p))
-	require.Equal(t, be2.Addr, IPv4(p).Dst())
+	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
 	ls, _ := f.nat.ListenerStats(lUDP)
 	require.Equal(t, uint64(1), ls.Failovers)
 	require.Equal(t, uint64(1), f.nat.Stats().Failovers)
@@ -398,19 +400,19 @@ func TestPortUnreachableReportAndFailover(t *testing.T) {
 	p := append([]byte(nil), orig...)
 	require.Equal(t, Forward, f.host(p).Verdict)
 	// The backend answers port unreachable, quoting what it received.
-	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: ICMPCodePortUnreach, Payload: p}.Build()
+	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: packet.ICMPCodePortUnreach, Payload: p}.Build()
 	r := f.peer(be1.Peer, icmp)
 	require.Equal(t, Forward, r.Verdict)
 	requireSums(t, icmp)
-	require.Equal(t, vipAddr, IPv4(icmp).Src())
-	require.Equal(t, localAddr, IPv4(icmp).Dst())
+	require.Equal(t, vipAddr, packet.IPv4(icmp).Src())
+	require.Equal(t, localAddr, packet.IPv4(icmp).Dst())
 	// The quote is now exactly what the client sent.
-	require.Equal(t, orig, []byte(ICMPv4(icmp[20:]).Quoted()))
+	require.Equal(t, orig, []byte(packet.ICMPv4(icmp[20:]).Quoted()))
 	require.Equal(t, []report{{lUDP, be1}}, f.reports)
 	// Next datagram fails over without the engine calling HealthChanged.
 	p = udpTo(5000, "retry")
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be2.Addr, IPv4(p).Dst())
+	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
 }
 
 func TestICMPErrorTruncatedQuote(t *testing.T) {
@@ -420,10 +422,10 @@ func TestICMPErrorTruncatedQuote(t *testing.T) {
 	p := append([]byte(nil), orig...)
 	require.Equal(t, Forward, f.host(p).Verdict)
 	// TTL exceeded quoting only header + 8 bytes (no TCP checksum).
-	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPTimeExceeded, Payload: p[:28]}.Build()
+	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPTimeExceeded, Payload: p[:28]}.Build()
 	require.Equal(t, Forward, f.peer(be1.Peer, icmp).Verdict)
 	requireSums(t, icmp)
-	require.Equal(t, orig[:28], []byte(ICMPv4(icmp[20:]).Quoted()))
+	require.Equal(t, orig[:28], []byte(packet.ICMPv4(icmp[20:]).Quoted()))
 	require.Empty(t, f.reports)
 }
 
@@ -439,15 +441,15 @@ func TestICMPErrorGarbageQuote(t *testing.T) {
 		"no l4":   p[:24],
 	}
 	for name, q := range cases {
-		icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 1, Payload: q}.Build()
+		icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 1, Payload: q}.Build()
 		require.Equal(t, Result{Verdict: Drop, Reason: ReasonICMPQuote}, f.peer(be1.Peer, icmp), name)
 	}
 	// An error about unrelated traffic passes untouched.
 	other := P{Src: localAddr, Dst: be1.Addr, Proto: ProtoUDP, Sport: 1, Dport: 2}.Build()
-	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 3, Payload: other}.Build()
+	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: other}.Build()
 	require.Equal(t, Pass, f.peer(be1.Peer, icmp).Verdict)
 	// An error about a binding from the wrong peer is dropped.
-	icmp = P{Src: be2.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 3, Payload: p}.Build()
+	icmp = P{Src: be2.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: p}.Build()
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPeerMismatch}, f.peer(be2.Peer, icmp))
 }
 
@@ -460,12 +462,12 @@ func TestHostICMPErrorAboutReply(t *testing.T) {
 	rep := append([]byte(nil), origReply...)
 	require.Equal(t, Forward, f.peer(be1.Peer, rep).Verdict)
 	// The client's host answers the reply with port unreachable.
-	icmp := P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 3, Payload: rep}.Build()
+	icmp := P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: rep}.Build()
 	r := f.host(icmp)
 	require.Equal(t, Result{Verdict: Forward, Peer: be1.Peer}, r)
 	requireSums(t, icmp)
-	require.Equal(t, be1.Addr, IPv4(icmp).Dst())
-	require.Equal(t, origReply, []byte(ICMPv4(icmp[20:]).Quoted()), "the backend sees its own datagram quoted")
+	require.Equal(t, be1.Addr, packet.IPv4(icmp).Dst())
+	require.Equal(t, origReply, []byte(packet.ICMPv4(icmp[20:]).Quoted()), "the backend sees its own datagram quoted")
 }
 
 func TestHairpin(t *testing.T) {
@@ -475,29 +477,29 @@ func TestHairpin(t *testing.T) {
 	p := append([]byte(nil), orig...)
 	r := f.host(p)
 	require.Equal(t, Result{Verdict: Reflect}, r)
-	require.Equal(t, vipAddr, IPv4(p).Src(), "the local backend sees the VIP as source")
-	require.Equal(t, localAddr, IPv4(p).Dst())
+	require.Equal(t, vipAddr, packet.IPv4(p).Src(), "the local backend sees the VIP as source")
+	require.Equal(t, localAddr, packet.IPv4(p).Dst())
 	_, dp := ports(p)
 	require.Equal(t, beLocal.Port, dp)
 	requireSums(t, p)
 	// The host's reply comes back through FromHost.
-	rep := replyTo(p, TCPFlagSYN|TCPFlagACK, "")
+	rep := replyTo(p, packet.TCPFlagSYN|packet.TCPFlagACK, "")
 	require.Equal(t, Result{Verdict: Reflect}, f.host(rep))
-	require.Equal(t, vipAddr, IPv4(rep).Src())
-	require.Equal(t, localAddr, IPv4(rep).Dst())
+	require.Equal(t, vipAddr, packet.IPv4(rep).Src())
+	require.Equal(t, localAddr, packet.IPv4(rep).Dst())
 	sp, dp := ports(rep)
 	require.Equal(t, uint16(443), sp)
 	require.Equal(t, uint16(40000), dp)
 	requireSums(t, rep)
 	require.True(t, f.nat.Bindings()[0].Hairpin)
 	// A peer cannot answer for it.
-	require.Equal(t, ReasonVIPDestination, f.peer(2, replyTo(p, TCPFlagACK, "")).Reason)
+	require.Equal(t, ReasonVIPDestination, f.peer(2, replyTo(p, packet.TCPFlagACK, "")).Reason)
 	// The host's port unreachable for the hairpinned request is translated
 	// for the client and reported.
-	icmp := P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: ICMPDestUnreachable, ICMPCode: 3, Payload: p}.Build()
+	icmp := P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: p}.Build()
 	require.Equal(t, Result{Verdict: Reflect}, f.host(icmp))
 	requireSums(t, icmp)
-	require.Equal(t, orig, []byte(ICMPv4(icmp[20:]).Quoted()))
+	require.Equal(t, orig, []byte(packet.ICMPv4(icmp[20:]).Quoted()))
 	require.Equal(t, []report{{lTCP, beLocal}}, f.reports)
 }
 
@@ -512,10 +514,10 @@ func TestRemoval(t *testing.T) {
 	require.False(t, f.nat.RemoveBackend(lUDP, be1))
 	p = udpTo(5000, "existing continues")
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be1.Addr, IPv4(p).Dst())
+	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
 	p = udpTo(5001, "new")
 	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be2.Addr, IPv4(p).Dst())
+	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
 
 	require.True(t, f.nat.RemoveListener(lUDP))
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoListener}, f.host(udpTo(5002, "x")))
@@ -528,7 +530,7 @@ func TestRemoval(t *testing.T) {
 	openTCP(t, f, 40000)
 	require.Equal(t, 1, f.nat.RemoveVIP(vipAddr))
 	require.Equal(t, Drop, f.host(syn(40001, 1)).Verdict)
-	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: TCPFlagACK, Seq: 1001}.Build()
+	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagACK, Seq: 1001}.Build()
 	require.Equal(t, Forward, f.host(ack).Verdict, "established TCP drains")
 	require.True(t, f.nat.IsVIP(vipAddr), "a draining VIP stays claimed")
 
@@ -600,13 +602,13 @@ func TestDFTooBigSendsFragNeeded(t *testing.T) {
 	out := f.takeOut()
 	require.Len(t, out, 1)
 	require.Equal(t, ToHost, out[0].dir)
-	icmp := IPv4(out[0].pkt)
+	icmp := packet.IPv4(out[0].pkt)
 	require.NoError(t, icmp.Validate())
 	require.Equal(t, vipAddr, icmp.Src())
 	require.Equal(t, localAddr, icmp.Dst())
-	m := ICMPv4(icmp.Payload())
-	require.Equal(t, uint8(ICMPDestUnreachable), m.Type())
-	require.Equal(t, uint8(ICMPCodeFragNeeded), m.Code())
+	m := packet.ICMPv4(icmp.Payload())
+	require.Equal(t, uint8(packet.ICMPDestUnreachable), m.Type())
+	require.Equal(t, uint8(packet.ICMPCodeFragNeeded), m.Code())
 	require.Equal(t, uint16(600), m.MTU())
 	require.Equal(t, orig[:28], []byte(m.Quoted()))
 	requireSums(t, out[0].pkt)
@@ -619,8 +621,8 @@ func TestDFTooBigSendsFragNeeded(t *testing.T) {
 	for _, e := range out {
 		require.Equal(t, ToOverlay, e.dir)
 		require.LessOrEqual(t, len(e.pkt), 600)
-		require.NoError(t, IPv4(e.pkt).Validate())
-		require.Equal(t, be1.Addr, IPv4(e.pkt).Dst())
+		require.NoError(t, packet.IPv4(e.pkt).Validate())
+		require.Equal(t, be1.Addr, packet.IPv4(e.pkt).Dst())
 	}
 	require.Equal(t, uint64(1), f.nat.Stats().Fragmented)
 }

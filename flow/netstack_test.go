@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/netstack"
 )

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -127,7 +128,7 @@ func (o *Options) normalize() error {
 	defd(&o.FragTimeout, DefaultFragTimeout)
 	defd(&o.SweepInterval, DefaultSweepInterval)
 	switch {
-	case o.MTU < 68 || o.MTU > IPv4MaxPacketLen || o.HostMTU < 68 || o.HostMTU > IPv4MaxPacketLen:
+	case o.MTU < 68 || o.MTU > packet.IPv4MaxPacketLen || o.HostMTU < 68 || o.HostMTU > packet.IPv4MaxPacketLen:
 		return fmt.Errorf("%w: MTU %d / HostMTU %d outside 68..65535", ErrInvalidOptions, o.MTU, o.HostMTU)
 	case o.Capacity < 1 || o.Capacity > MaxCapacity:
 		return fmt.Errorf("%w: Capacity %d outside 1..%d", ErrInvalidOptions, o.Capacity, MaxCapacity)

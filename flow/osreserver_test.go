@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // The OS reserver really binds: no local socket can take a reserved port,
@@ -56,7 +58,7 @@ func TestNATWithOSReserver(t *testing.T) {
 	for i := range 5 {
 		p := P{Src: lo, Dst: vipAddr, Proto: ProtoUDP, Sport: uint16(100 + i), Dport: 53}.Build()
 		require.Equal(t, Forward, f.host(p).Verdict)
-		require.Equal(t, lo, IPv4(p).Src())
+		require.Equal(t, lo, packet.IPv4(p).Src())
 	}
 	require.Equal(t, 5, r.InUse())
 	f.clock.Advance(DefaultUDPIdleTimeout)

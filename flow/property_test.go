@@ -7,7 +7,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/packet"
 )
 
 // requireOnlyDiffer checks that got differs from orig only at the allowed
@@ -24,7 +26,7 @@ func requireOnlyDiffer(t testing.TB, orig, got []byte, allowed map[int]bool, msg
 
 // natFields are the offsets a TCP/UDP translation may change.
 func natFields(pkt []byte) map[int]bool {
-	hl := IPv4(pkt).HeaderLen()
+	hl := packet.IPv4(pkt).HeaderLen()
 	m := map[int]bool{10: true, 11: true}
 	for i := 12; i < 20; i++ {
 		m[i] = true
@@ -42,7 +44,7 @@ func natFields(pkt []byte) map[int]bool {
 
 // icmpFields are the offsets an ICMP error translation may change.
 func icmpFields(pkt []byte) map[int]bool {
-	hl := IPv4(pkt).HeaderLen()
+	hl := packet.IPv4(pkt).HeaderLen()
 	m := map[int]bool{10: true, 11: true, hl + 2: true, hl + 3: true}
 	for i := 12; i < 20; i++ {
 		m[i] = true
@@ -71,10 +73,10 @@ func randPacket(rng *rand.Rand, size int, proto Proto, src, dst netip.Addr, spor
 		// Router alert (copied) and NOPs.
 		opts = []byte{0x94, 4, 0, 0, 1, 1, 1, 1}[:4*(1+rng.IntN(2))]
 	}
-	hl := IPv4MinHeaderLen + len(opts)
-	min := hl + UDPHeaderLen
+	hl := packet.IPv4MinHeaderLen + len(opts)
+	min := hl + packet.UDPHeaderLen
 	if proto == ProtoTCP {
-		min = hl + TCPMinHeaderLen
+		min = hl + packet.TCPMinHeaderLen
 	}
 	if size < min {
 		return nil, false
@@ -85,10 +87,10 @@ func randPacket(rng *rand.Rand, size int, proto Proto, src, dst netip.Addr, spor
 	}
 	p := P{Src: src, Dst: dst, Proto: proto, Sport: sport, Dport: dport, Payload: payload, Options: opts,
 		ID: uint16(rng.Uint32()), DF: rng.IntN(2) == 0, TTL: uint8(1 + rng.IntN(255)),
-		Flags: TCPFlagACK | TCPFlagPSH, Seq: rng.Uint32(), Ack: rng.Uint32(), NoUDPCsum: rng.IntN(8) == 0}
+		Flags: packet.TCPFlagACK | packet.TCPFlagPSH, Seq: rng.Uint32(), Ack: rng.Uint32(), NoUDPCsum: rng.IntN(8) == 0}
 	pkt := p.Build()
 	pkt[1] = byte(rng.Uint32()) // TOS
-	IPv4(pkt).UpdateChecksum()
+	packet.IPv4(pkt).UpdateChecksum()
 	return pkt, true
 }
 
@@ -130,7 +132,7 @@ func TestPropertyNATEverySize(t *testing.T) {
 			// Too small for its protocol: dropped as truncated, untouched.
 			pkt = P{Src: client, Dst: vip, Proto: 0xfe, Payload: make([]byte, size-20)}.Build()
 			pkt[9] = byte(proto)
-			IPv4(pkt).UpdateChecksum()
+			packet.IPv4(pkt).UpdateChecksum()
 			orig := append([]byte(nil), pkt...)
 			r := f.host(pkt)
 			require.Equal(t, Drop, r.Verdict, "size %d", size)
@@ -140,24 +142,24 @@ func TestPropertyNATEverySize(t *testing.T) {
 		}
 		if proto == ProtoTCP {
 			// Open with a SYN first (same tuple) so the segment has a binding.
-			s := P{Src: client, Dst: vip, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: TCPFlagSYN, Seq: 1}.Build()
+			s := P{Src: client, Dst: vip, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: packet.TCPFlagSYN, Seq: 1}.Build()
 			require.NotEqual(t, Drop, f.host(s).Verdict)
 		}
 		orig := append([]byte(nil), pkt...)
 		r := f.host(pkt)
 		if hair {
 			require.Equal(t, Reflect, r.Verdict, "size %d: %v", size, r.Reason)
-			require.Equal(t, vip, IPv4(pkt).Src())
-			require.Equal(t, localAddr, IPv4(pkt).Dst())
+			require.Equal(t, vip, packet.IPv4(pkt).Src())
+			require.Equal(t, localAddr, packet.IPv4(pkt).Dst())
 		} else {
 			require.Equal(t, Forward, r.Verdict, "size %d: %v", size, r.Reason)
-			require.Equal(t, localAddr, IPv4(pkt).Src())
+			require.Equal(t, localAddr, packet.IPv4(pkt).Src())
 		}
 		requireOnlyDiffer(t, orig, pkt, natFields(pkt), "ingress")
 		requireSums(t, pkt)
 
 		// The backend's reply, of the same size, through the reverse path.
-		rep, _ := randPacket(rng, size, proto, IPv4(pkt).Dst(), IPv4(pkt).Src(), binary.BigEndian.Uint16(pkt[IPv4(pkt).HeaderLen()+2:]), binary.BigEndian.Uint16(pkt[IPv4(pkt).HeaderLen():]))
+		rep, _ := randPacket(rng, size, proto, packet.IPv4(pkt).Dst(), packet.IPv4(pkt).Src(), binary.BigEndian.Uint16(pkt[packet.IPv4(pkt).HeaderLen()+2:]), binary.BigEndian.Uint16(pkt[packet.IPv4(pkt).HeaderLen():]))
 		origRep := append([]byte(nil), rep...)
 		if hair {
 			require.Equal(t, Reflect, f.host(rep).Verdict)
@@ -170,8 +172,8 @@ func TestPropertyNATEverySize(t *testing.T) {
 		}
 		requireOnlyDiffer(t, origRep, rep, natFields(rep), "reverse")
 		requireSums(t, rep)
-		require.Equal(t, vip, IPv4(rep).Src())
-		require.Equal(t, client, IPv4(rep).Dst())
+		require.Equal(t, vip, packet.IPv4(rep).Src())
+		require.Equal(t, client, packet.IPv4(rep).Dst())
 		sp, dp := ports(rep)
 		require.Equal(t, vport, sp)
 		require.Equal(t, sport, dp)
@@ -183,28 +185,28 @@ func TestPropertyNATEverySize(t *testing.T) {
 func icmpCase(t *testing.T, f *fixture, rng *rand.Rand, size int, proto Proto, client netip.Addr, sport uint16, vip netip.Addr, vport uint16, hair bool) {
 	flags := uint8(0)
 	if proto == ProtoTCP {
-		flags = TCPFlagSYN
+		flags = packet.TCPFlagSYN
 	}
 	req := P{Src: client, Dst: vip, Proto: proto, Sport: sport, Dport: vport, Flags: flags, Seq: 9, Payload: make([]byte, 1380)}.Build()
 	origReq := append([]byte(nil), req...)
 	r := f.host(req)
 	require.Contains(t, []Verdict{Forward, Reflect}, r.Verdict)
-	qlen := size - IPv4MinHeaderLen - ICMPv4HeaderLen
+	qlen := size - packet.IPv4MinHeaderLen - packet.ICMPv4HeaderLen
 	if qlen < 0 {
 		// Not even an ICMP header.
 		pkt := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP}.Build()[:size]
 		binary.BigEndian.PutUint16(pkt[2:], uint16(size))
-		IPv4(pkt).UpdateChecksum()
+		packet.IPv4(pkt).UpdateChecksum()
 		require.Equal(t, Result{Verdict: Drop, Reason: ReasonTruncated}, f.peer(2, pkt))
 		return
 	}
-	typ, code := uint8(ICMPDestUnreachable), uint8(rng.IntN(16))
+	typ, code := uint8(packet.ICMPDestUnreachable), uint8(rng.IntN(16))
 	if rng.IntN(3) == 0 {
-		typ, code = ICMPTimeExceeded, 0
+		typ, code = packet.ICMPTimeExceeded, 0
 	}
 	quote := append([]byte(nil), req[:min(qlen, len(req))]...)
-	src := IPv4(req).Dst()
-	icmp := P{Src: src, Dst: IPv4(req).Src(), Proto: ProtoICMP, ICMPType: typ, ICMPCode: code, Payload: quote}.Build()
+	src := packet.IPv4(req).Dst()
+	icmp := P{Src: src, Dst: packet.IPv4(req).Src(), Proto: ProtoICMP, ICMPType: typ, ICMPCode: code, Payload: quote}.Build()
 	orig := append([]byte(nil), icmp...)
 	var got Result
 	if hair {
@@ -212,7 +214,7 @@ func icmpCase(t *testing.T, f *fixture, rng *rand.Rand, size int, proto Proto, c
 	} else {
 		got = f.peer(r.Peer, icmp)
 	}
-	if qlen < IPv4MinHeaderLen+icmpMinQuotedL4 {
+	if qlen < packet.IPv4MinHeaderLen+packet.ICMPv4MinQuoted {
 		require.Equal(t, Result{Verdict: Drop, Reason: ReasonICMPQuote}, got, "size %d", size)
 		return
 	}
@@ -225,12 +227,12 @@ func icmpCase(t *testing.T, f *fixture, rng *rand.Rand, size int, proto Proto, c
 	// The outer checksums equal a full recompute; the quote is what the
 	// client sent, truncated.
 	cp := append([]byte(nil), icmp...)
-	IPv4(cp).UpdateChecksum()
+	packet.IPv4(cp).UpdateChecksum()
 	fixL4(cp, false)
 	require.Equal(t, cp, icmp, "size %d: checksums", size)
-	require.Equal(t, origReq[:len(quote)], []byte(ICMPv4(icmp[20:]).Quoted()), "size %d", size)
-	require.Equal(t, vip, IPv4(icmp).Src())
-	require.Equal(t, client, IPv4(icmp).Dst())
+	require.Equal(t, origReq[:len(quote)], []byte(packet.ICMPv4(icmp[20:]).Quoted()), "size %d", size)
+	require.Equal(t, vip, packet.IPv4(icmp).Src())
+	require.Equal(t, client, packet.IPv4(icmp).Dst())
 }
 
 // reassemble naively puts fragments back together (test oracle).
@@ -240,7 +242,7 @@ func reassemble(t testing.TB, frags [][]byte) []byte {
 	data := map[int][]byte{}
 	total := -1
 	for _, f := range frags {
-		ip := IPv4(f)
+		ip := packet.IPv4(f)
 		require.NoError(t, ip.Validate())
 		off := ip.FragOffset()
 		data[off] = ip.Payload()
@@ -259,18 +261,18 @@ func reassemble(t testing.TB, frags [][]byte) []byte {
 		require.True(t, ok, "gap at %d", len(payload))
 		payload = append(payload, d...)
 	}
-	hl := IPv4(first).HeaderLen()
+	hl := packet.IPv4(first).HeaderLen()
 	dg := append(append([]byte(nil), first[:hl]...), payload...)
 	binary.BigEndian.PutUint16(dg[2:], uint16(len(dg)))
-	binary.BigEndian.PutUint16(dg[6:], binary.BigEndian.Uint16(dg[6:])&ipv4FlagDF)
-	IPv4(dg).UpdateChecksum()
+	binary.BigEndian.PutUint16(dg[6:], binary.BigEndian.Uint16(dg[6:])&packet.IPv4FlagDF)
+	packet.IPv4(dg).UpdateChecksum()
 	return dg
 }
 
 // fragment splits pkt into fragments with at most chunk payload bytes each
 // (chunk a multiple of 8).
 func fragment(pkt []byte, chunk int) [][]byte {
-	hl := IPv4(pkt).HeaderLen()
+	hl := packet.IPv4(pkt).HeaderLen()
 	payload := pkt[hl:]
 	var out [][]byte
 	for off := 0; off < len(payload); off += chunk {
@@ -279,10 +281,10 @@ func fragment(pkt []byte, chunk int) [][]byte {
 		binary.BigEndian.PutUint16(f[2:], uint16(len(f)))
 		fo := uint16(off / 8)
 		if end < len(payload) {
-			fo |= ipv4FlagMF
+			fo |= packet.IPv4FlagMF
 		}
 		binary.BigEndian.PutUint16(f[6:], fo)
-		IPv4(f).UpdateChecksum()
+		packet.IPv4(f).UpdateChecksum()
 		out = append(out, f)
 	}
 	return out
@@ -297,7 +299,7 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
 	sizes := []int{mtu + 1, 1500, 2000, 4096, 8972, 9000, 20000, 40000, 65535}
 	for i := 0; i < 20; i++ {
-		sizes = append(sizes, mtu+1+rng.IntN(IPv4MaxPacketLen-mtu-1))
+		sizes = append(sizes, mtu+1+rng.IntN(packet.IPv4MaxPacketLen-mtu-1))
 	}
 	for i, size := range sizes {
 		proto := ProtoUDP
@@ -307,14 +309,14 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 		sport := uint16(20000 + i)
 		vport := map[Proto]uint16{ProtoTCP: 443, ProtoUDP: 53}[proto]
 		if proto == ProtoTCP {
-			s := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: TCPFlagSYN, Seq: 1}.Build()
+			s := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: packet.TCPFlagSYN, Seq: 1}.Build()
 			require.Equal(t, Forward, f.host(s).Verdict)
 		}
 		pkt, ok := randPacket(rng, size, proto, localAddr, vipAddr, sport, vport)
 		require.True(t, ok)
 		binary.BigEndian.PutUint16(pkt[6:], 0) // clear DF: the host fragmented it
-		IPv4(pkt).UpdateChecksum()
-		hl := IPv4(pkt).HeaderLen()
+		packet.IPv4(pkt).UpdateChecksum()
+		hl := packet.IPv4(pkt).HeaderLen()
 		frags := fragment(pkt, (mtu-hl)&^7)
 		rng.Shuffle(len(frags), func(a, b int) { frags[a], frags[b] = frags[b], frags[a] })
 		for j, fr := range frags {
@@ -332,13 +334,13 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 		require.Equal(t, pkt[hl:][tcpOrUDPHeader(proto):], dg[hl:][tcpOrUDPHeader(proto):], "size %d: payload byte-identical", size)
 		requireOnlyDiffer(t, pkt, dg, natFields(dg), "large ingress")
 		requireSums(t, dg)
-		require.Equal(t, be1.Addr, IPv4(dg).Dst())
+		require.Equal(t, be1.Addr, packet.IPv4(dg).Dst())
 
 		// The backend's large reply, fragmented by the backend.
 		rep, _ := randPacket(rng, size, proto, be1.Addr, localAddr, be1.Port, binary.BigEndian.Uint16(dg[hl:]))
 		binary.BigEndian.PutUint16(rep[6:], 0)
-		IPv4(rep).UpdateChecksum()
-		rhl := IPv4(rep).HeaderLen()
+		packet.IPv4(rep).UpdateChecksum()
+		rhl := packet.IPv4(rep).HeaderLen()
 		for _, fr := range fragment(rep, (mtu-rhl)&^7) {
 			require.Equal(t, Consumed, f.peer(be1.Peer, fr).Verdict)
 		}
@@ -352,7 +354,7 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 		rdg := reassemble(t, got)
 		requireOnlyDiffer(t, rep, rdg, natFields(rdg), "large reverse")
 		requireSums(t, rdg)
-		require.Equal(t, vipAddr, IPv4(rdg).Src())
+		require.Equal(t, vipAddr, packet.IPv4(rdg).Src())
 		sp, dp := ports(rdg)
 		require.Equal(t, vport, sp)
 		require.Equal(t, sport, dp)
@@ -365,7 +367,7 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 
 func tcpOrUDPHeader(p Proto) int {
 	if p == ProtoTCP {
-		return TCPMinHeaderLen
+		return packet.TCPMinHeaderLen
 	}
-	return UDPHeaderLen
+	return packet.UDPHeaderLen
 }

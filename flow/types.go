@@ -3,8 +3,10 @@ package flow
 import (
 	"errors"
 	"net/netip"
+	"strconv"
 	"time"
 
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -191,7 +193,7 @@ func (v Verdict) String() string {
 	if int(v) < len(verdictNames) {
 		return verdictNames[v]
 	}
-	return "verdict(" + itoa(int(v)) + ")"
+	return "verdict(" + strconv.Itoa(int(v)) + ")"
 }
 
 // Result is the outcome of FromHost or FromPeer.
@@ -250,18 +252,18 @@ func (r DropReason) String() string {
 	if r < NumDropReasons {
 		return reasonNames[r]
 	}
-	return "reason(" + itoa(int(r)) + ")"
+	return "reason(" + strconv.Itoa(int(r)) + ")"
 }
 
 func reasonFor(err error) DropReason {
 	switch err {
-	case ErrTruncated:
+	case packet.ErrTruncated:
 		return ReasonTruncated
-	case ErrBadIHL:
+	case packet.ErrBadIHL:
 		return ReasonBadIHL
-	case ErrBadLength:
+	case packet.ErrBadLength:
 		return ReasonBadLength
-	case ErrBadChecksum:
+	case packet.ErrBadChecksum:
 		return ReasonBadChecksum
 	}
 	return ReasonUnsupported
@@ -299,7 +301,7 @@ func (s BindingState) String() string {
 	case Quarantined:
 		return "quarantined"
 	}
-	return "state(" + itoa(int(s)) + ")"
+	return "state(" + strconv.Itoa(int(s)) + ")"
 }
 
 // BindingInfo is a snapshot of one binding.

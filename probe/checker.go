@@ -15,6 +15,8 @@ import (
 // (over the overlay in production, since the overlay is routed by the host);
 // a gVisor netstack host or a test fake can stand in.
 type Dialer interface {
+	// DialContext connects to address ("ip:port") on network ("tcp"),
+	// giving up when ctx ends (the checker's timeout); as net.Dialer's.
 	DialContext(ctx context.Context, network, address string) (net.Conn, error)
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 var (
@@ -148,8 +150,8 @@ func packetTable(t testing.TB) []struct {
 	good := probePacket(t, netip.AddrPortFrom(addrA, 5555), netip.AddrPortFrom(addrB, DefaultPort), validRequest())
 	mut := func(f func(p []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
 	refix := func(p []byte) []byte { // recompute the IPv4 header checksum
-		binary.BigEndian.PutUint16(p[ipChecksum:], 0)
-		binary.BigEndian.PutUint16(p[ipChecksum:], ^fold(sum(p[:20], 0)))
+		binary.BigEndian.PutUint16(p[packet.IPv4ChecksumOff:], 0)
+		binary.BigEndian.PutUint16(p[packet.IPv4ChecksumOff:], packet.Checksum(p[:20], 0))
 		return p
 	}
 	return []struct {
@@ -164,10 +166,10 @@ func packetTable(t testing.TB) []struct {
 		{"IHL 4", mut(func(p []byte) []byte { p[0] = 0x44; return refix(p) }), false},
 		{"total length past end", mut(func(p []byte) []byte { p[3] = 200; return refix(p) }), false},
 		{"total length short", mut(func(p []byte) []byte { p[3] = 27; return refix(p) }), false},
-		{"TCP", mut(func(p []byte) []byte { p[ipProto] = 6; return refix(p) }), false},
+		{"TCP", mut(func(p []byte) []byte { p[packet.IPv4ProtoOff] = 6; return refix(p) }), false},
 		{"more fragments", mut(func(p []byte) []byte { p[6] |= 0x20; return refix(p) }), false},
 		{"fragment offset", mut(func(p []byte) []byte { p[7] = 1; return refix(p) }), false},
-		{"header checksum", mut(func(p []byte) []byte { p[ipChecksum] ^= 1; return p }), false},
+		{"header checksum", mut(func(p []byte) []byte { p[packet.IPv4ChecksumOff] ^= 1; return p }), false},
 		{"UDP checksum", mut(func(p []byte) []byte { p[27] ^= 1; return p }), false},
 		{"UDP length", mut(func(p []byte) []byte { p[25]--; return p }), false},
 		{"payload flipped", mut(func(p []byte) []byte { p[40] ^= 0x80; return p }), false},
@@ -199,7 +201,7 @@ func TestIsProbePacket(t *testing.T) {
 		{"probe", req, true},
 		{"user UDP", user, false},
 		{"short", req[:10], false},
-		{"TCP", withByte(req, ipProto, 6), false},
+		{"TCP", withByte(req, packet.IPv4ProtoOff, 6), false},
 		{"fragment", withByte(req, 7, 3), false},
 		{"bad IHL", withByte(req, 0, 0x4f), false},
 	} {

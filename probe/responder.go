@@ -1,9 +1,10 @@
 package probe
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/vipkit/vipkit/packet"
 )
 
 // Responder answers probe requests on behalf of a node's agent. The agent's
@@ -88,7 +89,7 @@ func (r *Responder) RespondIPv4(pkt, out []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	id := binary.BigEndian.Uint16(pkt[ipID:]) // echo the request's; DF is set
+	id := packet.IPv4(pkt).ID() // echo the request's; DF is set
 	return AppendIPv4UDP(out[:0], dst, src, id, reply)
 }
 

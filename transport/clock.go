@@ -2,8 +2,13 @@ package transport
 
 import "time"
 
-// Clock is the source of time for vipkit's state machines. A nil Clock in
-// any vipkit options struct means RealClock.
+// Clock is the source of time for vipkit's state machines.
+//
+// A nil Clock in an options struct means the default that struct
+// documents. For most of them that is RealClock; claim's Controller
+// defaults to claim.BootClock (CLOCK_BOOTTIME), because lease ages must
+// count time spent suspended, which Go's monotonic clock does not on Linux.
+// Or applies the RealClock default.
 //
 // Implementations are safe for concurrent use.
 type Clock interface {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
 )
@@ -965,17 +966,18 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 				continue
 			}
 			pkt = buf[offset:]
-			if len(pkt) == 0 || (pkt[0]>>4 != 4 && pkt[0]>>4 != 6) {
+			v := packet.Version(pkt)
+			if v != 4 && v != 6 {
 				e.c.malformed.Add(1) // wireguard-go drops these too; never hand them on
 				continue
 			}
-			if len(pkt) >= 20 && pkt[0]>>4 == 4 {
-				if id, ok := pt.byAddr[binary.BigEndian.Uint32(pkt[12:])]; ok {
+			if ip := packet.IPv4(pkt); v == 4 && len(pkt) >= packet.IPv4MinHeaderLen {
+				if id, ok := pt.byAddr[ip.Src32()]; ok {
 					peer = id
 				} else {
 					e.c.unknownPeer.Add(1)
 				}
-				if binary.BigEndian.Uint32(pkt[16:]) == e.local4 && probe.IsProbePacket(pkt, e.probePort) {
+				if ip.Dst32() == e.local4 && probe.IsProbePacket(pkt, e.probePort) {
 					e.handleProbe(pkt, pt, peer, now)
 					continue
 				}

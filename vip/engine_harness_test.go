@@ -22,6 +22,7 @@ import (
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/transport/transporttest"
 	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // cluster is n nodes on a simulated network (real clock), each a gVisor
@@ -42,7 +43,7 @@ type cnode struct {
 	info   NodeInfo
 	key    ed25519.PrivateKey
 	wgKey  wg.Key
-	bind   *wg.SimBind
+	bind   *wgtest.SimBind
 	dbind  conn.Bind // what the device runs on: bind, or clusterOptions.bind's wrapper
 	host   *netstack.Host
 	reg    *Registry
@@ -91,7 +92,7 @@ func newCluster(t testing.TB, o clusterOptions) *cluster {
 		members = append(members, crdt.AuthorID(id))
 	}
 	for _, nd := range c.nodes {
-		nd.bind = wg.NewSimBind(c.net, nd.name)
+		nd.bind = wgtest.NewSimBind(c.net, nd.name)
 		nd.dbind = nd.bind
 		if o.bind != nil {
 			nd.dbind = o.bind(nd.i, nd.bind)

@@ -21,6 +21,7 @@ import (
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // node is one in-process host: a gVisor netstack host whose PacketIO side
@@ -48,9 +49,9 @@ func newHost(t testing.TB, addr netip.Addr, opts ...func(*netstack.Options)) *ne
 }
 
 // newSimNode starts a node whose Bind is a SimBind on n.
-func newSimNode(t testing.TB, n *transporttest.Network, name, addr string, opts ...func(*netstack.Options)) (*node, *SimBind) {
+func newSimNode(t testing.TB, n *transporttest.Network, name, addr string, opts ...func(*netstack.Options)) (*node, *wgtest.SimBind) {
 	t.Helper()
-	b := NewSimBind(n, name)
+	b := wgtest.NewSimBind(n, name)
 	nd := startNode(t, name, addr, b, opts...)
 	nd.endpoint = b.Addr()
 	return nd, b
@@ -77,7 +78,7 @@ func startNode(t testing.TB, name, addr string, b interface {
 	nd.host = newHost(t, nd.addr, opts...)
 	var o Options
 	switch b := b.(type) {
-	case *SimBind:
+	case *wgtest.SimBind:
 		o.Bind = b
 	case *UDPBind:
 		o.Bind = b
@@ -325,7 +326,7 @@ func TestTunnelTCPUDP(t *testing.T) {
 }
 
 func (nd *node) devBindNode(t testing.TB) *transporttest.Node {
-	b, ok := nd.dev.Bind().(*SimBind)
+	b, ok := nd.dev.Bind().(*wgtest.SimBind)
 	if !ok {
 		t.Fatalf("%s has no SimBind", nd.name)
 	}
@@ -693,7 +694,7 @@ func TestDeviceLogger(t *testing.T) {
 	defer n.Close()
 	io, host := transporttest.NewChanPair(transporttest.ChanPairOptions{})
 	defer host.Close()
-	d, err := NewDevice(io, Config{PrivateKey: GeneratePrivateKey()}, Options{Bind: NewSimBind(n, "a"), Logger: slog.New(h)})
+	d, err := NewDevice(io, Config{PrivateKey: GeneratePrivateKey()}, Options{Bind: wgtest.NewSimBind(n, "a"), Logger: slog.New(h)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ const pollInterval = 10 * time.Millisecond
 // Options tunes NewDevice. The zero value uses real UDP sockets and logs
 // nothing.
 type Options struct {
-	// Bind carries the encrypted UDP: a SimBind, a UDPBind, or any
+	// Bind carries the encrypted UDP: a UDPBind, a wgtest.SimBind, or any
 	// conn.Bind. nil means wireguard-go's default (real UDP sockets on all
 	// interfaces). The Device owns it: Close closes it.
 	Bind conn.Bind

@@ -18,6 +18,7 @@ import (
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 const waitLong = 10 * time.Second
@@ -340,7 +341,7 @@ func TestDeviceCloseNoLeak(t *testing.T) {
 	base := goleak.IgnoreCurrent()
 	n := transporttest.NewNetwork(nil, 1)
 	io, host := transporttest.NewChanPair(transporttest.ChanPairOptions{})
-	d, err := NewDevice(io, Config{PrivateKey: GeneratePrivateKey(), Peers: []PeerConfig{{PublicKey: peerA, Endpoint: netip.MustParseAddrPort("198.18.0.9:51820"), AllowedIPs: []netip.Prefix{pfx("10.0.0.2/32")}, PersistentKeepalive: time.Second}}}, Options{Bind: NewSimBind(n, "x")})
+	d, err := NewDevice(io, Config{PrivateKey: GeneratePrivateKey(), Peers: []PeerConfig{{PublicKey: peerA, Endpoint: netip.MustParseAddrPort("198.18.0.9:51820"), AllowedIPs: []netip.Prefix{pfx("10.0.0.2/32")}, PersistentKeepalive: time.Second}}}, Options{Bind: wgtest.NewSimBind(n, "x")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@
 //
 // Two Binds come with the package:
 //
-//   - SimBind carries the encrypted UDP through a transporttest.Network, so
+//   - wgtest.SimBind (test support) carries the encrypted UDP through a transporttest.Network, so
 //     the network's latency, jitter, loss and partitions act on the real
 //     WireGuard protocol, in process and without root;
 //   - UDPBind uses real UDP sockets and impairs its own sends in real time
@@ -50,7 +50,7 @@
 // Typical use, two nodes over a simulated network:
 //
 //	n := transporttest.NewNetwork(nil, seed)
-//	ba, bb := wg.NewSimBind(n, "a"), wg.NewSimBind(n, "b")
+//	ba, bb := wgtest.NewSimBind(n, "a"), wgtest.NewSimBind(n, "b")
 //	ka, kb := wg.GeneratePrivateKey(), wg.GeneratePrivateKey()
 //	da, err := wg.NewDevice(hostA, wg.Config{PrivateKey: ka, Peers: []wg.PeerConfig{{
 //		PublicKey:  kb.PublicKey(),

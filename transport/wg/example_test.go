@@ -11,6 +11,7 @@ import (
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/transport/transporttest"
 	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // Two in-process nodes, each a gVisor netstack host with a wireguard-go
@@ -19,7 +20,7 @@ import (
 func ExampleNewDevice() {
 	n := transporttest.NewNetwork(nil, 1) // real clock: wireguard-go runs in real time
 	defer n.Close()
-	bindA, bindB := wg.NewSimBind(n, "a"), wg.NewSimBind(n, "b")
+	bindA, bindB := wgtest.NewSimBind(n, "a"), wgtest.NewSimBind(n, "b")
 	keyA, keyB := wg.GeneratePrivateKey(), wg.GeneratePrivateKey()
 	addrA, addrB := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
 
@@ -86,7 +87,7 @@ func ExampleDevice_MoveAllowedIP() {
 	dev, err := wg.NewDevice(io, wg.Config{PrivateKey: wg.GeneratePrivateKey(), Peers: []wg.PeerConfig{
 		{PublicKey: b, AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/32"), vip}},
 		{PublicKey: c, AllowedIPs: []netip.Prefix{netip.MustParsePrefix("10.0.0.3/32")}},
-	}}, wg.Options{Bind: wg.NewSimBind(n, "a")})
+	}}, wg.Options{Bind: wgtest.NewSimBind(n, "a")})
 	if err != nil {
 		fmt.Println(err)
 		return

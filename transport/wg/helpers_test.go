@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/conn"
+
 	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // udp4 builds an IPv4/UDP packet (checksums set, UDP checksum 0).
@@ -42,7 +45,7 @@ func udp4(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
 type rawNode struct {
 	key  Key
 	addr netip.Addr // overlay address
-	bind *SimBind
+	bind *wgtest.SimBind
 	dev  *Device
 	host *transporttest.ChanIO
 	io   *transporttest.ChanIO
@@ -53,7 +56,7 @@ type rawNode struct {
 func newRawNode(t *testing.T, n *transporttest.Network, name string, addr string) *rawNode {
 	t.Helper()
 	io, host := transporttest.NewChanPair(transporttest.ChanPairOptions{})
-	r := &rawNode{key: GeneratePrivateKey(), addr: netip.MustParseAddr(addr), bind: NewSimBind(n, name), host: host, io: io, rx: make(chan []byte, 4096)}
+	r := &rawNode{key: GeneratePrivateKey(), addr: netip.MustParseAddr(addr), bind: wgtest.NewSimBind(n, name), host: host, io: io, rx: make(chan []byte, 4096)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -161,4 +164,19 @@ func (r *rawNode) quiet(t *testing.T, d time.Duration) {
 			return
 		}
 	}
+}
+
+// rxBufs is one receive batch for a conn.ReceiveFunc.
+type rxBufs struct {
+	bufs  [][]byte
+	sizes []int
+	eps   []conn.Endpoint
+}
+
+func newRx(n, size int) *rxBufs {
+	r := &rxBufs{bufs: make([][]byte, n), sizes: make([]int, n), eps: make([]conn.Endpoint, n)}
+	for i := range r.bufs {
+		r.bufs[i] = make([]byte, size)
+	}
+	return r
 }

@@ -14,6 +14,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // TestKernelTUN runs a device on a real kernel TUN (PacketIOFromTUN) in a
@@ -25,7 +26,7 @@ func TestKernelTUN(t *testing.T) {
 	n := newNet(t)
 	b, _ := newSimNode(t, n, "b", "10.9.0.2")
 	keyA := GeneratePrivateKey()
-	bindA := NewSimBind(n, "a")
+	bindA := wgtest.NewSimBind(n, "a")
 	connect(t, b, &node{name: "a", key: keyA, addr: netip.MustParseAddr("10.9.0.1"), endpoint: bindA.Addr()})
 
 	srv, err := b.host.ListenUDP(netip.MustParseAddrPort("10.9.0.2:9000"))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // resendBind is a fakeBind that keeps every packet it sends, with its
@@ -37,7 +38,7 @@ func (f *resendBind) Send(bufs [][]byte, ep conn.Endpoint) error {
 // peer was not listening yet); without the resend both sides would then
 // wait for a response that never comes until wireguard-go's 5 s retry.
 func TestTieBreakResendsOwnInitiation(t *testing.T) {
-	epA := &SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
+	epA := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
 	clock := transporttest.NewManualClock()
 	f := &resendBind{fakeBind: fakeBind{in: make(chan fakeRecv, 8)}}
 	b := newTieBreakBind(f, clock)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // fakeBind hands the tie-break one received packet at a time and records
@@ -51,8 +52,8 @@ func message(typ byte, n int, eph byte) []byte {
 }
 
 func TestTieBreakRules(t *testing.T) {
-	epA := &SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
-	epB := &SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.2:51820")}
+	epA := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
+	epB := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.2:51820")}
 	data := message(4, initiationSize, 0) // a transport message of the same size
 	reserved := message(msgInitiation, initiationSize, 9)
 	reserved[2] = 1
@@ -136,8 +137,8 @@ func TestTieBreakRules(t *testing.T) {
 func TestTieBreakExactlyOneSurvives(t *testing.T) {
 	seed := testenv.Seed(t, 31)
 	r := rand.New(rand.NewPCG(seed, 0))
-	epA := &SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
-	epB := &SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.2:51820")}
+	epA := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
+	epB := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.2:51820")}
 	for i := range 1000 {
 		clock := transporttest.NewManualClock()
 		a := newTieBreakBind(&fakeBind{}, clock)

@@ -485,8 +485,6 @@ func endpointAddr(ep conn.Endpoint) netip.AddrPort {
 	switch e := ep.(type) {
 	case *conn.StdNetEndpoint:
 		return e.AddrPort
-	case *SimEndpoint:
-		return e.AddrPort
 	case interface{ DstAddrPort() netip.AddrPort }:
 		return e.DstAddrPort()
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/transporttest"
+	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
 // recordBind is an inner bind that records what reaches the "socket", with
@@ -40,13 +41,13 @@ func (r *recordBind) ParseEndpoint(s string) (conn.Endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SimEndpoint{AddrPort: a}, nil
+	return &wgtest.SimEndpoint{AddrPort: a}, nil
 }
 func (r *recordBind) Send(bufs [][]byte, ep conn.Endpoint) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, b := range bufs {
-		r.sent = append(r.sent, sentPkt{at: r.clk.Now(), dst: ep.(*SimEndpoint).AddrPort, data: string(b)})
+		r.sent = append(r.sent, sentPkt{at: r.clk.Now(), dst: ep.(*wgtest.SimEndpoint).AddrPort, data: string(b)})
 	}
 	return nil
 }
@@ -268,7 +269,7 @@ func TestUDPBindQueueAndClose(t *testing.T) {
 	clk := transporttest.NewManualClock()
 	rec := &recordBind{clk: clk}
 	b := NewUDPBind(UDPBindOptions{Clock: clk, Inner: rec, MaxDelayed: 3})
-	if err := b.Send([][]byte{{1}}, &SimEndpoint{}); !errors.Is(err, net.ErrClosed) {
+	if err := b.Send([][]byte{{1}}, &wgtest.SimEndpoint{}); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("Send before Open = %v", err)
 	}
 	b.Open(0)

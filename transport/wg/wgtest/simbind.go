@@ -1,4 +1,4 @@
-package wg
+package wgtest
 
 import (
 	"errors"
@@ -112,7 +112,7 @@ func NewSimBindWithOptions(n *transporttest.Network, name string, o SimBindOptio
 	p := &simPort{own: true}
 	nd, err := n.AddNode(name, transporttest.NodeOptions{Addr: o.Addr, Handler: b.handler(p)})
 	if err != nil {
-		b.baseErr = fmt.Errorf("wg: sim bind %q: %w", name, err)
+		b.baseErr = fmt.Errorf("wgtest: sim bind %q: %w", name, err)
 		return b
 	}
 	p.node = nd
@@ -128,7 +128,7 @@ func NewSimBindOnNode(nd *transporttest.Node, o SimBindOptions) *SimBind {
 	b := newSimBind(nd.Network(), nd.Name(), o)
 	b.base = nd
 	if nd.Inbox() == nil {
-		b.baseErr = fmt.Errorf("wg: sim bind on node %q: the node has a Handler, not an inbox", nd.Name())
+		b.baseErr = fmt.Errorf("wgtest: sim bind on node %q: the node has a Handler, not an inbox", nd.Name())
 		return b
 	}
 	b.inbox = true
@@ -213,7 +213,7 @@ func (b *SimBind) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
 		addr := netip.AddrPortFrom(b.base.Addr().Addr(), port)
 		nd, err := b.net.AddNode(b.name, transporttest.NodeOptions{Addr: addr, Handler: b.handler(p)})
 		if err != nil {
-			return nil, 0, fmt.Errorf("wg: sim bind %q: listen on %v: %w", b.name, addr, err)
+			return nil, 0, fmt.Errorf("wgtest: sim bind %q: listen on %v: %w", b.name, addr, err)
 		}
 		p.node = nd
 		b.ports[port] = p
@@ -371,3 +371,7 @@ func (e *SimEndpoint) DstIP() netip.Addr { return e.AddrPort.Addr() }
 
 // SrcIP implements conn.Endpoint; it is the zero Addr.
 func (*SimEndpoint) SrcIP() netip.Addr { return netip.Addr{} }
+
+// DstAddrPort returns the destination, as conn.StdNetEndpoint's AddrPort
+// does; binds that wrap another (wg.UDPBind's impairments) read it.
+func (e *SimEndpoint) DstAddrPort() netip.AddrPort { return e.AddrPort }

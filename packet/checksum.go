@@ -1,4 +1,4 @@
-package flow
+package packet
 
 import (
 	"encoding/binary"
@@ -6,26 +6,28 @@ import (
 )
 
 // Checksum returns the Internet checksum (RFC 1071) of b, with initial added
-// to the one's-complement sum (use PseudoHeaderSum for TCP/UDP). An odd final
-// byte is padded with zero. It is the full recompute the packet path never
-// needs: the path updates checksums incrementally (RFC 1624).
+// to the one's-complement sum (PseudoHeaderSum for TCP and UDP, 0
+// otherwise). An odd final byte is padded with zero. It is the full
+// recompute; a rewrite of a few fields updates the checksum incrementally
+// with Adjust instead.
 func Checksum(b []byte, initial uint32) uint16 {
-	return ^fold64(sum64(b) + uint64(initial))
+	s, c := bits.Add64(Sum(b), uint64(initial), 0) // Sum may be near 2^64: keep the carry
+	return ^Fold(s + c)
 }
 
 // PseudoHeaderSum returns the unfolded one's-complement sum of the IPv4
-// pseudo-header (RFC 9293 §3.1, RFC 768) for a TCP or UDP segment of length
+// pseudo-header (RFC 9293 §3.1, RFC 768) of a TCP or UDP segment of length
 // l, to pass to Checksum as initial.
 func PseudoHeaderSum(src, dst [4]byte, proto Proto, l int) uint32 {
-	s := uint32(binary.BigEndian.Uint16(src[0:])) + uint32(binary.BigEndian.Uint16(src[2:])) +
+	return uint32(binary.BigEndian.Uint16(src[0:])) + uint32(binary.BigEndian.Uint16(src[2:])) +
 		uint32(binary.BigEndian.Uint16(dst[0:])) + uint32(binary.BigEndian.Uint16(dst[2:])) +
 		uint32(proto) + uint32(l)
-	return s
 }
 
-// sum64 adds b as big-endian 16-bit words into a 64-bit accumulator, eight
-// bytes at a time. The result still needs folding.
-func sum64(b []byte) uint64 {
+// Sum adds b as big-endian 16-bit words (an odd final byte padded with
+// zero) into a 64-bit one's-complement accumulator, eight bytes at a time.
+// The result is unfolded: pass it to Fold.
+func Sum(b []byte) uint64 {
 	var s, c uint64
 	for len(b) >= 32 {
 		s, c = bits.Add64(s, binary.BigEndian.Uint64(b[0:]), c)
@@ -51,8 +53,8 @@ func sum64(b []byte) uint64 {
 	return s + c
 }
 
-// fold64 folds a 64-bit one's-complement sum to 16 bits.
-func fold64(s uint64) uint16 {
+// Fold folds a 64-bit one's-complement sum to 16 bits.
+func Fold(s uint64) uint16 {
 	s = (s >> 32) + (s & 0xffffffff)
 	s = (s >> 32) + (s & 0xffffffff)
 	s = (s >> 16) + (s & 0xffff)
@@ -68,43 +70,47 @@ func fold32(s uint32) uint32 {
 	return s
 }
 
-// ipHeaderSum returns the folded one's-complement sum of an IPv4 header,
+// headerSum returns the folded one's-complement sum of an IPv4 header,
 // checksum field included: 0xffff means the checksum verifies.
-func ipHeaderSum(h []byte) uint16 {
+func headerSum(h []byte) uint16 {
 	if len(h) == IPv4MinHeaderLen {
 		s := uint64(binary.BigEndian.Uint32(h[0:])) + uint64(binary.BigEndian.Uint32(h[4:])) +
 			uint64(binary.BigEndian.Uint32(h[8:])) + uint64(binary.BigEndian.Uint32(h[12:])) +
 			uint64(binary.BigEndian.Uint32(h[16:]))
-		return fold64(s)
+		return Fold(s)
 	}
-	return fold64(sum64(h))
+	return Fold(Sum(h))
 }
 
-// A delta is a one's-complement sum of (¬old + new) over rewritten 16-bit
-// words, folded to 16 bits (RFC 1624 eqn. 3: HC' = ¬(¬HC + ¬m + m')). Adding
-// deltas composes rewrites; ^d undoes one.
+// A delta is the one's-complement sum of (¬old + new) over the rewritten
+// 16-bit words of a checksummed range, folded to 16 bits (RFC 1624 eqn. 3:
+// HC' = ¬(¬HC + ¬m + m')). Deltas compose with AddDelta; the bitwise
+// complement of a delta undoes it. Adjust applies one to a checksum field.
 
-// delta16 returns the delta of rewriting one 16-bit word.
-func delta16(old, new uint16) uint32 { return fold32(uint32(^old) + uint32(new)) }
+// Delta16 returns the delta of rewriting one 16-bit word from old to new.
+func Delta16(old, new uint16) uint32 { return fold32(uint32(^old) + uint32(new)) }
 
-// delta32 returns the delta of rewriting a 32-bit field (an address).
-func delta32(old, new uint32) uint32 {
+// Delta32 returns the delta of rewriting a 32-bit field (an IPv4 address)
+// from old to new.
+func Delta32(old, new uint32) uint32 {
 	return fold32(uint32(^uint16(old>>16)) + uint32(^uint16(old)) + (new >> 16) + (new & 0xffff))
 }
 
-// addDelta composes two deltas.
-func addDelta(a, b uint32) uint32 { return fold32(a + b) }
+// AddDelta composes two deltas.
+func AddDelta(a, b uint32) uint32 { return fold32(a + b) }
 
-// adjust applies delta d to the checksum stored at b[0:2].
-func adjust(b []byte, d uint32) {
+// Adjust applies delta d to the checksum stored big-endian at b[0:2] (an
+// IPv4 header, TCP or ICMPv4 checksum field).
+func Adjust(b []byte, d uint32) {
 	c := uint32(^binary.BigEndian.Uint16(b)) + d
 	c = fold32(c)
 	binary.BigEndian.PutUint16(b, ^uint16(c))
 }
 
-// adjustUDP is adjust for a UDP checksum: zero means "no checksum" and stays
-// zero, and a computed zero is sent as 0xffff (RFC 768).
-func adjustUDP(b []byte, d uint32) {
+// AdjustUDP is Adjust for a UDP checksum field: zero means the sender
+// computed no checksum and stays zero, and a computed zero is written as
+// 0xffff (RFC 768).
+func AdjustUDP(b []byte, d uint32) {
 	old := binary.BigEndian.Uint16(b)
 	if old == 0 {
 		return

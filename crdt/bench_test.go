@@ -5,7 +5,6 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -72,17 +71,6 @@ func verifyNs(n int) float64 {
 		ed25519.Verify(pub, msg, f.Signature)
 	}
 	return float64(time.Since(start).Nanoseconds()) / float64(n)
-}
-
-// cpuNow returns the process's CPU time (user + system, all threads). On a
-// loaded machine it measures the work done, where wall time also counts
-// the waits for a core.
-func cpuNow() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // cpuVerifyNs is verifyNs in CPU time.

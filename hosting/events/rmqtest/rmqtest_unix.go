@@ -1,14 +1,5 @@
-// Package rmqtest starts a throwaway RabbitMQ broker for tests, from
-// Debian's rabbitmq-server (/usr/lib/rabbitmq/bin/rabbitmq-server): a node
-// of its own name, on free loopback ports (AMQP, distribution and epmd,
-// ERL_EPMD_PORT), with its mnesia, log, config and plugin files and its
-// Erlang cookie under a temporary HOME, so it never meets a system broker.
-// Its epmd is started as a child of the test and stopped with it. Under
-// root the broker runs as the unprivileged "rabbitmq" user, which owns the
-// directory.
-//
-// One broker per test binary (TestMain). Restart stops and starts the
-// same node on the same ports and data, as a broker restart would.
+//go:build unix
+
 package rmqtest
 
 import (
@@ -28,9 +19,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
-
-// ErrUnavailable: rabbitmq-server, epmd or the unprivileged user is missing.
-var ErrUnavailable = errors.New("rmqtest: RabbitMQ unavailable")
 
 // Server is a running test broker.
 type Server struct {

@@ -1,0 +1,206 @@
+package wg
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// UAPIServer answers the WireGuard configuration protocol's get
+// operation for one Device on a Unix socket, so that `wg show` and
+// `wg showconf` work. It refuses set operations: a `wg set` would put the
+// device out of step with whoever configures it (tsng's config file).
+type UAPIServer struct {
+	d    *Device
+	ln   *net.UnixListener
+	path string
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// uapiMaxRequest bounds one request's text; a get is a single line.
+const uapiMaxRequest = 64 << 10
+
+// ServeUAPI listens on Dir/name.sock, mode 0600, and serves get
+// operations until Close. It must run as root: the directory is created
+// with mode 0700 if missing, and an existing one must be a directory
+// owned by root that no one else may write to (ErrUAPIDir otherwise). A
+// stale socket of a process that is gone is replaced; a live one is an
+// error. Connections are accepted only from processes of root or of this
+// process's user (SO_PEERCRED).
+func (d *Device) ServeUAPI(name string, o UAPIOptions) (*UAPIServer, error) {
+	if name == "" || strings.ContainsAny(name, "/\x00") || len(name) > 15 {
+		return nil, fmt.Errorf("wg: UAPI name %q: want an interface name (1-15 bytes, no /)", name)
+	}
+	dir := o.Dir
+	if dir == "" {
+		dir = UAPIDir
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("wg: UAPI socket directory: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return nil, fmt.Errorf("wg: UAPI socket directory: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+		return nil, fmt.Errorf("%w: %s (owner %d, mode %o)", ErrUAPIDir, dir, st.Uid, st.Mode&0o7777)
+	}
+	path := filepath.Join(dir, name+".sock")
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("wg: UAPI socket %s is in use by another process", path)
+	}
+	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+		os.Remove(path) // a dead process's socket
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("wg: UAPI socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	// The directory is root's alone, so nobody can reach the socket
+	// before its mode is set.
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("wg: UAPI socket: %w", err)
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &UAPIServer{d: d, ln: ln, path: path, log: log, conns: map[net.Conn]bool{}}
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Path returns the socket's path.
+func (s *UAPIServer) Path() string { return s.path }
+
+// Close stops the server, removes the socket and waits for its
+// connections.
+func (s *UAPIServer) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *UAPIServer) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		if !peerAllowed(c) {
+			c.Close()
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = true
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				delete(s.conns, c)
+				s.mu.Unlock()
+				c.Close()
+			}()
+			s.serve(c)
+		}()
+	}
+}
+
+// peerAllowed accepts root and this process's own user.
+func peerAllowed(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return false
+	}
+	return cred.Uid == 0 || int(cred.Uid) == os.Geteuid()
+}
+
+// serve answers operations on one connection: "get=1" with the device's
+// state, "set=1" with EPERM (and a log line saying why). As in
+// wireguard-go, errno is the negated error number.
+func (s *UAPIServer) serve(c net.Conn) {
+	r := bufio.NewReaderSize(io.LimitReader(c, uapiMaxRequest), 512)
+	for {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		op, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		switch strings.TrimSpace(op) {
+		case "get=1":
+			if !drainBlank(r) {
+				return
+			}
+			text, err := s.d.dev.IpcGet()
+			errno := 0
+			if err != nil {
+				text, errno = "", -int(syscall.EIO)
+			}
+			if _, err := fmt.Fprintf(c, "%serrno=%d\n\n", text, errno); err != nil {
+				return
+			}
+		case "set=1":
+			if !drainBlank(r) {
+				return
+			}
+			s.log.Warn("wg: refused a set on the UAPI socket (wg set): the agent's config owns this device; change the config file instead", "socket", s.path)
+			if _, err := fmt.Fprintf(c, "errno=%d\n\n", -int(syscall.EPERM)); err != nil {
+				return
+			}
+		default:
+			fmt.Fprintf(c, "errno=%d\n\n", -int(syscall.EINVAL))
+			return
+		}
+	}
+}
+
+// drainBlank reads the rest of an operation, up to its blank line.
+func drainBlank(r *bufio.Reader) bool {
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return false
+		}
+		if line == "\n" {
+			return true
+		}
+	}
+}

@@ -564,3 +564,43 @@ func TestReleaseRefusedWhenDropFails(t *testing.T) {
 		t.Fatalf("retried promote: %v, carriers %v", err, e.carriers())
 	}
 }
+
+// TestEveryRenewalExtendsTheCarryDeadline: with a KV, the holder hands the
+// carrier the absolute drop deadline (DropAfter after the send of the last
+// answered renewal), and every answered renewal moves it on; a renewal
+// that goes unanswered does not.
+func TestEveryRenewalExtendsTheCarryDeadline(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	a := e.m("a")
+	for i := 0; i < 5; i++ {
+		e.advance(2 * time.Second)
+		st := a.ctl.Status()
+		lastRenew := e.clock.Now().Add(-st.RenewalAge)
+		if got, want := a.carrier.Deadline(e.f.VIP), lastRenew.Add(claim.DefaultDropAfter); !got.Equal(want) {
+			t.Fatalf("round %d: deadline %v, want %v (10 s after the last answered renewal)", i, got, want)
+		}
+	}
+	before := a.carrier.Deadline(e.f.VIP)
+	a.kv.SetReplyLost(true)
+	e.advance(4 * time.Second)
+	if got := a.carrier.Deadline(e.f.VIP); !got.Equal(before) {
+		t.Fatalf("unanswered renewals moved the deadline from %v to %v", before, got)
+	}
+}
+
+// TestWithoutKVCarriesWithoutDeadline: without etcd there is no lease, and
+// the address is carried with no deadline (forever).
+func TestWithoutKVCarriesWithoutDeadline(t *testing.T) {
+	e := newEnv(t, false)
+	e.start("a")
+	e.start("b")
+	e.start("c")
+	a := e.m("a")
+	if _, err := a.ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !a.carrier.Carried(e.f.VIP) || !a.carrier.Deadline(e.f.VIP).IsZero() {
+		t.Fatalf("carried %v deadline %v, want carried with none", a.carrier.Carried(e.f.VIP), a.carrier.Deadline(e.f.VIP))
+	}
+}

@@ -111,4 +111,8 @@ var (
 	ErrClosed = errors.New("claim: closed")
 	// ErrConfig is returned for an invalid Config.
 	ErrConfig = errors.New("claim: invalid config")
+	// ErrDeadlinePassed is returned by a LeasedCarrier asked to carry a VIP
+	// with less than MinCarryLeft before its deadline: it dropped the
+	// address instead.
+	ErrDeadlinePassed = errors.New("claim: carry deadline passed, address dropped")
 )

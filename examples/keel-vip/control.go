@@ -35,8 +35,8 @@ type helperCarrier struct {
 }
 
 var (
-	_ claim.Carrier    = (*helperCarrier)(nil)
-	_ claim.StateStore = (*helperCarrier)(nil)
+	_ claim.LeasedCarrier = (*helperCarrier)(nil)
+	_ claim.StateStore    = (*helperCarrier)(nil)
 )
 
 func (h *helperCarrier) Load() (claim.State, error) {
@@ -56,24 +56,33 @@ func (h *helperCarrier) Save(s claim.State) error {
 	return h.inner.Save(s)
 }
 
-func (h *helperCarrier) call(ctx context.Context, op string, vip, holder netip.Addr) error {
+func (h *helperCarrier) call(ctx context.Context, op string, vip, holder netip.Addr, until time.Time) error {
 	h.mu.Lock()
 	c := h.held
 	h.mu.Unlock()
 	req := carrierRequest{Op: op, VIP: vip.String(), Holder: addrString(holder), Claim: b64Claim(c)}
+	if !until.IsZero() {
+		req.UntilBootNs = until.UnixNano()
+	}
 	return callJSON(ctx, h.hc, http.MethodPost, "http://helper"+carrierPath, req, nil, nil)
 }
 
 func (h *helperCarrier) Carry(ctx context.Context, vip netip.Addr) error {
-	return h.call(ctx, "carry", vip, netip.Addr{})
+	return h.call(ctx, "carry", vip, netip.Addr{}, time.Time{})
+}
+
+// CarryUntil implements claim.LeasedCarrier: the deadline is on the
+// controller's clock, claim.BootClock, which the helper shares.
+func (h *helperCarrier) CarryUntil(ctx context.Context, vip netip.Addr, deadline time.Time) error {
+	return h.call(ctx, "carry", vip, netip.Addr{}, deadline)
 }
 
 func (h *helperCarrier) Drop(ctx context.Context, vip netip.Addr) error {
-	return h.call(ctx, "drop", vip, netip.Addr{})
+	return h.call(ctx, "drop", vip, netip.Addr{}, time.Time{})
 }
 
 func (h *helperCarrier) Route(ctx context.Context, vip, holder netip.Addr) error {
-	return h.call(ctx, "route", vip, holder)
+	return h.call(ctx, "route", vip, holder, time.Time{})
 }
 
 // RunController is `keel-vip control`, the unprivileged controller the

@@ -37,6 +37,17 @@
 // own, with dynamic users and their mesh file as a credential, and the
 // helper, which starts nothing, keeps only CAP_NET_ADMIN and
 // CAP_DAC_OVERRIDE; without systemd the helper starts them under setpriv.
+// With etcd the kernel enforces the fence: the controller asks for every
+// carry with the CLOCK_BOOTTIME deadline 10 s after the send of its last
+// answered renewal, and every answered renewal moves it on; the helper
+// writes the address with valid_lft = floor(time left) seconds (dropping
+// it when under a second is left) and drops it at the deadline by its own
+// CLOCK_BOOTTIME timer as well (LinkCarrier). A frozen or dead controller,
+// or a frozen helper, thus loses the address by the deadline. Suspend: the
+// kernel's address timers do not count suspended time, but the helper's
+// CLOCK_BOOTTIME timer does and drops the address within half a second of
+// the resume. Without etcd the address is carried forever.
+//
 // The helper checks every claim against the pair record and the trust
 // store before it acts or forwards, and talks to each child over a unix
 // socket in a 0700 directory owned by the child's user, checking the

@@ -599,6 +599,12 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		} else if c, err = h.verify(vip, req.Claim); err == nil {
 			if c.Holder != h.m.Self.Addr {
 				err = fmt.Errorf("%w: claim names %v, not this node", claim.ErrNotHolder, c.Holder)
+			} else if req.UntilBootNs != 0 {
+				err = h.carrier.CarryUntil(ctx, vip, time.Unix(0, req.UntilBootNs))
+			} else if len(h.m.Etcd) > 0 {
+				// With etcd the lease is the fence: no address without
+				// the deadline of its last answered renewal.
+				err = fmt.Errorf("%w: carry with etcd needs a deadline", claim.ErrMalformed)
 			} else {
 				err = h.carrier.Carry(ctx, vip)
 			}

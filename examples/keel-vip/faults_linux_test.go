@@ -3,9 +3,14 @@
 package keelvip_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +21,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/transport/netns"
 )
 
 // addrEvent is one address change the kernel reported in a namespace,
@@ -280,4 +286,78 @@ func TestFrozenHolderNetns(t *testing.T) {
 		t.Errorf("carriers at the end: %v, want exactly one", got)
 	}
 	t.Logf("longest gap with no carrier: %v; address events: %v", longestGap(es, stopped, end), es)
+}
+
+// restartController starts n's controller again the way systemd restarts
+// keel-vip-control.service (units layout).
+func (c *cluster) restartController(n *node) *netns.Process {
+	creds := filepath.Join(n.dir, "creds-control")
+	cg := filepath.Join(cgroup2Root(c.t), n.ctlCgroup)
+	n.ctl = netns.StartChildT(c.t, n.h, "keel-unit", cg, strconv.Itoa(int(n.ctlUID)), creds, c.exe, "control")
+	return n.ctl
+}
+
+// TestCrashLoopUnitsNetns: under systemd's split (played with plain
+// processes, as TestPrivilegeSplitUnits does), the holder's controller is
+// killed and then crash-loops (its state file is corrupt, so every start
+// exits at once; systemd restarts it every second). The helper must not
+// keep the VIP: it is gone within the drop deadline of the last answered
+// renewal, and the other member's carry never overlaps it.
+func TestCrashLoopUnitsNetns(t *testing.T) {
+	seed := testenv.Seed(t, 162)
+	c := newCluster(t, seed, true, nil, "a", "b", "c")
+	A, B := c.node("a"), c.node("b")
+	c.startUnits()
+	c.startEtcd(500, 5000)
+	w := c.watchAddrs()
+	waitFor(t, 60*time.Second, "leases", func() bool {
+		for _, n := range []*node{A, B} {
+			st, err := c.status(n)
+			if err != nil || st.RenewalAgeMs < 0 {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, 60*time.Second, "promote A", func() bool {
+		out, err := c.promote(A, false)
+		return err == nil && strings.Contains(out, "epoch")
+	})
+	waitFor(t, 30*time.Second, "A carries", func() bool { return carriesAddr(A.h, testVIP) })
+
+	renewed := c.freshRenewal(A)
+	if err := os.WriteFile(filepath.Join(A.mesh.StateDir, "state.json"), []byte("{corrupt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := A.ctl.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := bootNow()
+	starts := 0
+	for bootNow()-killed < 40*time.Second {
+		p := c.restartController(A)
+		starts++
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := p.Wait(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("restarted controller did not exit: %v", err)
+		}
+		time.Sleep(time.Second) // RestartSec=1
+	}
+	waitFor(t, 45*time.Second, "B carries", func() bool { return carriesAddr(B.h, testVIP) })
+	es := w.events()
+	if two := twoCarriers(es); len(two) > 0 {
+		t.Errorf("two carriers at %v", two)
+	}
+	gone, still := lastCarried(es, "a")
+	switch {
+	case still || gone == 0:
+		t.Errorf("A still carries the VIP after %d crash-looping starts", starts)
+	case gone-renewed > 11*time.Second:
+		t.Errorf("A's VIP gone %v after its last answered renewal, want ≤ 11 s", gone-renewed)
+	default:
+		t.Logf("%d controller starts; A's VIP gone %v after its last answered renewal, %v after the kill", starts, gone-renewed, gone-killed)
+	}
+	t.Logf("address events: %v", es)
 }

@@ -85,8 +85,32 @@ func (l credListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return c, nil
+		return credConn{Conn: c, cred: *cr}, nil
 	}
+}
+
+// credConn is an accepted connection with the SO_PEERCRED it was accepted
+// on; the HTTP servers put it in each request's context (peerOf).
+type credConn struct {
+	net.Conn
+	cred unix.Ucred
+}
+
+type credKey struct{}
+
+// connContext is the servers' ConnContext: it keeps the peer's
+// credentials for the handlers.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if cc, ok := c.(credConn); ok {
+		return context.WithValue(ctx, credKey{}, cc.cred)
+	}
+	return ctx
+}
+
+// peerOf returns the credentials of the peer that sent the request.
+func peerOf(ctx context.Context) (unix.Ucred, bool) {
+	cr, ok := ctx.Value(credKey{}).(unix.Ucred)
+	return cr, ok
 }
 
 // pidPeer accepts the process pid() running as uid.
@@ -201,7 +225,10 @@ type helper struct {
 	carrier *LinkCarrier
 	log     *slog.Logger
 
+	ctx context.Context // the helper's life
+
 	mu      sync.Mutex
+	ctlProc int               // the controller process whose requests the helper serves now (0: none)
 	newest  *claim.Claim      // newest claim the helper checked
 	kept    *claim.PairRecord // an observer's: the first valid record seen
 	ctlPid  int
@@ -222,7 +249,7 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	if logw == nil {
 		logw = os.Stderr
 	}
-	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper")}
+	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper"), ctx: ctx}
 	if h.pol, err = m.Policy(); err != nil {
 		return err
 	}
@@ -307,7 +334,8 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	defer wg.Wait()
 	defer stop()
 	serve := func(l net.Listener, hd http.Handler) {
-		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second}
+		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second,
+			ConnContext: connContext}
 		wg.Add(2)
 		go func() { defer wg.Done(); _ = s.Serve(l) }()
 		go func() { defer wg.Done(); <-srvCtx.Done(); _ = s.Close() }()
@@ -585,6 +613,9 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if cr, ok := peerOf(ctx); ok {
+		h.controllerSeen(int(cr.Pid))
+	}
 	switch req.Op {
 	case "drop": // always allowed: dropping is the safe direction
 		if vip != h.m.Tended() {
@@ -635,6 +666,74 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// controllerSeen notes that the controller process pid sent a request.
+// A process the helper has not served before is a new controller (a
+// restart, under systemd's split): it carries nothing until it asks, so
+// the helper first drops every VIP (the reconciliation: what the new
+// controller does not hold is not on the interface). It then watches the
+// process, and drops every VIP the moment it exits (a crash, an OOM kill,
+// a crash loop), without waiting for the drop deadline.
+func (h *helper) controllerSeen(pid int) {
+	h.mu.Lock()
+	if h.ctlProc == pid {
+		h.mu.Unlock()
+		return
+	}
+	prev := h.ctlProc
+	h.ctlProc = pid
+	h.mu.Unlock()
+	if prev != 0 {
+		h.log.Info("new controller process: dropping every vip it does not hold", "pid", pid, "was", prev)
+		h.dropAll("controller restarted")
+	}
+	go h.watchController(pid)
+}
+
+// watchController waits for the controller process pid to exit (a pidfd,
+// or /proc when pidfds are unavailable) and then drops every VIP, unless
+// another controller process took over meanwhile.
+func (h *helper) watchController(pid int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err == nil {
+		defer unix.Close(fd)
+	}
+	for h.ctx.Err() == nil {
+		if err == nil {
+			n, perr := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 500)
+			if n > 0 || (perr != nil && perr != unix.EINTR) {
+				break
+			}
+			continue
+		}
+		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", pid)); serr != nil {
+			break
+		}
+		select {
+		case <-h.ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if h.ctx.Err() != nil {
+		return
+	}
+	h.mu.Lock()
+	cur := h.ctlProc == pid
+	if cur {
+		h.ctlProc = 0
+	}
+	h.mu.Unlock()
+	if cur {
+		h.log.Info("controller process gone: dropping every vip", "pid", pid)
+		h.dropAll("controller gone")
+	}
+}
+
+func (h *helper) dropAll(why string) {
+	if err := h.carrier.DropAll(context.WithoutCancel(h.ctx)); err != nil {
+		h.log.Error("drop every vip", "why", why, "err", err)
+	}
 }
 
 // serveMembers takes a members' channel request from the listener,

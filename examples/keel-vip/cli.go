@@ -54,7 +54,14 @@ func DispatchExec() {
 	// the mesh file is a credential (LoadCredential=mesh:...); started by
 	// the helper, it comes on stdin.
 	var in io.Reader = os.Stdin
-	f, err := openCredential("mesh")
+	var f *os.File
+	var err error
+	if p := os.Getenv(ListenConfigEnv); sub == "listen" && p != "" {
+		// The listener's configuration, which the helper writes (no key).
+		f, err = waitOpen(ctx, p)
+	} else if sub != "listen" {
+		f, err = openCredential("mesh")
+	}
 	if f != nil {
 		defer f.Close()
 		in = f
@@ -74,6 +81,28 @@ func DispatchExec() {
 		os.Exit(ExitError)
 	}
 	os.Exit(ExitOK)
+}
+
+// ListenConfigEnv names the file the members' listener reads its
+// ListenerConfig from under systemd (keel-vip-members.service sets it to
+// /run/keel-vip/listen.json, which the helper writes). Without it the
+// listener reads it on stdin, from the helper that started it.
+const ListenConfigEnv = "KEELVIP_LISTEN_CONFIG"
+
+// waitOpen opens path, waiting for it to appear until ctx ends (the
+// listener's unit may start before the helper has written its file).
+func waitOpen(ctx context.Context, path string) (*os.File, error) {
+	for {
+		f, err := os.Open(path)
+		if err == nil || !errors.Is(err, os.ErrNotExist) {
+			return f, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // CredentialsEnv is systemd's variable that names the directory of a

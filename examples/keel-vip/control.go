@@ -158,6 +158,15 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		ctl.Close()
 		return err
 	}
+	// Only root, the helper, may connect (SO_PEERCRED): the listener, or
+	// any other process of any uid (the controller's own included), can
+	// neither promote, nor clear the fence, nor pose as a member. The
+	// sender header is the helper's statement of the member the request
+	// came from, read only on connections that passed that check.
+	if l, err = rootOnlyListener(l, func(err error) { log.Warn("control.sock: refused connection", "err", err) }); err != nil {
+		ctl.Close()
+		return err
+	}
 	srv := claim.NewServer(ctl)
 	srv.PeerAddr = func(r *http.Request) (netip.Addr, error) { return netip.ParseAddr(r.Header.Get(fromHeader)) }
 	mux := http.NewServeMux()
@@ -196,7 +205,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		writeJSON(w, http.StatusOK, rep)
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: connContext}
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(l) }()
 	ctl.Start()

@@ -57,6 +57,45 @@
 // drops every VIP the node carries; ExecStopPost (drop-all) does it again
 // for a helper that died. The systemd units are in systemd/.
 //
+// # Local attackers, and why each is impossible
+//
+// A local unprivileged process is an adversary of the root helper. Each
+// attack below is closed by the simplest mechanism that makes it
+// impossible rather than unlikely:
+//
+//   - Keys in the listener. The members' listener, the one
+//     network-facing process, is handed only a ListenerConfig (node id,
+//     overlay address, port, run directory): on stdin in spawn mode, as
+//     the root-owned RunDir/listen.json under systemd. It never holds a
+//     private key, so no compromise of it can leak one; nothing needs to
+//     be filtered or zeroed.
+//   - Symlink races. The helper never chowns or chmods by path in a
+//     directory another user owns. Sockets are bound and chmodded in the
+//     helper's own 0700 staging directory and renamed into place (rename
+//     replaces a symlink, never follows it) and stay root's; directories
+//     are changed with fchown/fchmod on an O_NOFOLLOW descriptor inside
+//     root-owned parents; the pair copy is written with O_EXCL|O_NOFOLLOW
+//     relative to the directory's descriptor, as root's 0644. A racer
+//     with the child's uid can thus only break names in its own
+//     directory, which makes setup fail, never change another file.
+//   - Shared uids. Spawn mode refuses to start unless users.controller_uid
+//     and users.listener_uid are distinct and non-zero (ErrUsers); under
+//     systemd each unit has its own DynamicUser. The listener's uid can
+//     therefore neither enter ctl/ (0700, the controller's) nor write the
+//     state directory (0700, the controller's), which holds state.json
+//     and pair.rec: no uid but the controller's (and root) can change
+//     them.
+//   - control.sock. The controller accepts a connection only if
+//     SO_PEERCRED says uid 0: only the helper can reach promote, status or
+//     the members' channel there, so no other process (the listener, the
+//     controller's own uid, any other) can clear the fence or pose as a
+//     member. The X-Keel-From header is the helper's statement of which
+//     member a forwarded request came from, never read to decide who is
+//     calling.
+//   - Frozen or crashed processes. The kernel's valid_lft removes the
+//     address at the drop deadline with every keel-vip process stopped,
+//     and the helper drops every VIP when the controller process exits.
+//
 // Status and inspect read the interface back live: whether it carries the
 // VIP, the peer its /128 is routed to, and any drift of the device from
 // the mesh file, where a VIP /128 in any peer's allowed IPs is never drift

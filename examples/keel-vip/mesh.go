@@ -43,6 +43,14 @@ var (
 	// ErrNotRunning is returned by status, inspect and promote when no
 	// helper answers on the admin socket.
 	ErrNotRunning = errors.New("keelvip: tend is not running")
+	// ErrRunDir is returned by tend for a run_dir (or a directory the
+	// helper makes in it) whose owner or mode would let another user in
+	// or keep the unprivileged children out; the message names the mode
+	// needed.
+	ErrRunDir = errors.New("keelvip: unsafe or unusable directory")
+	// ErrUsers is returned by tend in spawn mode when users.controller_uid
+	// and users.listener_uid are not two distinct, non-zero uids.
+	ErrUsers = errors.New("keelvip: spawn mode needs distinct, non-zero controller_uid and listener_uid")
 )
 
 // MaxMeshFileSize bounds a mesh file, in bytes.
@@ -89,8 +97,10 @@ type Mesh struct {
 	// RunDir holds the helper's sockets; StateDir the controller's state.
 	RunDir, StateDir string
 	// ControllerUID/GID and ListenerUID/GID are the unprivileged ids the
-	// helper runs the controller and the members' listener as (plain
-	// process mode; under systemd the units set them). 0 means 65534.
+	// helper runs the controller and the members' listener as (spawn
+	// mode; under systemd the units' dynamic users). Spawn mode requires
+	// two distinct, non-zero uids (ErrUsers); 0 means unset. A gid of 0
+	// means 65534 (nogroup).
 	ControllerUID, ControllerGID, ListenerUID, ListenerGID uint32
 	// Impair impairs every leg this node sends on (tests only).
 	Impair wg.Impairment
@@ -412,7 +422,7 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 		m.StateDir = DefaultStateDir
 	}
 	u := mf.Users
-	m.ControllerUID, m.ControllerGID, m.ListenerUID, m.ListenerGID = orNobody(u.ControllerUID), orNobody(u.ControllerGID), orNobody(u.ListenerUID), orNobody(u.ListenerGID)
+	m.ControllerUID, m.ControllerGID, m.ListenerUID, m.ListenerGID = u.ControllerUID, orNobody(u.ControllerGID), u.ListenerUID, orNobody(u.ListenerGID)
 	if mf.Impair != nil {
 		m.Impair = wg.Impairment{Latency: ms(mf.Impair.LatencyMs), Jitter: ms(mf.Impair.JitterMs), Loss: mf.Impair.Loss}
 		if err := m.Impair.Validate(); err != nil {
@@ -576,4 +586,20 @@ func (m *Mesh) Drift(live wg.Config, vips ...netip.Addr) []string {
 	}
 	slices.Sort(extra)
 	return append(out, extra...)
+}
+
+// CheckSpawnUsers checks what spawn mode needs of the users: the
+// controller and the listener run as two distinct, non-zero uids, so that
+// neither can reach the other's sockets and files (the listener faces the
+// network; the controller's state, pair copy and control socket are its
+// own).
+func (m *Mesh) CheckSpawnUsers() error {
+	c, l := m.ControllerUID, m.ListenerUID
+	switch {
+	case c == 0 || l == 0:
+		return fmt.Errorf("%w: users.controller_uid %d, users.listener_uid %d (0: unset or root)", ErrUsers, c, l)
+	case c == l:
+		return fmt.Errorf("%w: users.controller_uid and users.listener_uid are both %d", ErrUsers, c)
+	}
+	return nil
 }

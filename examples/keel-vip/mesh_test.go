@@ -389,3 +389,47 @@ func BenchmarkDrift(b *testing.B) {
 		})
 	}
 }
+
+// TestSpawnNeedsDistinctUsers: spawn mode refuses unset, root or equal
+// controller and listener uids, with a message naming the fields; tend
+// stops there, before it makes anything.
+func TestSpawnNeedsDistinctUsers(t *testing.T) {
+	for _, tc := range []struct {
+		users map[string]any
+		want  string
+	}{
+		{nil, "users.controller_uid 0, users.listener_uid 0"},
+		{map[string]any{"controller_uid": 65534, "listener_uid": 65534}, "are both 65534"},
+		{map[string]any{"controller_uid": 1000}, "users.listener_uid 0"},
+		{map[string]any{"controller_uid": 1000, "listener_uid": 1001}, ""},
+	} {
+		dir := t.TempDir()
+		doc := meshDoc(dir)
+		if tc.users != nil {
+			doc["users"] = tc.users
+		}
+		m, err := keelvip.ParseMesh(bytes.NewReader(encode(t, doc)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = m.CheckSpawnUsers()
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%v: %v", tc.users, err)
+			}
+			continue
+		}
+		if !errors.Is(err, keelvip.ErrUsers) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want ErrUsers with %q", tc.users, err, tc.want)
+		}
+		p := filepath.Join(dir, "mesh.json")
+		if err := os.WriteFile(p, encode(t, doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		if code := keelvip.Main(context.Background(), []string{"tend", "--mesh", p}, &out, &errb); code != keelvip.ExitError ||
+			!strings.Contains(errb.String(), "distinct, non-zero controller_uid and listener_uid") {
+			t.Errorf("tend with users %v: exit %d, %q", tc.users, code, errb.String())
+		}
+	}
+}

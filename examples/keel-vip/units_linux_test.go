@@ -128,7 +128,6 @@ func (c *cluster) startUnits() {
 		ownedDir(t, ctlCreds, 0o500, n.ctlUID)
 		ownedDir(t, lisCreds, 0o500, n.lisUID)
 		credential(t, ctlCreds, "mesh", mesh, n.ctlUID)
-		credential(t, lisCreds, "mesh", mesh, n.lisUID)
 		if n.member {
 			pair, err := os.ReadFile(n.mesh.PairFile)
 			if err != nil {

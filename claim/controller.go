@@ -737,7 +737,10 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 	c.mu.Unlock()
 	var epoch uint64 = 1
 	if ks.counter != nil {
-		epoch = ks.counter.Epoch + 1
+		var err error
+		if epoch, err = nextEpoch(ks.counter.Epoch); err != nil {
+			return nil, err
+		}
 	} else if ks.epochKV != nil {
 		return nil, fmt.Errorf("%w: counter key holds no valid claim", ErrNoCounter)
 	}

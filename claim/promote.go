@@ -248,7 +248,11 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 		return PromoteResult{Claim: ks.holder, AlreadyHeld: true}, nil
 	}
 	if ks.holderAlive {
-		err := c.askRelease(ctx, ks.holder.Holder, ks.holder.Epoch+1)
+		next, err := nextEpoch(ks.holder.Epoch)
+		if err != nil {
+			return PromoteResult{}, err
+		}
+		err = c.askRelease(ctx, ks.holder.Holder, next)
 		switch {
 		case err == nil:
 			// The holder dropped the address before it answered: claim
@@ -335,7 +339,10 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	}
 	var next uint64 = 1
 	if newest != nil {
-		next = newest.Epoch + 1
+		var err error
+		if next, err = nextEpoch(newest.Epoch); err != nil {
+			return PromoteResult{}, err
+		}
 		if newest.Holder != c.cfg.Self {
 			if err := c.askRelease(ctx, newest.Holder, next); err != nil {
 				if !(errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone) {

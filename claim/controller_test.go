@@ -604,3 +604,38 @@ func TestWithoutKVCarriesWithoutDeadline(t *testing.T) {
 		t.Fatalf("carried %v deadline %v, want carried with none", a.carrier.Carried(e.f.VIP), a.carrier.Deadline(e.f.VIP))
 	}
 }
+
+// TestPromoteGoneReportsOwnControllerClaim: after the holder died, a
+// promote --old-primary-gone waits for its lease; when this node's own
+// controller claims first once the lease is gone, the promote reports
+// that this node holds the VIP instead of failing the wait.
+func TestPromoteGoneReportsOwnControllerClaim(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	e.stop("a")
+	b := e.m("b")
+	type result struct {
+		res claim.PromoteResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := b.ctl.Promote(context.Background(), claim.PromoteOptions{OldPrimaryGone: true})
+		done <- result{res, err}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case r := <-done:
+			if r.err != nil || r.res.Claim == nil || r.res.Claim.Holder != e.f.B.Addr || !b.carrier.Carried(e.f.VIP) {
+				t.Fatalf("promote after the holder died: %+v %v (b carries: %v)", r.res, r.err, b.carrier.Carried(e.f.VIP))
+			}
+			return
+		default:
+		}
+		if i > 2000 {
+			t.Fatal("promote never returned")
+		}
+		e.clock.Advance(100 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the promote's goroutine runs between steps
+	}
+}

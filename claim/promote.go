@@ -264,8 +264,11 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 			// retry below then claims from fresh keys.
 		case errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone:
 			// Wait for the old primary's lease to expire; never revoke it.
+			// The wait ends when the old holder's key is gone, or when
+			// this node's own controller has claimed meanwhile (its
+			// failover runs beside the promote).
 			deadline := c.clock.Now().Add(c.cfg.LeaseTTL + c.cfg.ElectionTimeout)
-			for ks.holderAlive {
+			for ks.holderAlive && ks.holder.Holder != c.cfg.Self {
 				if !c.clock.Now().Before(deadline) {
 					return PromoteResult{}, ErrLeaseWait
 				}

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/vipkit/vipkit/claim"
 )
 
 const usage = `usage: keel-vip <command> [flags]
@@ -228,16 +230,23 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		var rep PromoteReply
 		err := callJSON(ctx, adminHTTP(m), http.MethodPost, "http://admin"+promotePath, promoteRequest{OldPrimaryGone: *gone}, &rep, nil)
 		if err != nil {
+			// Whoever claimed, what counts is whether this node holds the
+			// VIP now: a promote can fail its own step while the node's
+			// controller claimed.
+			if s, serr := adminStatus(ctx, m); serr == nil && s.Role == claim.RoleHolder.String() && s.Carried {
+				fmt.Fprintf(stdout, "this node holds the VIP at epoch %d (%v; the promote reported: %v)\n", s.Epoch, m.VIP, err)
+				return ExitOK
+			}
 			return fail(notRunning(err))
 		}
+		how := "promoted"
 		switch {
 		case rep.AlreadyHeld:
-			fmt.Fprintf(stdout, "this node already holds %v at epoch %d\n", m.VIP, rep.Epoch)
+			how = "already held"
 		case rep.ByController:
-			fmt.Fprintf(stdout, "this node holds %v at epoch %d (its controller claimed first)\n", m.VIP, rep.Epoch)
-		default:
-			fmt.Fprintf(stdout, "promoted: this node holds %v at epoch %d\n", m.VIP, rep.Epoch)
+			how = "its controller claimed first"
 		}
+		fmt.Fprintf(stdout, "this node holds the VIP at epoch %d (%v, %s)\n", rep.Epoch, m.VIP, how)
 		return ExitOK
 	case "pair propose":
 		p, err := netip.ParseAddr(*peer)

@@ -98,6 +98,11 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		return err
 	}
 	log := newLog(logw, m.Self.ID, "controller")
+	// etcd's TLS is checked before anything starts.
+	tlsCfg, err := m.EtcdTLSConfig(wallNow())
+	if err != nil {
+		return err
+	}
 	if !m.Tended().IsValid() {
 		<-ctx.Done() // no VIP declared or observed: nothing to tend
 		return nil
@@ -132,7 +137,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		cfg.Peers = append(cfg.Peers, p.Addr)
 	}
 	if len(m.Etcd) > 0 {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0, TLS: tlsCfg})
 		if err != nil {
 			return fmt.Errorf("keelvip: etcd: %w", err)
 		}

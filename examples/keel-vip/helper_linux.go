@@ -395,6 +395,11 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 			return err
 		}
 	}
+	// etcd's TLS is checked before anything starts (the controller checks
+	// it again with what it is handed).
+	if _, err := m.EtcdTLSConfig(wallNow()); err != nil {
+		return err
+	}
 	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper"), ctx: ctx}
 	if h.pol, err = m.Policy(); err != nil {
 		return err
@@ -514,7 +519,11 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	serve(credListener{Listener: ml, check: pidPeer(h.listenerPid, m.ListenerUID), onBad: bad}, http.HandlerFunc(h.serveMembers))
 
 	// The children.
-	ctl, err := h.start(ctx, setpriv, exe, "control", m.ControllerUID, m.ControllerGID, o.MeshRaw, logw)
+	ctlIn, err := inlineEtcdTLS(m, o.MeshRaw)
+	if err != nil {
+		return err
+	}
+	ctl, err := h.start(ctx, setpriv, exe, "control", m.ControllerUID, m.ControllerGID, ctlIn, logw)
 	if err != nil {
 		return err
 	}

@@ -89,6 +89,10 @@ type Mesh struct {
 	TrustRoots []claim.PublicKey
 	// Etcd are the etcd client URLs; none means the no-etcd mode.
 	Etcd []string
+	// EtcdTLS names the CA bundle, this member's client certificate and
+	// key, and an optional server name for etcd over TLS (EtcdTLSConfig);
+	// the zero value is plain http.
+	EtcdTLS EtcdTLS
 	// Interface is the WireGuard interface (default wg0); MTU its MTU.
 	Interface string
 	MTU       int
@@ -159,7 +163,16 @@ type meshFile struct {
 		Observe  string `json:"observe,omitempty"`
 	} `json:"appliance"`
 	Etcd struct {
-		Endpoints []string `json:"endpoints,omitempty"`
+		Endpoints  []string `json:"endpoints,omitempty"`
+		CAFile     string   `json:"ca_file,omitempty"`
+		CertFile   string   `json:"cert_file,omitempty"`
+		KeyFile    string   `json:"key_file,omitempty"`
+		ServerName string   `json:"server_name,omitempty"`
+		// The same, inline (PEM): how the helper hands them to the
+		// controller it starts, which cannot read root's files.
+		CAPEM   string `json:"ca_pem,omitempty"`
+		CertPEM string `json:"cert_pem,omitempty"`
+		KeyPEM  string `json:"key_pem,omitempty"`
 	} `json:"etcd"`
 	Interface   string `json:"interface,omitempty"`
 	MTU         int    `json:"mtu,omitempty"`
@@ -400,6 +413,19 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 		}
 	}
 	m.Etcd = slices.Clone(mf.Etcd.Endpoints)
+	e := mf.Etcd
+	m.EtcdTLS = EtcdTLS{CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, ServerName: e.ServerName,
+		CAPEM: []byte(e.CAPEM), CertPEM: []byte(e.CertPEM), KeyPEM: []byte(e.KeyPEM)}
+	if m.EtcdTLS.Enabled() {
+		for i, ep := range m.Etcd {
+			if !strings.HasPrefix(ep, "https://") {
+				return nil, bad("etcd.endpoints[%d] %q: etcd over TLS needs https:// endpoints", i, ep)
+			}
+		}
+		if (e.CertFile == "") != (e.KeyFile == "") || (e.CertPEM == "") != (e.KeyPEM == "") {
+			return nil, bad("etcd.cert_file and etcd.key_file go together")
+		}
+	}
 	if m.Interface == "" {
 		m.Interface = DefaultInterface
 	}

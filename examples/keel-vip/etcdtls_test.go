@@ -187,8 +187,8 @@ func TestEtcdTLS(t *testing.T) {
 	}
 
 	for _, tc := range []struct {
-		name       string
-		etcd       map[string]any
+		name        string
+		etcd        map[string]any
 		want, want2 string
 	}{
 		{"missing file", map[string]any{"ca_file": caFile, "cert_file": filepath.Join(dir, "nope.pem"), "key_file": files["member-key.pem"]}, "etcd.cert_file", "no such file"},

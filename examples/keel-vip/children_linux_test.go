@@ -113,7 +113,7 @@ func unitChild(ctx context.Context, args []string) error {
 	}
 	argv := []string{setpriv, "--reuid=" + uid, "--regid=" + uid, "--clear-groups",
 		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
-		"--pdeathsig=KILL", "--", exe, "-test.run=^$"}
+		"--pdeathsig=KILL", "--", exe, sub}
 	env := append(os.Environ(), keelvip.ExecEnv+"="+sub, keelvip.CredentialsEnv+"="+creds)
 	if sub == "listen" {
 		// As keel-vip-members.service: the helper's listen.json (the

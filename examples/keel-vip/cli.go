@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 )
 
 const usage = `usage: keel-vip <command> [flags]
+       keel-vip --help | --version
 
 commands:
   tend      --mesh FILE                 run the root helper (starts the controller and the listener)
@@ -32,6 +34,31 @@ commands:
                                         write the wg-quick config, the VIP routed to its holder
   drop-all  --mesh FILE                 drop every VIP from the interface (ExecStopPost)
 `
+
+func isHelp(a string) bool { return a == "-h" || a == "--help" || a == "-help" || a == "help" }
+
+// Version returns "keel-vip VERSION (REVISION[, modified])" from the build
+// info: the module's version and the VCS revision it was built from.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "keel-vip (no build info)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	rev, modified := "unknown revision", ""
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			modified = ", modified"
+		}
+	}
+	return fmt.Sprintf("keel-vip %s %s (%s%s, %s)", bi.Main.Path, v, rev, modified, bi.GoVersion)
+}
 
 // Exit codes of Main.
 const (
@@ -138,10 +165,22 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, Version())
+		return ExitOK
+	}
 	if cmd == "pair" {
 		if len(rest) == 0 {
 			fmt.Fprint(stderr, usage)
 			return ExitUsage
+		}
+		if isHelp(rest[0]) {
+			fmt.Fprint(stdout, usage)
+			return ExitOK
 		}
 		cmd, rest = "pair "+rest[0], rest[1:]
 	}
@@ -181,6 +220,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	if err := fs.Parse(rest); err != nil || fs.NArg() != 0 {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return ExitOK
+		}
 		if err == nil {
 			fmt.Fprintf(stderr, "keel-vip %s: unexpected arguments %q\n", cmd, fs.Args())
 		}

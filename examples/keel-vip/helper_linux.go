@@ -482,7 +482,10 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	if err := writeInDir(m.RunDir, listenConfigName, m.ListenerConfig(), 0o644); err != nil {
 		return err
 	}
-	srvCtx, stop := context.WithCancel(ctx)
+	// The servers outlive ctx: a stopping controller still drops the VIP
+	// through helper.sock. They stop once the children have (the deferred
+	// stop below runs after stopChild).
+	srvCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -643,7 +646,9 @@ func (l rootListener) Accept() (net.Conn, error) {
 func (h *helper) controllerPid() int { h.mu.Lock(); defer h.mu.Unlock(); return h.ctlPid }
 func (h *helper) listenerPid() int   { h.mu.Lock(); defer h.mu.Unlock(); return h.lisPid }
 
-// start runs exe as sub under setpriv: the unprivileged uid:gid, no
+// start runs exe as sub under setpriv (its process title "keel-vip
+// control NODE" or "keel-vip listen NODE"; DispatchExec, which runs first,
+// reads ExecEnv and ignores the arguments): the unprivileged uid:gid, no
 // supplementary groups, every capability cleared from the inheritable,
 // ambient and bounding sets, no_new_privs, and SIGKILL when the helper
 // dies. The mesh file goes in on stdin.
@@ -651,7 +656,7 @@ func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid u
 	argv := []string{setpriv,
 		"--reuid=" + strconv.Itoa(int(uid)), "--regid=" + strconv.Itoa(int(gid)), "--clear-groups",
 		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
-		"--pdeathsig=KILL", "--", exe, "-test.run=^$"}
+		"--pdeathsig=KILL", "--", exe, sub, h.m.Self.ID}
 	cmd := &exec.Cmd{Path: setpriv, Args: argv, Dir: "/"}
 	cmd.Env = append(os.Environ(), ExecEnv+"="+sub)
 	cmd.Stdout, cmd.Stderr = logw, logw

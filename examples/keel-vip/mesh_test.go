@@ -433,3 +433,24 @@ func TestSpawnNeedsDistinctUsers(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpAndVersion: --help and -h exit 0 on every command, --version
+// prints the module version and revision from the build info.
+func TestHelpAndVersion(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"pair", "-h"}, {"tend", "-h"}, {"tend", "--help"},
+		{"pair", "propose", "-h"}, {"pair", "sign", "--help"}, {"promote", "-h"}, {"status", "-h"},
+		{"inspect", "-h"}, {"render", "-h"}, {"drop-all", "--help"}} {
+		var out, errb bytes.Buffer
+		if code := keelvip.Main(context.Background(), args, &out, &errb); code != keelvip.ExitOK || out.Len() == 0 || strings.Contains(errb.String(), "unknown") {
+			t.Errorf("%v: exit %d, out %q, err %q", args, code, out.String(), errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := keelvip.Main(context.Background(), []string{"--version"}, &out, &errb); code != keelvip.ExitOK ||
+		!strings.HasPrefix(out.String(), "keel-vip github.com/vipkit/vipkit ") || errb.Len() != 0 {
+		t.Errorf("--version: exit %d, %q %q", code, out.String(), errb.String())
+	}
+	if got := keelvip.Version(); !strings.Contains(out.String(), got) {
+		t.Errorf("--version %q, Version() %q", out.String(), got)
+	}
+}

@@ -140,6 +140,19 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 			checkMode(t, filepath.Join(n.mesh.StateDir, "pair.rec"), 0o644, 0)
 		}
 		checkListenerHasNoKey(t, n, inputs)
+		// Readable process titles: "keel-vip control NODE".
+		for _, who := range []struct {
+			uid  uint32
+			want string
+		}{{n.ctlUID, "control " + n.name}, {n.lisUID, "listen " + n.name}} {
+			for _, pid := range pidsOfUID(who.uid) {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				title := strings.ReplaceAll(string(b), "\x00", " ")
+				if !strings.Contains(title, who.want) || strings.Contains(title, "-test.") {
+					t.Errorf("%s: process title %q, want ... %s", n.name, title, who.want)
+				}
+			}
+		}
 	}
 
 	// control.sock answers the helper (root) only: the controller's own
@@ -242,12 +255,23 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 	if !carriesAddr(B.h, testVIP) {
 		t.Fatal("b does not carry the VIP")
 	}
+	before, _ := B.tend.Output()
 	if err := B.tend.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = B.tend.Wait(ctx)
+	// A clean stop logs no warning (the controller drops the VIP through
+	// the helper, which still serves it).
+	after, _ := B.tend.Output()
+	if len(after) >= len(before) {
+		for _, l := range strings.Split(string(after[len(before):]), "\n") {
+			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				t.Errorf("b's clean stop logged: %s", l)
+			}
+		}
+	}
 	if carriesAddr(B.h, testVIP) {
 		t.Errorf("b still carries the VIP after tend stopped")
 	}

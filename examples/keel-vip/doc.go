@@ -22,6 +22,12 @@
 //	keel-vip inspect      --mesh FILE
 //	keel-vip render       --mesh FILE [--holder ADDR]
 //	keel-vip drop-all     --mesh FILE
+//	keel-vip --help | --version
+//
+// Every command takes -h/--help (exit 0); --version prints the module
+// version and the VCS revision from the build info. promote exits 0,
+// printing "this node holds the VIP at epoch N", whenever this node holds
+// the VIP at the end, whoever claimed it, and non-zero only otherwise.
 //
 // The privilege split. `tend` is the root helper (RunHelper): it creates the
 // kernel TUN and the wireguard-go device, and alone changes the interface

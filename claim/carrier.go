@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"net/netip"
+	"time"
 )
 
 // Carrier puts a VIP on the node and routes it through the overlay. The
@@ -24,3 +25,32 @@ type Carrier interface {
 	// removes the route (nobody holds the VIP, or this node does).
 	Route(ctx context.Context, vip, holder netip.Addr) error
 }
+
+// LeasedCarrier is a Carrier that lets the OS enforce the fence. With a KV,
+// the Controller adds the VIP through CarryUntil with the deadline by which
+// it must be gone: DropAfter after the send of the last renewal etcd
+// answered. Every answered renewal calls CarryUntil again with the later
+// deadline. A holder that stops renewing for any reason (it crashed, it is
+// frozen by SIGSTOP or a cgroup freeze, it cannot reach the carrier) thus
+// loses the address at the deadline by the OS's own timer, without any
+// step of its own. Without a KV there is no lease, and the Controller
+// calls Carry (no deadline).
+//
+// The deadline is a time on the Controller's Clock: in production
+// BootClock, so it is an absolute CLOCK_BOOTTIME instant, shared by every
+// process of the host. The reference controller (examples/keel-vip) writes
+// the address with valid_lft = floor(time left) in seconds and drops it
+// when less than a second is left.
+type LeasedCarrier interface {
+	Carrier
+	// CarryUntil adds vip/128 (preferred_lft 0), or refreshes it if
+	// carried, so that it is gone by itself at deadline. When less than
+	// MinCarryLeft is left, or the deadline has passed, it drops the
+	// address instead and returns ErrDeadlinePassed.
+	CarryUntil(ctx context.Context, vip netip.Addr, deadline time.Time) error
+}
+
+// MinCarryLeft is the least time before its deadline for which a
+// LeasedCarrier still writes the address: the kernel counts address
+// lifetimes in whole seconds.
+const MinCarryLeft = time.Second

@@ -343,14 +343,36 @@ func (c *Controller) carryLocked() {
 	if c.closed || c.carried || !c.renewedLocked() || c.st.Role(c.cfg.Self) != RoleHolder {
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
-	defer cancel()
-	if err := c.cfg.Carrier.Carry(ctx, c.cfg.VIP); err != nil {
+	if err := c.carryCallLocked(); err != nil {
 		c.report(fmt.Errorf("claim: carry %v: %w", c.cfg.VIP, err))
 		return
 	}
 	c.carried = true
 	c.routeLocked(netip.Addr{})
+}
+
+// carryCallLocked adds the address: with a KV and a LeasedCarrier, until
+// the drop deadline of the last answered renewal, so that the OS removes
+// it by itself if this controller stops renewing.
+func (c *Controller) carryCallLocked() error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+	defer cancel()
+	if lc, ok := c.cfg.Carrier.(LeasedCarrier); ok && c.cfg.KV != nil {
+		return lc.CarryUntil(ctx, c.cfg.VIP, c.lastRenew.Add(c.cfg.DropAfter))
+	}
+	return c.cfg.Carrier.Carry(ctx, c.cfg.VIP)
+}
+
+// extendLocked moves the carried address's deadline to that of the renewal
+// just answered. A failure leaves the earlier deadline in force (the
+// address goes by itself then), and the next answered renewal tries again.
+func (c *Controller) extendLocked() {
+	if _, ok := c.cfg.Carrier.(LeasedCarrier); !ok || !c.carried || c.closed {
+		return
+	}
+	if err := c.carryCallLocked(); err != nil {
+		c.report(fmt.Errorf("claim: extend %v: %w", c.cfg.VIP, err))
+	}
 }
 
 func (c *Controller) dropLocked() {
@@ -551,6 +573,7 @@ func (c *Controller) renew(ctx context.Context) {
 			c.lastRenew = sent
 			c.stats.Renewals++
 			c.armDropLocked()
+			c.extendLocked()
 			if c.st.Role(c.cfg.Self) == RoleHolder && !c.carried {
 				c.dirty = true // confirm the holder key before carrying
 			}
@@ -714,7 +737,10 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 	c.mu.Unlock()
 	var epoch uint64 = 1
 	if ks.counter != nil {
-		epoch = ks.counter.Epoch + 1
+		var err error
+		if epoch, err = nextEpoch(ks.counter.Epoch); err != nil {
+			return nil, err
+		}
 	} else if ks.epochKV != nil {
 		return nil, fmt.Errorf("%w: counter key holds no valid claim", ErrNoCounter)
 	}

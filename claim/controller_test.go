@@ -564,3 +564,78 @@ func TestReleaseRefusedWhenDropFails(t *testing.T) {
 		t.Fatalf("retried promote: %v, carriers %v", err, e.carriers())
 	}
 }
+
+// TestEveryRenewalExtendsTheCarryDeadline: with a KV, the holder hands the
+// carrier the absolute drop deadline (DropAfter after the send of the last
+// answered renewal), and every answered renewal moves it on; a renewal
+// that goes unanswered does not.
+func TestEveryRenewalExtendsTheCarryDeadline(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	a := e.m("a")
+	for i := 0; i < 5; i++ {
+		e.advance(2 * time.Second)
+		st := a.ctl.Status()
+		lastRenew := e.clock.Now().Add(-st.RenewalAge)
+		if got, want := a.carrier.Deadline(e.f.VIP), lastRenew.Add(claim.DefaultDropAfter); !got.Equal(want) {
+			t.Fatalf("round %d: deadline %v, want %v (10 s after the last answered renewal)", i, got, want)
+		}
+	}
+	before := a.carrier.Deadline(e.f.VIP)
+	a.kv.SetReplyLost(true)
+	e.advance(4 * time.Second)
+	if got := a.carrier.Deadline(e.f.VIP); !got.Equal(before) {
+		t.Fatalf("unanswered renewals moved the deadline from %v to %v", before, got)
+	}
+}
+
+// TestWithoutKVCarriesWithoutDeadline: without etcd there is no lease, and
+// the address is carried with no deadline (forever).
+func TestWithoutKVCarriesWithoutDeadline(t *testing.T) {
+	e := newEnv(t, false)
+	e.start("a")
+	e.start("b")
+	e.start("c")
+	a := e.m("a")
+	if _, err := a.ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !a.carrier.Carried(e.f.VIP) || !a.carrier.Deadline(e.f.VIP).IsZero() {
+		t.Fatalf("carried %v deadline %v, want carried with none", a.carrier.Carried(e.f.VIP), a.carrier.Deadline(e.f.VIP))
+	}
+}
+
+// TestPromoteGoneReportsOwnControllerClaim: after the holder died, a
+// promote --old-primary-gone waits for its lease; when this node's own
+// controller claims first once the lease is gone, the promote reports
+// that this node holds the VIP instead of failing the wait.
+func TestPromoteGoneReportsOwnControllerClaim(t *testing.T) {
+	e := newEnv(t, true)
+	e.bootstrap()
+	e.stop("a")
+	b := e.m("b")
+	type result struct {
+		res claim.PromoteResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := b.ctl.Promote(context.Background(), claim.PromoteOptions{OldPrimaryGone: true})
+		done <- result{res, err}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case r := <-done:
+			if r.err != nil || r.res.Claim == nil || r.res.Claim.Holder != e.f.B.Addr || !b.carrier.Carried(e.f.VIP) {
+				t.Fatalf("promote after the holder died: %+v %v (b carries: %v)", r.res, r.err, b.carrier.Carried(e.f.VIP))
+			}
+			return
+		default:
+		}
+		if i > 2000 {
+			t.Fatal("promote never returned")
+		}
+		e.clock.Advance(100 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the promote's goroutine runs between steps
+	}
+}

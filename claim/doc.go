@@ -47,7 +47,13 @@
 //   - Carrier: the seam to the OS: add or drop the /128 (preferred_lft 0)
 //     and route it to the holder in WireGuard's allowed IPs. The reference
 //     controller implements it with netlink and wireguard-go;
-//     claim/claimtest has a recording fake.
+//     claim/claimtest has a recording fake. A LeasedCarrier also takes the
+//     drop deadline (DropAfter after the send of the last answered
+//     renewal, on the Clock) and has the OS remove the address at it by
+//     itself; every answered renewal moves it on. So the fence holds
+//     even when the controller is frozen (SIGSTOP, a cgroup freeze, a
+//     paused VM) or dead: nothing of the controller has to run for the
+//     address to go.
 //
 // # Use
 //

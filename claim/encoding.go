@@ -3,6 +3,7 @@ package claim
 import (
 	"crypto/ed25519"
 	"encoding/binary"
+	"math"
 	"net/netip"
 )
 
@@ -69,6 +70,10 @@ const (
 	// MaxEpochJump is how far ahead of the held claim a claim or release may
 	// be, in epochs.
 	MaxEpochJump = 64
+	// MaxEpoch is the highest epoch a node takes: the last one whose
+	// window (epoch + MaxEpochJump) does not overflow. Claims and releases
+	// above it are refused with ErrEpochExhausted.
+	MaxEpoch = math.MaxUint64 - MaxEpochJump
 	// MaxMessageSize bounds any encoded claim, release or pair record.
 	MaxMessageSize = 1024
 

@@ -38,6 +38,13 @@ var (
 	// ErrEpochJump is returned for a claim or release more than MaxEpochJump
 	// epochs ahead of the held claim.
 	ErrEpochJump = errors.New("claim: epoch jump too large")
+	// ErrEpochExhausted is returned for a claim or release whose epoch
+	// cannot be followed (above MaxEpoch: no next epoch within the jump
+	// window), and by a claim or promote that would need such an epoch.
+	ErrEpochExhausted = errors.New("claim: epoch cannot be followed")
+	// ErrRedirect is returned by Client for a peer that answered with a
+	// redirect: the members' channel follows none.
+	ErrRedirect = errors.New("claim: members' channel answered with a redirect")
 	// ErrPairMismatch is returned when a claim is inconsistent with its pair
 	// record: another VIP or mesh, or a holder that is not a member.
 	ErrPairMismatch = errors.New("claim: inconsistent with the pair record")
@@ -111,4 +118,8 @@ var (
 	ErrClosed = errors.New("claim: closed")
 	// ErrConfig is returned for an invalid Config.
 	ErrConfig = errors.New("claim: invalid config")
+	// ErrDeadlinePassed is returned by a LeasedCarrier asked to carry a VIP
+	// with less than MinCarryLeft before its deadline: it dropped the
+	// address instead.
+	ErrDeadlinePassed = errors.New("claim: carry deadline passed, address dropped")
 )

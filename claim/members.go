@@ -283,7 +283,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // value is not usable; set HTTP or leave it nil for a client with the
 // channel's timeouts. Safe for concurrent use.
 type Client struct {
-	// HTTP is the client used; nil means one with a 10 s timeout.
+	// HTTP is the client used; nil means one with a 10 s timeout. Its
+	// CheckRedirect is ignored: the client follows no redirect
+	// (ErrRedirect).
 	HTTP *http.Client
 	// URL returns the channel's URL at peer; nil means
 	// http://[peer]:DefaultMembersPort/v1/vip.
@@ -315,11 +317,18 @@ func (c *Client) do(ctx context.Context, peer netip.Addr, req wireRequest) (*Cla
 	if hc == nil {
 		hc = defaultHTTP
 	}
-	resp, err := hc.Do(hr)
+	// A copy that follows no redirect: a peer answers itself or not at
+	// all, and never sends the request on to another address.
+	noRedirect := *hc
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := noRedirect.Do(hr)
 	if err != nil {
 		return nil, fmt.Errorf("claim: members' channel %v: %w", peer, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return nil, fmt.Errorf("%w: %v answered %d (to %q)", ErrRedirect, peer, resp.StatusCode, resp.Header.Get("Location"))
+	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("claim: members' channel %v: %w", peer, err)

@@ -34,7 +34,8 @@ type Policy struct {
 //     ErrPairSignatures, ErrVIPOutsidePrefix), and it names the members of
 //     the kept record (ErrPairChanged);
 //   - newer than the held claim (ErrStale);
-//   - no more than MaxEpochJump epochs ahead of it (ErrEpochJump).
+//   - no more than MaxEpochJump epochs ahead of it (ErrEpochJump), and
+//     not above MaxEpoch, even when no claim is held (ErrEpochExhausted).
 func (p *Policy) Accept(held *Claim, kept *PairRecord, c *Claim, from netip.Addr) error {
 	if err := p.Verify(kept, c, from); err != nil {
 		return err
@@ -46,16 +47,30 @@ func (p *Policy) Accept(held *Claim, kept *PairRecord, c *Claim, from netip.Addr
 // (ErrStale) and at most MaxEpochJump ahead of it (ErrEpochJump). With no
 // held claim every claim is fresh.
 func Fresh(held, c *Claim) error {
+	if c.Epoch > MaxEpoch {
+		return fmt.Errorf("%w: epoch %d is above %d, the last one a node takes", ErrEpochExhausted, c.Epoch, uint64(MaxEpoch))
+	}
 	if held == nil {
 		return nil
 	}
 	if !c.Newer(held) {
 		return fmt.Errorf("%w: epoch %d, holding %d", ErrStale, c.Epoch, held.Epoch)
 	}
-	if c.Epoch > held.Epoch+MaxEpochJump {
+	// Newer means c.Epoch >= held.Epoch: the difference cannot wrap.
+	if c.Epoch-held.Epoch > MaxEpochJump {
 		return fmt.Errorf("%w: epoch %d, holding %d", ErrEpochJump, c.Epoch, held.Epoch)
 	}
 	return nil
+}
+
+// nextEpoch returns the epoch after e, checked: ErrEpochExhausted when e
+// is MaxEpoch or above (a claim at the next epoch would be refused, or
+// would wrap to 0).
+func nextEpoch(e uint64) (uint64, error) {
+	if e >= MaxEpoch {
+		return 0, fmt.Errorf("%w: epoch %d: no claim can follow it (the last epoch a node takes is %d)", ErrEpochExhausted, e, uint64(MaxEpoch))
+	}
+	return e + 1, nil
 }
 
 // Verify applies every rule of Accept except the ordering ones: it says
@@ -185,10 +200,13 @@ func (p *Policy) AcceptRelease(self netip.Addr, held *Claim, kept *PairRecord, r
 	if from.IsValid() && from.Unmap() != r.From {
 		return fmt.Errorf("%w: from %v, release names %v", ErrWrongSender, from, r.From)
 	}
+	if r.NextEpoch > MaxEpoch {
+		return fmt.Errorf("%w: release for %d, above %d", ErrEpochExhausted, r.NextEpoch, uint64(MaxEpoch))
+	}
 	if r.NextEpoch <= held.Epoch {
 		return fmt.Errorf("%w: release for %d, holding %d", ErrStale, r.NextEpoch, held.Epoch)
 	}
-	if r.NextEpoch > held.Epoch+MaxEpochJump {
+	if r.NextEpoch-held.Epoch > MaxEpochJump {
 		return fmt.Errorf("%w: release for %d, holding %d", ErrEpochJump, r.NextEpoch, held.Epoch)
 	}
 	return nil

@@ -139,15 +139,44 @@ type PromoteResult struct {
 // only way to clear a fence. With a KV: read the keys; ask the holder to
 // release (it drops the address, answers, and revokes its own lease in its
 // next step); claim with the transaction, which replaces the released
-// holder's key at the revision read (the spec has the holder revoke first
-// and the claimant require the key absent: one more quorum round trip in
-// the downtime, for the same guarantee, since the compare refuses any
-// change in between); announce. If the holder does not answer, refuse
-// unless OldPrimaryGone, and then wait for its lease to expire, up to
-// LeaseTTL plus ElectionTimeout, and claim the absent key. Without a KV: ask every peer for its epoch, ask the holder to
-// release for the next epoch, announce the claim, and carry only when a
-// majority of the peers that answered took it (ErrNoMajority otherwise,
-// carrying nothing).
+// holder's key in place at the revision read; announce. If the holder does
+// not answer, refuse unless OldPrimaryGone, and then wait for its lease to
+// expire, up to LeaseTTL plus ElectionTimeout (or until this node's own
+// controller has claimed), and claim the absent key. Without a KV: ask
+// every peer for its epoch, ask the holder to release for the next epoch,
+// announce the claim, and carry only when a majority of the peers that
+// answered took it (ErrNoMajority otherwise, carrying nothing).
+//
+// # Replacing the holder key in place
+//
+// The spec's planned move has the holder revoke its lease before it
+// answers and the claimant require the holder key absent. Here the
+// claimant's transaction instead compares the counter's and the holder
+// key's ModRevision with those it read before it asked for the release,
+// and puts both keys (the holder key on its own lease). That saves a
+// quorum round trip and a read in the downtime and gives the same
+// guarantee:
+//
+//   - One claimant per step. The transaction succeeds only if neither key
+//     changed since the read, and every claim writes the counter; of two
+//     claimants that read the same revisions at most one succeeds,
+//     exactly as with the absent-key rule. Renewals do not change a key's
+//     revision, so the old holder's renewals neither block nor help it.
+//   - The old holder no longer carries. The in-place path is taken only
+//     after the holder answered the release, which it does after it has
+//     dropped the address and marked itself released; a released node
+//     carries again only through a newer claim of its own, which would
+//     have written the counter and failed the compare. Without that answer
+//     (OldPrimaryGone) the key must be gone, as in the spec.
+//   - The old lease cannot take the VIP away. A key belongs to the lease
+//     of its latest put: once replaced, the holder key is on the
+//     claimant's lease, and the old holder's revoke (its next step) or
+//     the old lease's expiry deletes nothing of it.
+//
+// Fencing tokens derived from a claim must be its epoch (or the counter
+// key's ModRevision), which this transaction moves on by one, never the
+// holder key's CreateRevision: an in-place replacement keeps the old
+// holder's CreateRevision.
 func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
 	if c.cfg.Key == nil {
 		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrConfig)
@@ -248,7 +277,11 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 		return PromoteResult{Claim: ks.holder, AlreadyHeld: true}, nil
 	}
 	if ks.holderAlive {
-		err := c.askRelease(ctx, ks.holder.Holder, ks.holder.Epoch+1)
+		next, err := nextEpoch(ks.holder.Epoch)
+		if err != nil {
+			return PromoteResult{}, err
+		}
+		err = c.askRelease(ctx, ks.holder.Holder, next)
 		switch {
 		case err == nil:
 			// The holder dropped the address before it answered: claim
@@ -260,8 +293,11 @@ func (c *Controller) promoteKV(ctx context.Context, o PromoteOptions) (PromoteRe
 			// retry below then claims from fresh keys.
 		case errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone:
 			// Wait for the old primary's lease to expire; never revoke it.
+			// The wait ends when the old holder's key is gone, or when
+			// this node's own controller has claimed meanwhile (its
+			// failover runs beside the promote).
 			deadline := c.clock.Now().Add(c.cfg.LeaseTTL + c.cfg.ElectionTimeout)
-			for ks.holderAlive {
+			for ks.holderAlive && ks.holder.Holder != c.cfg.Self {
 				if !c.clock.Now().Before(deadline) {
 					return PromoteResult{}, ErrLeaseWait
 				}
@@ -335,7 +371,10 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	}
 	var next uint64 = 1
 	if newest != nil {
-		next = newest.Epoch + 1
+		var err error
+		if next, err = nextEpoch(newest.Epoch); err != nil {
+			return PromoteResult{}, err
+		}
 		if newest.Holder != c.cfg.Self {
 			if err := c.askRelease(ctx, newest.Holder, next); err != nil {
 				if !(errors.Is(err, ErrHolderUnreachable) && o.OldPrimaryGone) {

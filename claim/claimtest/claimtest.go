@@ -88,13 +88,14 @@ type FakeCarrier struct {
 	Clock   transport.Clock
 	History *History
 
-	mu      sync.Mutex
-	carried map[netip.Addr]bool
-	routes  map[netip.Addr]netip.Addr
-	fail    error
+	mu        sync.Mutex
+	carried   map[netip.Addr]bool
+	deadlines map[netip.Addr]time.Time
+	routes    map[netip.Addr]netip.Addr
+	fail      error
 }
 
-var _ claim.Carrier = (*FakeCarrier)(nil)
+var _ claim.LeasedCarrier = (*FakeCarrier)(nil)
 
 // NewFakeCarrier returns a carrier for node name recording into h (nil: a
 // new History).
@@ -120,11 +121,43 @@ func (f *FakeCarrier) Carry(ctx context.Context, vip netip.Addr) error {
 	if f.fail != nil {
 		return f.fail
 	}
+	delete(f.deadlines, vip)
 	if !f.carried[vip] {
 		f.carried[vip] = true
 		f.History.add(Event{At: f.Clock.Now(), Node: f.Name, Kind: Carry, VIP: vip})
 	}
 	return nil
+}
+
+// CarryUntil implements claim.LeasedCarrier: it records the deadline
+// (Deadline) and carries, or drops when less than claim.MinCarryLeft is
+// left on the carrier's Clock. It does not remove the address by itself at
+// the deadline: the controller's own drop is what the simulations check.
+func (f *FakeCarrier) CarryUntil(ctx context.Context, vip netip.Addr, deadline time.Time) error {
+	if deadline.Sub(f.Clock.Now()) < claim.MinCarryLeft {
+		if err := f.Drop(ctx, vip); err != nil {
+			return err
+		}
+		return claim.ErrDeadlinePassed
+	}
+	if err := f.Carry(ctx, vip); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	if f.deadlines == nil {
+		f.deadlines = map[netip.Addr]time.Time{}
+	}
+	f.deadlines[vip] = deadline
+	f.mu.Unlock()
+	return nil
+}
+
+// Deadline returns the deadline of the last CarryUntil of vip (zero: none,
+// or carried without one).
+func (f *FakeCarrier) Deadline(vip netip.Addr) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.deadlines[vip]
 }
 
 // Drop implements claim.Carrier.
@@ -134,6 +167,7 @@ func (f *FakeCarrier) Drop(ctx context.Context, vip netip.Addr) error {
 	if f.fail != nil {
 		return f.fail
 	}
+	delete(f.deadlines, vip)
 	if f.carried[vip] {
 		delete(f.carried, vip)
 		f.History.add(Event{At: f.Clock.Now(), Node: f.Name, Kind: Drop, VIP: vip})

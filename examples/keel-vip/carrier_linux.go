@@ -12,11 +12,13 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/wg"
 )
 
@@ -26,17 +28,34 @@ import (
 // routes the VIP to its holder by moving the /128 between the peers'
 // allowed IPs of the wireguard-go device (transport/wg: one step, never
 // unrouted). Only the root helper holds one. Safe for concurrent use.
+//
+// It is a claim.LeasedCarrier: CarryUntil writes the address with
+// valid_lft = floor(time left before the deadline) in seconds, so the
+// kernel removes it by itself at the deadline even if every keel-vip
+// process is frozen, and arms a CLOCK_BOOTTIME timer (claim.BootClock)
+// that drops it at the deadline too. The kernel's address timers run on
+// jiffies, which do not advance while the machine is suspended; the
+// BootClock timer does count suspended time and fires within
+// claim.BootTimerSlice of the resume, so an address whose deadline passed
+// during a suspend is dropped right after the wake-up, before the lease
+// could matter. With less than claim.MinCarryLeft left it drops instead.
+// Carry (no deadline: the no-etcd mode) writes valid_lft forever.
 type LinkCarrier struct {
 	nl    *netlink.Handle
 	link  string
 	dev   *wg.Device
 	mesh  *Mesh
 	log   *EventLog
+	clock transport.Clock
 	mu    sync.Mutex
 	added map[netip.Addr]bool
+	// until and timers: the deadline of each address carried with one, and
+	// the timer that drops it then.
+	until  map[netip.Addr]time.Time
+	timers map[netip.Addr]transport.Timer
 }
 
-var _ claim.Carrier = (*LinkCarrier)(nil)
+var _ claim.LeasedCarrier = (*LinkCarrier)(nil)
 
 // NewLinkCarrier returns a carrier for the interface named link (in the
 // namespace of nl; nil means the current one) and the device dev. log may
@@ -45,20 +64,37 @@ func NewLinkCarrier(nl *netlink.Handle, link string, dev *wg.Device, m *Mesh, lo
 	if nl == nil {
 		nl = &netlink.Handle{}
 	}
-	return &LinkCarrier{nl: nl, link: link, dev: dev, mesh: m, log: log, added: map[netip.Addr]bool{}}
+	return &LinkCarrier{nl: nl, link: link, dev: dev, mesh: m, log: log, clock: claim.BootClock{},
+		added: map[netip.Addr]bool{}, until: map[netip.Addr]time.Time{}, timers: map[netip.Addr]transport.Timer{}}
 }
 
-func vipAddr(vip netip.Addr) *netlink.Addr {
+// vipAddr is the netlink form of vip/128 with valid_lft validLft seconds
+// (math.MaxUint32: forever) and preferred_lft 0.
+func vipAddr(vip netip.Addr, validLft int) *netlink.Addr {
 	return &netlink.Addr{
 		IPNet:       &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(128, 128)},
 		PreferedLft: 0,
-		ValidLft:    math.MaxUint32, // forever
+		ValidLft:    validLft,
 		Flags:       unix.IFA_F_NODAD,
 	}
 }
 
-// Carry implements claim.Carrier: vip/128 with preferred_lft 0.
+// Carry implements claim.Carrier: vip/128 with preferred_lft 0 and
+// valid_lft forever.
 func (c *LinkCarrier) Carry(ctx context.Context, vip netip.Addr) error {
+	return c.carry(ctx, vip, time.Time{})
+}
+
+// CarryUntil implements claim.LeasedCarrier: deadline is a CLOCK_BOOTTIME
+// instant (claim.BootClock).
+func (c *LinkCarrier) CarryUntil(ctx context.Context, vip netip.Addr, deadline time.Time) error {
+	if deadline.IsZero() {
+		return fmt.Errorf("%w: carry %v with no deadline", claim.ErrMalformed, vip)
+	}
+	return c.carry(ctx, vip, deadline)
+}
+
+func (c *LinkCarrier) carry(ctx context.Context, vip netip.Addr, deadline time.Time) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -68,12 +104,60 @@ func (c *LinkCarrier) Carry(ctx context.Context, vip netip.Addr) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.log.Record("add", vip) // stamped before the address exists
-	if err := c.nl.AddrReplace(lk, vipAddr(vip)); err != nil {
+	lft := math.MaxUint32 // forever
+	if !deadline.IsZero() {
+		left := deadline.Sub(c.clock.Now())
+		if left < claim.MinCarryLeft {
+			if err := c.dropLocked(lk, vip); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: %v left for %v", claim.ErrDeadlinePassed, left, vip)
+		}
+		lft = int(left / time.Second)
+	}
+	if !c.added[vip] {
+		c.log.Record("add", vip) // stamped before the address exists
+	}
+	if err := c.nl.AddrReplace(lk, vipAddr(vip, lft)); err != nil {
 		return fmt.Errorf("keelvip: carry %v on %s: %w", vip, c.link, err)
 	}
 	c.added[vip] = true
+	c.stopTimerLocked(vip)
+	if !deadline.IsZero() {
+		c.until[vip] = deadline
+		c.timers[vip] = c.clock.AfterFunc(deadline.Sub(c.clock.Now()), func() { c.expire(vip, deadline) })
+	}
 	return nil
+}
+
+// expire drops vip if its deadline is still the one the timer was armed
+// for.
+func (c *LinkCarrier) expire(vip netip.Addr, deadline time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, ok := c.until[vip]; !ok || !d.Equal(deadline) {
+		return
+	}
+	// On an error the kernel's valid_lft removes it at the same deadline.
+	if lk, err := c.nl.LinkByName(c.link); err == nil {
+		_ = c.dropLocked(lk, vip)
+	}
+}
+
+func (c *LinkCarrier) stopTimerLocked(vip netip.Addr) {
+	if t := c.timers[vip]; t != nil {
+		t.Stop()
+	}
+	delete(c.timers, vip)
+	delete(c.until, vip)
+}
+
+// Until returns the deadline vip is carried until (zero: not carried, or
+// carried forever).
+func (c *LinkCarrier) Until(vip netip.Addr) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.until[vip]
 }
 
 // Drop implements claim.Carrier. Dropping an address that is not there
@@ -85,7 +169,11 @@ func (c *LinkCarrier) Drop(ctx context.Context, vip netip.Addr) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	err = c.nl.AddrDel(lk, vipAddr(vip))
+	return c.dropLocked(lk, vip)
+}
+
+func (c *LinkCarrier) dropLocked(lk netlink.Link, vip netip.Addr) error {
+	err := c.nl.AddrDel(lk, vipAddr(vip, 0))
 	if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("keelvip: drop %v on %s: %w", vip, c.link, err)
 	}
@@ -93,6 +181,7 @@ func (c *LinkCarrier) Drop(ctx context.Context, vip netip.Addr) error {
 		c.log.Record("remove", vip) // stamped after the address is gone
 	}
 	delete(c.added, vip)
+	c.stopTimerLocked(vip)
 	return nil
 }
 

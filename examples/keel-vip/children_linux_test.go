@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -112,8 +113,13 @@ func unitChild(ctx context.Context, args []string) error {
 	}
 	argv := []string{setpriv, "--reuid=" + uid, "--regid=" + uid, "--clear-groups",
 		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
-		"--pdeathsig=KILL", "--", exe, "-test.run=^$"}
+		"--pdeathsig=KILL", "--", exe, sub}
 	env := append(os.Environ(), keelvip.ExecEnv+"="+sub, keelvip.CredentialsEnv+"="+creds)
+	if sub == "listen" {
+		// As keel-vip-members.service: the helper's listen.json (the
+		// node's run directory is beside its credentials here).
+		env = append(env, keelvip.ListenConfigEnv+"="+filepath.Join(filepath.Dir(creds), "run", "listen.json"))
+	}
 	return syscall.Exec(setpriv, argv, env)
 }
 
@@ -145,6 +151,13 @@ const testMainEnv = "KEELVIP_TEST_MAIN"
 // controller knocking on the helper's socket.
 const dialEnv = "KEELVIP_TEST_DIAL"
 
+// dialURLEnv and dialBodyEnv, with dialEnv, name the URL and the body of
+// the request posted (default: a carrier drop).
+const (
+	dialURLEnv  = "KEELVIP_TEST_DIAL_URL"
+	dialBodyEnv = "KEELVIP_TEST_DIAL_BODY"
+)
+
 // runTestMain handles testMainEnv and dialEnv; it returns when neither is
 // set.
 func runTestMain() {
@@ -163,7 +176,11 @@ func runTestMain() {
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", path)
 		}}}
-		resp, err := hc.Post("http://helper/carrier", "application/json", strings.NewReader(`{"op":"drop","vip":"fd00::1"}`))
+		url, body := "http://helper/carrier", `{"op":"drop","vip":"fd00::1"}`
+		if u := os.Getenv(dialURLEnv); u != "" {
+			url, body = u, os.Getenv(dialBodyEnv)
+		}
+		resp, err := hc.Post(url, "application/json", strings.NewReader(body))
 		if err != nil {
 			fmt.Println("refused:", err)
 			os.Exit(0)
@@ -172,4 +189,33 @@ func runTestMain() {
 		fmt.Println("answered:", resp.Status)
 		os.Exit(0)
 	}
+}
+
+// childInputEnv names a directory (mode 1777) where a child the helper
+// starts writes what it got on stdin, before running as usual: the tests
+// check that the listener is handed no key.
+const childInputEnv = "KEELVIP_TEST_CHILD_INPUT"
+
+// captureChildInput handles childInputEnv in a child the helper started.
+func captureChildInput() {
+	dir, sub := os.Getenv(childInputEnv), os.Getenv(keelvip.ExecEnv)
+	if dir == "" || sub == "" || os.Getenv(keelvip.ListenConfigEnv) != "" || os.Getenv(keelvip.CredentialsEnv) != "" {
+		return
+	}
+	b, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "capture stdin:", err)
+		os.Exit(2)
+	}
+	p := filepath.Join(dir, fmt.Sprintf("%s-%d.in", sub, os.Getuid()))
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "capture stdin:", err)
+		os.Exit(2)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		os.Exit(2)
+	}
+	go func() { _, _ = w.Write(b); w.Close() }()
+	os.Stdin = r
 }

@@ -3,3 +3,5 @@
 package keelvip_test
 
 func registerChildren() {}
+
+func captureChildInput() {}

@@ -11,11 +11,15 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/vipkit/vipkit/claim"
 )
 
 const usage = `usage: keel-vip <command> [flags]
+       keel-vip --help | --version
 
 commands:
   tend      --mesh FILE                 run the root helper (starts the controller and the listener)
@@ -30,6 +34,31 @@ commands:
                                         write the wg-quick config, the VIP routed to its holder
   drop-all  --mesh FILE                 drop every VIP from the interface (ExecStopPost)
 `
+
+func isHelp(a string) bool { return a == "-h" || a == "--help" || a == "-help" || a == "help" }
+
+// Version returns "keel-vip VERSION (REVISION[, modified])" from the build
+// info: the module's version and the VCS revision it was built from.
+func Version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "keel-vip (no build info)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	rev, modified := "unknown revision", ""
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			modified = ", modified"
+		}
+	}
+	return fmt.Sprintf("keel-vip %s %s (%s%s, %s)", bi.Main.Path, v, rev, modified, bi.GoVersion)
+}
 
 // Exit codes of Main.
 const (
@@ -54,7 +83,14 @@ func DispatchExec() {
 	// the mesh file is a credential (LoadCredential=mesh:...); started by
 	// the helper, it comes on stdin.
 	var in io.Reader = os.Stdin
-	f, err := openCredential("mesh")
+	var f *os.File
+	var err error
+	if p := os.Getenv(ListenConfigEnv); sub == "listen" && p != "" {
+		// The listener's configuration, which the helper writes (no key).
+		f, err = waitOpen(ctx, p)
+	} else if sub != "listen" {
+		f, err = openCredential("mesh")
+	}
 	if f != nil {
 		defer f.Close()
 		in = f
@@ -74,6 +110,28 @@ func DispatchExec() {
 		os.Exit(ExitError)
 	}
 	os.Exit(ExitOK)
+}
+
+// ListenConfigEnv names the file the members' listener reads its
+// ListenerConfig from under systemd (keel-vip-members.service sets it to
+// /run/keel-vip/listen.json, which the helper writes). Without it the
+// listener reads it on stdin, from the helper that started it.
+const ListenConfigEnv = "KEELVIP_LISTEN_CONFIG"
+
+// waitOpen opens path, waiting for it to appear until ctx ends (the
+// listener's unit may start before the helper has written its file).
+func waitOpen(ctx context.Context, path string) (*os.File, error) {
+	for {
+		f, err := os.Open(path)
+		if err == nil || !errors.Is(err, os.ErrNotExist) {
+			return f, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // CredentialsEnv is systemd's variable that names the directory of a
@@ -107,10 +165,22 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, Version())
+		return ExitOK
+	}
 	if cmd == "pair" {
 		if len(rest) == 0 {
 			fmt.Fprint(stderr, usage)
 			return ExitUsage
+		}
+		if isHelp(rest[0]) {
+			fmt.Fprint(stdout, usage)
+			return ExitOK
 		}
 		cmd, rest = "pair "+rest[0], rest[1:]
 	}
@@ -150,6 +220,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	if err := fs.Parse(rest); err != nil || fs.NArg() != 0 {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return ExitOK
+		}
 		if err == nil {
 			fmt.Fprintf(stderr, "keel-vip %s: unexpected arguments %q\n", cmd, fs.Args())
 		}
@@ -199,16 +274,23 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		var rep PromoteReply
 		err := callJSON(ctx, adminHTTP(m), http.MethodPost, "http://admin"+promotePath, promoteRequest{OldPrimaryGone: *gone}, &rep, nil)
 		if err != nil {
+			// Whoever claimed, what counts is whether this node holds the
+			// VIP now: a promote can fail its own step while the node's
+			// controller claimed.
+			if s, serr := adminStatus(ctx, m); serr == nil && s.Role == claim.RoleHolder.String() && s.Carried {
+				fmt.Fprintf(stdout, "this node holds the VIP at epoch %d (%v; the promote reported: %v)\n", s.Epoch, m.VIP, err)
+				return ExitOK
+			}
 			return fail(notRunning(err))
 		}
+		how := "promoted"
 		switch {
 		case rep.AlreadyHeld:
-			fmt.Fprintf(stdout, "this node already holds %v at epoch %d\n", m.VIP, rep.Epoch)
+			how = "already held"
 		case rep.ByController:
-			fmt.Fprintf(stdout, "this node holds %v at epoch %d (its controller claimed first)\n", m.VIP, rep.Epoch)
-		default:
-			fmt.Fprintf(stdout, "promoted: this node holds %v at epoch %d\n", m.VIP, rep.Epoch)
+			how = "its controller claimed first"
 		}
+		fmt.Fprintf(stdout, "this node holds the VIP at epoch %d (%v, %s)\n", rep.Epoch, m.VIP, how)
 		return ExitOK
 	case "pair propose":
 		p, err := netip.ParseAddr(*peer)

@@ -5,6 +5,7 @@ package keelvip
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/signal"
 )
@@ -28,3 +29,11 @@ func membersDir(m *Mesh) string { return m.RunDir + "/members" }
 // ExecEnv names the environment variable that makes DispatchExec run a
 // subcommand of Main.
 const ExecEnv = "KEELVIP_EXEC"
+
+// rootOnlyListener needs SO_PEERCRED (Linux).
+func rootOnlyListener(l net.Listener, _ func(error)) (net.Listener, error) {
+	l.Close()
+	return nil, errLinuxOnly
+}
+
+func connContext(ctx context.Context, _ net.Conn) context.Context { return ctx }

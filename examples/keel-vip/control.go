@@ -35,8 +35,8 @@ type helperCarrier struct {
 }
 
 var (
-	_ claim.Carrier    = (*helperCarrier)(nil)
-	_ claim.StateStore = (*helperCarrier)(nil)
+	_ claim.LeasedCarrier = (*helperCarrier)(nil)
+	_ claim.StateStore    = (*helperCarrier)(nil)
 )
 
 func (h *helperCarrier) Load() (claim.State, error) {
@@ -56,24 +56,33 @@ func (h *helperCarrier) Save(s claim.State) error {
 	return h.inner.Save(s)
 }
 
-func (h *helperCarrier) call(ctx context.Context, op string, vip, holder netip.Addr) error {
+func (h *helperCarrier) call(ctx context.Context, op string, vip, holder netip.Addr, until time.Time) error {
 	h.mu.Lock()
 	c := h.held
 	h.mu.Unlock()
 	req := carrierRequest{Op: op, VIP: vip.String(), Holder: addrString(holder), Claim: b64Claim(c)}
+	if !until.IsZero() {
+		req.UntilBootNs = until.UnixNano()
+	}
 	return callJSON(ctx, h.hc, http.MethodPost, "http://helper"+carrierPath, req, nil, nil)
 }
 
 func (h *helperCarrier) Carry(ctx context.Context, vip netip.Addr) error {
-	return h.call(ctx, "carry", vip, netip.Addr{})
+	return h.call(ctx, "carry", vip, netip.Addr{}, time.Time{})
+}
+
+// CarryUntil implements claim.LeasedCarrier: the deadline is on the
+// controller's clock, claim.BootClock, which the helper shares.
+func (h *helperCarrier) CarryUntil(ctx context.Context, vip netip.Addr, deadline time.Time) error {
+	return h.call(ctx, "carry", vip, netip.Addr{}, deadline)
 }
 
 func (h *helperCarrier) Drop(ctx context.Context, vip netip.Addr) error {
-	return h.call(ctx, "drop", vip, netip.Addr{})
+	return h.call(ctx, "drop", vip, netip.Addr{}, time.Time{})
 }
 
 func (h *helperCarrier) Route(ctx context.Context, vip, holder netip.Addr) error {
-	return h.call(ctx, "route", vip, holder)
+	return h.call(ctx, "route", vip, holder, time.Time{})
 }
 
 // RunController is `keel-vip control`, the unprivileged controller the
@@ -89,6 +98,11 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		return err
 	}
 	log := newLog(logw, m.Self.ID, "controller")
+	// etcd's TLS is checked before anything starts.
+	tlsCfg, err := m.EtcdTLSConfig(wallNow())
+	if err != nil {
+		return err
+	}
 	if !m.Tended().IsValid() {
 		<-ctx.Done() // no VIP declared or observed: nothing to tend
 		return nil
@@ -123,7 +137,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		cfg.Peers = append(cfg.Peers, p.Addr)
 	}
 	if len(m.Etcd) > 0 {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0, TLS: tlsCfg})
 		if err != nil {
 			return fmt.Errorf("keelvip: etcd: %w", err)
 		}
@@ -146,6 +160,15 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	l, err := net.Listen("unix", sock)
 	syscall.Umask(old)
 	if err != nil {
+		ctl.Close()
+		return err
+	}
+	// Only root, the helper, may connect (SO_PEERCRED): the listener, or
+	// any other process of any uid (the controller's own included), can
+	// neither promote, nor clear the fence, nor pose as a member. The
+	// sender header is the helper's statement of the member the request
+	// came from, read only on connections that passed that check.
+	if l, err = rootOnlyListener(l, func(err error) { log.Warn("control.sock: refused connection", "err", err) }); err != nil {
 		ctl.Close()
 		return err
 	}
@@ -187,7 +210,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		writeJSON(w, http.StatusOK, rep)
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: connContext}
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(l) }()
 	ctl.Start()

@@ -22,6 +22,12 @@
 //	keel-vip inspect      --mesh FILE
 //	keel-vip render       --mesh FILE [--holder ADDR]
 //	keel-vip drop-all     --mesh FILE
+//	keel-vip --help | --version
+//
+// Every command takes -h/--help (exit 0); --version prints the module
+// version and the VCS revision from the build info. promote exits 0,
+// printing "this node holds the VIP at epoch N", whenever this node holds
+// the VIP at the end, whoever claimed it, and non-zero only otherwise.
 //
 // The privilege split. `tend` is the root helper (RunHelper): it creates the
 // kernel TUN and the wireguard-go device, and alone changes the interface
@@ -37,6 +43,17 @@
 // own, with dynamic users and their mesh file as a credential, and the
 // helper, which starts nothing, keeps only CAP_NET_ADMIN and
 // CAP_DAC_OVERRIDE; without systemd the helper starts them under setpriv.
+// With etcd the kernel enforces the fence: the controller asks for every
+// carry with the CLOCK_BOOTTIME deadline 10 s after the send of its last
+// answered renewal, and every answered renewal moves it on; the helper
+// writes the address with valid_lft = floor(time left) seconds (dropping
+// it when under a second is left) and drops it at the deadline by its own
+// CLOCK_BOOTTIME timer as well (LinkCarrier). A frozen or dead controller,
+// or a frozen helper, thus loses the address by the deadline. Suspend: the
+// kernel's address timers do not count suspended time, but the helper's
+// CLOCK_BOOTTIME timer does and drops the address within half a second of
+// the resume. Without etcd the address is carried forever.
+//
 // The helper checks every claim against the pair record and the trust
 // store before it acts or forwards, and talks to each child over a unix
 // socket in a 0700 directory owned by the child's user, checking the
@@ -45,6 +62,45 @@
 // a root-only admin socket. Stopping the helper stops both children and
 // drops every VIP the node carries; ExecStopPost (drop-all) does it again
 // for a helper that died. The systemd units are in systemd/.
+//
+// # Local attackers, and why each is impossible
+//
+// A local unprivileged process is an adversary of the root helper. Each
+// attack below is closed by the simplest mechanism that makes it
+// impossible rather than unlikely:
+//
+//   - Keys in the listener. The members' listener, the one
+//     network-facing process, is handed only a ListenerConfig (node id,
+//     overlay address, port, run directory): on stdin in spawn mode, as
+//     the root-owned RunDir/listen.json under systemd. It never holds a
+//     private key, so no compromise of it can leak one; nothing needs to
+//     be filtered or zeroed.
+//   - Symlink races. The helper never chowns or chmods by path in a
+//     directory another user owns. Sockets are bound and chmodded in the
+//     helper's own 0700 staging directory and renamed into place (rename
+//     replaces a symlink, never follows it) and stay root's; directories
+//     are changed with fchown/fchmod on an O_NOFOLLOW descriptor inside
+//     root-owned parents; the pair copy is written with O_EXCL|O_NOFOLLOW
+//     relative to the directory's descriptor, as root's 0644. A racer
+//     with the child's uid can thus only break names in its own
+//     directory, which makes setup fail, never change another file.
+//   - Shared uids. Spawn mode refuses to start unless users.controller_uid
+//     and users.listener_uid are distinct and non-zero (ErrUsers); under
+//     systemd each unit has its own DynamicUser. The listener's uid can
+//     therefore neither enter ctl/ (0700, the controller's) nor write the
+//     state directory (0700, the controller's), which holds state.json
+//     and pair.rec: no uid but the controller's (and root) can change
+//     them.
+//   - control.sock. The controller accepts a connection only if
+//     SO_PEERCRED says uid 0: only the helper can reach promote, status or
+//     the members' channel there, so no other process (the listener, the
+//     controller's own uid, any other) can clear the fence or pose as a
+//     member. The X-Keel-From header is the helper's statement of which
+//     member a forwarded request came from, never read to decide who is
+//     calling.
+//   - Frozen or crashed processes. The kernel's valid_lft removes the
+//     address at the drop deadline with every keel-vip process stopped,
+//     and the helper drops every VIP when the controller process exits.
 //
 // Status and inspect read the interface back live: whether it carries the
 // VIP, the peer its /128 is routed to, and any drift of the device from

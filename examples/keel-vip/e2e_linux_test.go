@@ -58,6 +58,7 @@ type node struct {
 	lisUID   uint32
 	tend     *netns.Process
 	etcd     *netns.Process
+	etcdArgs []string // to restart the member (a fault)
 	member   bool
 
 	// With startUnits: the controller's and the listener's processes and
@@ -243,8 +244,9 @@ func (c *cluster) startEtcd(tickMs, electionMs int) {
 		parts = append(parts, fmt.Sprintf("%s=http://[%v]:2380", n.name, n.addr))
 	}
 	for _, n := range c.nodes {
-		n.etcd = netns.StartChildT(c.t, n.h, "etcd", n.name, filepath.Join(n.dir, "etcd"), strings.Join(parts, ","),
-			fmt.Sprintf("http://[%v]:2380", n.addr), fmt.Sprintf("http://[%v]:2379", n.addr), fmt.Sprint(tickMs), fmt.Sprint(electionMs))
+		n.etcdArgs = []string{n.name, filepath.Join(n.dir, "etcd"), strings.Join(parts, ","),
+			fmt.Sprintf("http://[%v]:2380", n.addr), fmt.Sprintf("http://[%v]:2379", n.addr), fmt.Sprint(tickMs), fmt.Sprint(electionMs)}
+		n.etcd = netns.StartChildT(c.t, n.h, "etcd", n.etcdArgs...)
 	}
 	t0 := time.Now()
 	waitFor(c.t, 120*time.Second, "etcd leader", func() bool {
@@ -825,9 +827,14 @@ func TestPartitionNetns(t *testing.T) {
 		t.Errorf("planned promote: A's release at %v (%v) must come before B's carry at %v (%v)", relA, ok1, addB, ok2)
 	}
 	results["b"] = fmt.Sprintf("A released first; downtime seen from C (longest gap in 50 ms pings) %s", secs(gap))
-	if gap > 1500*time.Millisecond {
+	// The bound catches a regression to the spec's slower protocol (2.6 s
+	// and 4.4 s there); the goal is 1.5 s.
+	if gap > 3*time.Second {
+		t.Errorf("planned promote: downtime seen from C %v, want ≤ 3 s", gap)
+	} else if gap > 1500*time.Millisecond {
 		t.Logf("goal missed: planned promote downtime %v > 1.5 s", gap)
 	}
+	t.Logf("planned promote: downtime seen from C %v (bound 3 s)", gap)
 	counterAtB := c.counter()
 
 	// (c) B cut off from the majority, twice: as etcd's leader, then as a

@@ -85,8 +85,32 @@ func (l credListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return c, nil
+		return credConn{Conn: c, cred: *cr}, nil
 	}
+}
+
+// credConn is an accepted connection with the SO_PEERCRED it was accepted
+// on; the HTTP servers put it in each request's context (peerOf).
+type credConn struct {
+	net.Conn
+	cred unix.Ucred
+}
+
+type credKey struct{}
+
+// connContext is the servers' ConnContext: it keeps the peer's
+// credentials for the handlers.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if cc, ok := c.(credConn); ok {
+		return context.WithValue(ctx, credKey{}, cc.cred)
+	}
+	return ctx
+}
+
+// peerOf returns the credentials of the peer that sent the request.
+func peerOf(ctx context.Context) (unix.Ucred, bool) {
+	cr, ok := ctx.Value(credKey{}).(unix.Ucred)
+	return cr, ok
 }
 
 // pidPeer accepts the process pid() running as uid.
@@ -163,34 +187,175 @@ func waitUnitDir(ctx context.Context, dir string) (uint32, error) {
 	}
 }
 
-// listenUnix creates a unix socket at path with mode perm owned by uid:gid
-// (no chown when that is the process's own user and group).
-func listenUnix(path string, perm os.FileMode, uid, gid uint32) (net.Listener, error) {
-	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
+// The helper never changes an owner or a mode by path inside a directory
+// another user owns: a racer with that user's uid could swap the name for
+// a symlink between the helper's check and its chown, and have root hand
+// it any file. Instead:
+//
+//   - Sockets are bound in a private staging directory (RunDir/.stage,
+//     root's, 0700), chmodded there (no one else can reach that name),
+//     and renamed into place: rename(2) replaces a name without following
+//     a symlink at it. They stay root's; the 0700 directory of the child's
+//     user is the file-system barrier, SO_PEERCRED the check.
+//   - Directories are opened with O_NOFOLLOW|O_DIRECTORY and changed with
+//     fchown/fchmod on that descriptor, inside parents checked to be
+//     root's and writable by no one else (checkRootDir).
+//   - The controller's copy of the pair record is created with
+//     O_CREAT|O_EXCL|O_NOFOLLOW relative to the descriptor of the state
+//     directory, written as root's 0644 (it holds only public keys and
+//     signatures: the controller needs to read it, not own it), and
+//     renamed into place relative to the same descriptor.
+
+// stageDir returns the helper's private staging directory for sockets.
+func stageDir(m *Mesh) string { return filepath.Join(m.RunDir, ".stage") }
+
+// listenUnix creates a unix socket at path with mode perm, owned by root,
+// through the staging directory (see above).
+func listenUnix(m *Mesh, path string, perm os.FileMode) (net.Listener, error) {
+	stage := stageDir(m)
+	if err := os.Mkdir(stage, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
+	if err := checkRootDir(stage, 0o700); err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(stage, filepath.Base(path))
+	_ = os.Remove(tmp)
+	l, err := net.Listen("unix", tmp)
 	if err != nil {
 		return nil, err
 	}
-	err = os.Chmod(path, perm)
-	if err == nil && (int(uid) != os.Getuid() || int(gid) != os.Getgid()) {
-		err = os.Chown(path, int(uid), int(gid))
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	err = os.Chmod(tmp, perm) // in root's 0700 directory: nobody else reaches this name
+	if err == nil {
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
 		l.Close()
+		_ = os.Remove(tmp)
 		return nil, err
 	}
 	return l, nil
 }
 
-// privateDir makes dir with mode 0700 owned by uid:gid (and checks it).
+// checkRootDir checks that dir is a directory (not a symlink) owned by
+// root that no one else can write to, and whose mode is at most max.
+func checkRootDir(dir string, max os.FileMode) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || st.Uid != 0 || fi.Mode().Perm()&^max != 0 || fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%w: %s: mode %v owner %d, want a directory of root's with mode %v or less (group and others may not write)",
+			ErrRunDir, dir, fi.Mode(), st.Uid, max)
+	}
+	return nil
+}
+
+// prepareRunDir makes the run directory (root's, 0755) or checks the one
+// there: root's, writable by root only, and enterable by others (the
+// controller and the listener reach their directories through it).
+func prepareRunDir(m *Mesh) error {
+	if err := os.Mkdir(m.RunDir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("%w: run_dir: %w", ErrRunDir, err)
+	}
+	fi, err := os.Lstat(m.RunDir)
+	if err != nil {
+		return fmt.Errorf("%w: run_dir: %w", ErrRunDir, err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	perm := fi.Mode().Perm()
+	if !fi.IsDir() || st.Uid != 0 || perm&0o022 != 0 || perm&0o001 == 0 {
+		return fmt.Errorf("%w: run_dir %s: mode %v owner %d: want a directory of root's with mode 0755 (or 0711): the controller and the listener must be able to enter it, and only root to write it",
+			ErrRunDir, m.RunDir, fi.Mode(), st.Uid)
+	}
+	return nil
+}
+
+// privateDir makes dir (whose parent must be checkRootDir-safe) with mode
+// 0700 owned by uid:gid, by fchown/fchmod on a descriptor opened without
+// following a symlink.
 func privateDir(dir string, uid, gid uint32) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := checkRootDir(filepath.Dir(dir), 0o755); err != nil {
 		return err
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	return os.Chown(dir, int(uid), int(gid))
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("keelvip: open %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fchown(fd, int(uid), int(gid)); err != nil {
+		return fmt.Errorf("keelvip: chown %s: %w", dir, err)
+	}
+	if err := unix.Fchmod(fd, 0o700); err != nil {
+		return fmt.Errorf("keelvip: chmod %s: %w", dir, err)
+	}
+	return nil
+}
+
+// writeInDir writes data as name in the directory dir, root's with mode
+// perm: a new file (O_EXCL|O_NOFOLLOW, relative to dir's descriptor)
+// renamed over name, so no symlink in dir is ever followed.
+func writeInDir(dir, name string, data []byte, perm uint32) error {
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("keelvip: open %s: %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	tmp := fmt.Sprintf(".%s.%d", name, os.Getpid())
+	_ = unix.Unlinkat(dfd, tmp, 0)
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+	if err != nil {
+		return fmt.Errorf("keelvip: create %s/%s: %w", dir, tmp, err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir, tmp))
+	err = unix.Fchmod(fd, perm)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(dfd, tmp, dfd, name)
+	}
+	if err != nil {
+		_ = unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("keelvip: write %s/%s: %w", dir, name, err)
+	}
+	return nil
+}
+
+// prepareSpawn makes what the children of spawn mode need: their 0700
+// directories and the controller's copy of the pair record. Nothing here
+// follows a symlink or changes an owner or mode by path in a directory
+// another user owns.
+func (h *helper) prepareSpawn() error {
+	m := h.m
+	if err := privateDir(ctlDir(m), m.ControllerUID, m.ControllerGID); err != nil {
+		return err
+	}
+	if err := privateDir(membersDir(m), m.ListenerUID, m.ListenerGID); err != nil {
+		return err
+	}
+	if err := privateDir(m.StateDir, m.ControllerUID, m.ControllerGID); err != nil {
+		return err
+	}
+	if h.pair != nil {
+		// The controller cannot read root's pair file: hand it a copy.
+		b, _ := EncodePairFile(h.pair)
+		if err := writeInDir(m.StateDir, "pair.rec", b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // helper is the running root helper.
@@ -201,7 +366,10 @@ type helper struct {
 	carrier *LinkCarrier
 	log     *slog.Logger
 
+	ctx context.Context // the helper's life
+
 	mu      sync.Mutex
+	ctlProc int               // the controller process whose requests the helper serves now (0: none)
 	newest  *claim.Claim      // newest claim the helper checked
 	kept    *claim.PairRecord // an observer's: the first valid record seen
 	ctlPid  int
@@ -222,7 +390,17 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	if logw == nil {
 		logw = os.Stderr
 	}
-	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper")}
+	if o.Units == nil {
+		if err := m.CheckSpawnUsers(); err != nil {
+			return err
+		}
+	}
+	// etcd's TLS is checked before anything starts (the controller checks
+	// it again with what it is handed).
+	if _, err := m.EtcdTLSConfig(wallNow()); err != nil {
+		return err
+	}
+	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper"), ctx: ctx}
 	if h.pol, err = m.Policy(); err != nil {
 		return err
 	}
@@ -298,22 +476,29 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	}()
 
 	// Directories and sockets.
-	if err := os.MkdirAll(m.RunDir, 0o755); err != nil {
+	if err := prepareRunDir(m); err != nil {
 		return err
 	}
-	srvCtx, stop := context.WithCancel(ctx)
+	if err := writeInDir(m.RunDir, listenConfigName, m.ListenerConfig(), 0o644); err != nil {
+		return err
+	}
+	// The servers outlive ctx: a stopping controller still drops the VIP
+	// through helper.sock. They stop once the children have (the deferred
+	// stop below runs after stopChild).
+	srvCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stop()
 	serve := func(l net.Listener, hd http.Handler) {
-		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second}
+		s := &http.Server{Handler: hd, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second, WriteTimeout: 60 * time.Second,
+			ConnContext: connContext}
 		wg.Add(2)
 		go func() { defer wg.Done(); _ = s.Serve(l) }()
 		go func() { defer wg.Done(); <-srvCtx.Done(); _ = s.Close() }()
 	}
 	bad := func(err error) { h.log.Warn("refused connection", "err", err) }
-	al, err := listenUnix(AdminSocket(m), 0o600, 0, 0)
+	al, err := listenUnix(m, AdminSocket(m), 0o600)
 	if err != nil {
 		return err
 	}
@@ -322,39 +507,26 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 		return h.runUnits(ctx, *o.Units, serve, bad)
 	}
 
-	if err := privateDir(ctlDir(m), m.ControllerUID, m.ControllerGID); err != nil {
+	if err := h.prepareSpawn(); err != nil {
 		return err
 	}
-	if err := privateDir(membersDir(m), m.ListenerUID, m.ListenerGID); err != nil {
-		return err
-	}
-	if err := privateDir(m.StateDir, m.ControllerUID, m.ControllerGID); err != nil {
-		return err
-	}
-	if h.pair != nil {
-		// The controller cannot read root's pair file: hand it a copy.
-		b, _ := EncodePairFile(h.pair)
-		p := filepath.Join(m.StateDir, "pair.rec")
-		if err := writeFileAtomic(p, b, 0o600); err != nil {
-			return err
-		}
-		if err := os.Chown(p, int(m.ControllerUID), int(m.ControllerGID)); err != nil {
-			return err
-		}
-	}
-	hl, err := listenUnix(filepath.Join(ctlDir(m), "helper.sock"), 0o600, m.ControllerUID, m.ControllerGID)
+	hl, err := listenUnix(m, filepath.Join(ctlDir(m), "helper.sock"), 0o666)
 	if err != nil {
 		return err
 	}
 	serve(credListener{Listener: hl, check: pidPeer(h.controllerPid, m.ControllerUID), onBad: bad}, http.HandlerFunc(h.serveCarrier))
-	ml, err := listenUnix(filepath.Join(membersDir(m), "members.sock"), 0o600, m.ListenerUID, m.ListenerGID)
+	ml, err := listenUnix(m, filepath.Join(membersDir(m), "members.sock"), 0o666)
 	if err != nil {
 		return err
 	}
 	serve(credListener{Listener: ml, check: pidPeer(h.listenerPid, m.ListenerUID), onBad: bad}, http.HandlerFunc(h.serveMembers))
 
 	// The children.
-	ctl, err := h.start(ctx, setpriv, exe, "control", m.ControllerUID, m.ControllerGID, o.MeshRaw, logw)
+	ctlIn, err := inlineEtcdTLS(m, o.MeshRaw)
+	if err != nil {
+		return err
+	}
+	ctl, err := h.start(ctx, setpriv, exe, "control", m.ControllerUID, m.ControllerGID, ctlIn, logw)
 	if err != nil {
 		return err
 	}
@@ -362,7 +534,8 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 	h.ctlPid = ctl.pid()
 	h.ctlHTTP = unixHTTP(filepath.Join(ctlDir(m), "control.sock"), dialCheck(pidPeer(h.controllerPid, m.ControllerUID)), 90*time.Second)
 	h.mu.Unlock()
-	lis, err := h.start(ctx, setpriv, exe, "listen", m.ListenerUID, m.ListenerGID, o.MeshRaw, logw)
+	// The listener gets its address, port and run directory, no key.
+	lis, err := h.start(ctx, setpriv, exe, "listen", m.ListenerUID, m.ListenerGID, m.ListenerConfig(), logw)
 	if err != nil {
 		h.stopChild(ctl)
 		return err
@@ -418,12 +591,12 @@ func (h *helper) runUnits(ctx context.Context, u Units, serve func(net.Listener,
 	ctlPeer, lisPeer := unitPeer(u.ControllerCgroup, ctlUID), unitPeer(u.ListenerCgroup, lisUID)
 	// 0666 root-owned sockets inside the units' 0700 directories: only
 	// the unit's user reaches them, and no chown (no CAP_CHOWN) is needed.
-	hl, err := listenUnix(filepath.Join(ctlDir(m), "helper.sock"), 0o666, 0, 0)
+	hl, err := listenUnix(m, filepath.Join(ctlDir(m), "helper.sock"), 0o666)
 	if err != nil {
 		return err
 	}
 	serve(credListener{Listener: hl, check: ctlPeer, onBad: bad}, http.HandlerFunc(h.serveCarrier))
-	ml, err := listenUnix(filepath.Join(membersDir(m), "members.sock"), 0o666, 0, 0)
+	ml, err := listenUnix(m, filepath.Join(membersDir(m), "members.sock"), 0o666)
 	if err != nil {
 		return err
 	}
@@ -435,6 +608,12 @@ func (h *helper) runUnits(ctx context.Context, u Units, serve func(net.Listener,
 		"listener_unit", u.ListenerCgroup, "listener_uid", lisUID)
 	<-ctx.Done()
 	return nil
+}
+
+// rootOnlyListener returns l accepting only uid 0, any pid: the
+// controller's control.sock, which only the root helper may use.
+func rootOnlyListener(l net.Listener, onBad func(error)) (net.Listener, error) {
+	return credListener{Listener: l, onBad: onBad}.rootOnly(), nil
 }
 
 // rootOnly returns l accepting only uid 0, any pid.
@@ -453,18 +632,23 @@ func (l rootListener) Accept() (net.Conn, error) {
 		}
 		cr, err := peerCred(c)
 		if err != nil || cr.Uid != 0 {
-			l.onBad(fmt.Errorf("%w: admin socket needs uid 0", ErrPeerCred))
+			if err == nil {
+				err = fmt.Errorf("pid %d uid %d", cr.Pid, cr.Uid)
+			}
+			l.onBad(fmt.Errorf("%w: needs uid 0: %v", ErrPeerCred, err))
 			c.Close()
 			continue
 		}
-		return c, nil
+		return credConn{Conn: c, cred: *cr}, nil
 	}
 }
 
 func (h *helper) controllerPid() int { h.mu.Lock(); defer h.mu.Unlock(); return h.ctlPid }
 func (h *helper) listenerPid() int   { h.mu.Lock(); defer h.mu.Unlock(); return h.lisPid }
 
-// start runs exe as sub under setpriv: the unprivileged uid:gid, no
+// start runs exe as sub under setpriv (its process title "keel-vip
+// control NODE" or "keel-vip listen NODE"; DispatchExec, which runs first,
+// reads ExecEnv and ignores the arguments): the unprivileged uid:gid, no
 // supplementary groups, every capability cleared from the inheritable,
 // ambient and bounding sets, no_new_privs, and SIGKILL when the helper
 // dies. The mesh file goes in on stdin.
@@ -472,7 +656,7 @@ func (h *helper) start(ctx context.Context, setpriv, exe, sub string, uid, gid u
 	argv := []string{setpriv,
 		"--reuid=" + strconv.Itoa(int(uid)), "--regid=" + strconv.Itoa(int(gid)), "--clear-groups",
 		"--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs",
-		"--pdeathsig=KILL", "--", exe, "-test.run=^$"}
+		"--pdeathsig=KILL", "--", exe, sub, h.m.Self.ID}
 	cmd := &exec.Cmd{Path: setpriv, Args: argv, Dir: "/"}
 	cmd.Env = append(os.Environ(), ExecEnv+"="+sub)
 	cmd.Stdout, cmd.Stderr = logw, logw
@@ -585,6 +769,9 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if cr, ok := peerOf(ctx); ok {
+		h.controllerSeen(int(cr.Pid))
+	}
 	switch req.Op {
 	case "drop": // always allowed: dropping is the safe direction
 		if vip != h.m.Tended() {
@@ -599,6 +786,12 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		} else if c, err = h.verify(vip, req.Claim); err == nil {
 			if c.Holder != h.m.Self.Addr {
 				err = fmt.Errorf("%w: claim names %v, not this node", claim.ErrNotHolder, c.Holder)
+			} else if req.UntilBootNs != 0 {
+				err = h.carrier.CarryUntil(ctx, vip, time.Unix(0, req.UntilBootNs))
+			} else if len(h.m.Etcd) > 0 {
+				// With etcd the lease is the fence: no address without
+				// the deadline of its last answered renewal.
+				err = fmt.Errorf("%w: carry with etcd needs a deadline", claim.ErrMalformed)
 			} else {
 				err = h.carrier.Carry(ctx, vip)
 			}
@@ -629,6 +822,74 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// controllerSeen notes that the controller process pid sent a request.
+// A process the helper has not served before is a new controller (a
+// restart, under systemd's split): it carries nothing until it asks, so
+// the helper first drops every VIP (the reconciliation: what the new
+// controller does not hold is not on the interface). It then watches the
+// process, and drops every VIP the moment it exits (a crash, an OOM kill,
+// a crash loop), without waiting for the drop deadline.
+func (h *helper) controllerSeen(pid int) {
+	h.mu.Lock()
+	if h.ctlProc == pid {
+		h.mu.Unlock()
+		return
+	}
+	prev := h.ctlProc
+	h.ctlProc = pid
+	h.mu.Unlock()
+	if prev != 0 {
+		h.log.Info("new controller process: dropping every vip it does not hold", "pid", pid, "was", prev)
+		h.dropAll("controller restarted")
+	}
+	go h.watchController(pid)
+}
+
+// watchController waits for the controller process pid to exit (a pidfd,
+// or /proc when pidfds are unavailable) and then drops every VIP, unless
+// another controller process took over meanwhile.
+func (h *helper) watchController(pid int) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err == nil {
+		defer unix.Close(fd)
+	}
+	for h.ctx.Err() == nil {
+		if err == nil {
+			n, perr := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 500)
+			if n > 0 || (perr != nil && perr != unix.EINTR) {
+				break
+			}
+			continue
+		}
+		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", pid)); serr != nil {
+			break
+		}
+		select {
+		case <-h.ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if h.ctx.Err() != nil {
+		return
+	}
+	h.mu.Lock()
+	cur := h.ctlProc == pid
+	if cur {
+		h.ctlProc = 0
+	}
+	h.mu.Unlock()
+	if cur {
+		h.log.Info("controller process gone: dropping every vip", "pid", pid)
+		h.dropAll("controller gone")
+	}
+}
+
+func (h *helper) dropAll(why string) {
+	if err := h.carrier.DropAll(context.WithoutCancel(h.ctx)); err != nil {
+		h.log.Error("drop every vip", "why", why, "err", err)
+	}
 }
 
 // serveMembers takes a members' channel request from the listener,

@@ -2,7 +2,9 @@ package keelvip
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,16 +16,58 @@ import (
 	"github.com/vipkit/vipkit/claim"
 )
 
+// ListenerConfig is all the members' listener is given: its node id, the
+// overlay address and port it listens on, and the run directory of the
+// helper's members.sock. It holds no key: the listener is the one
+// network-facing process, and a compromise of it must not yield the
+// node's WireGuard or signing keys. Mesh.ListenerConfig makes it; the
+// helper hands it over on stdin (spawn mode) or writes it, root's and
+// 0644, as RunDir/listen.json (systemd's split).
+type ListenerConfig struct {
+	Node   string     `json:"node"`
+	Addr   netip.Addr `json:"addr"`
+	Port   uint16     `json:"port"`
+	RunDir string     `json:"run_dir"`
+}
+
+// listenConfigName is the listener's configuration in the run directory.
+const listenConfigName = "listen.json"
+
+// ListenerConfig returns the JSON of the listener's configuration.
+func (m *Mesh) ListenerConfig() []byte {
+	b, _ := json.Marshal(ListenerConfig{Node: m.Self.ID, Addr: m.Self.Addr, Port: m.MembersPort, RunDir: m.RunDir})
+	return b
+}
+
+// ParseListenerConfig parses and checks a ListenerConfig (unknown fields,
+// such as a mesh file's keys, are refused).
+func ParseListenerConfig(r io.Reader) (*ListenerConfig, error) {
+	b, err := io.ReadAll(io.LimitReader(r, 4096))
+	if err != nil {
+		return nil, fmt.Errorf("keelvip: listener config: %w", err)
+	}
+	var c ListenerConfig
+	if err := decodeStrict(b, &c); err != nil {
+		return nil, fmt.Errorf("keelvip: listener config: %w", err)
+	}
+	if !c.Addr.IsValid() || c.Port == 0 || !filepath.IsAbs(c.RunDir) || c.Node == "" {
+		return nil, fmt.Errorf("%w: listener config %+v: want node, addr, port and an absolute run_dir", ErrMesh, c)
+	}
+	return &c, nil
+}
+
 // RunListener is `keel-vip listen`, the members' channel's network-facing
 // side: an unprivileged process with no capabilities that listens on the
 // node's overlay address and forwards each POST /v1/vip, with the sender's
 // address, to the root helper over members.sock. It parses nothing: the
 // helper verifies claims and releases, and the controller acts on them.
+// It reads its ListenerConfig from in.
 func RunListener(ctx context.Context, in io.Reader, logw io.Writer) error {
-	m, err := ParseMesh(in)
+	cfg, err := ParseListenerConfig(in)
 	if err != nil {
 		return err
 	}
+	m := &Mesh{Self: Node{ID: cfg.Node, Addr: cfg.Addr}, MembersPort: cfg.Port, RunDir: cfg.RunDir}
 	log := newLog(logw, m.Self.ID, "listener")
 	hc := unixHTTP(filepath.Join(membersDir(m), "members.sock"), nil, 60*time.Second)
 	addr := net.JoinHostPort(m.Self.Addr.String(), strconv.Itoa(int(m.MembersPort)))

@@ -43,6 +43,14 @@ var (
 	// ErrNotRunning is returned by status, inspect and promote when no
 	// helper answers on the admin socket.
 	ErrNotRunning = errors.New("keelvip: tend is not running")
+	// ErrRunDir is returned by tend for a run_dir (or a directory the
+	// helper makes in it) whose owner or mode would let another user in
+	// or keep the unprivileged children out; the message names the mode
+	// needed.
+	ErrRunDir = errors.New("keelvip: unsafe or unusable directory")
+	// ErrUsers is returned by tend in spawn mode when users.controller_uid
+	// and users.listener_uid are not two distinct, non-zero uids.
+	ErrUsers = errors.New("keelvip: spawn mode needs distinct, non-zero controller_uid and listener_uid")
 )
 
 // MaxMeshFileSize bounds a mesh file, in bytes.
@@ -81,6 +89,10 @@ type Mesh struct {
 	TrustRoots []claim.PublicKey
 	// Etcd are the etcd client URLs; none means the no-etcd mode.
 	Etcd []string
+	// EtcdTLS names the CA bundle, this member's client certificate and
+	// key, and an optional server name for etcd over TLS (EtcdTLSConfig);
+	// the zero value is plain http.
+	EtcdTLS EtcdTLS
 	// Interface is the WireGuard interface (default wg0); MTU its MTU.
 	Interface string
 	MTU       int
@@ -89,8 +101,10 @@ type Mesh struct {
 	// RunDir holds the helper's sockets; StateDir the controller's state.
 	RunDir, StateDir string
 	// ControllerUID/GID and ListenerUID/GID are the unprivileged ids the
-	// helper runs the controller and the members' listener as (plain
-	// process mode; under systemd the units set them). 0 means 65534.
+	// helper runs the controller and the members' listener as (spawn
+	// mode; under systemd the units' dynamic users). Spawn mode requires
+	// two distinct, non-zero uids (ErrUsers); 0 means unset. A gid of 0
+	// means 65534 (nogroup).
 	ControllerUID, ControllerGID, ListenerUID, ListenerGID uint32
 	// Impair impairs every leg this node sends on (tests only).
 	Impair wg.Impairment
@@ -149,7 +163,16 @@ type meshFile struct {
 		Observe  string `json:"observe,omitempty"`
 	} `json:"appliance"`
 	Etcd struct {
-		Endpoints []string `json:"endpoints,omitempty"`
+		Endpoints  []string `json:"endpoints,omitempty"`
+		CAFile     string   `json:"ca_file,omitempty"`
+		CertFile   string   `json:"cert_file,omitempty"`
+		KeyFile    string   `json:"key_file,omitempty"`
+		ServerName string   `json:"server_name,omitempty"`
+		// The same, inline (PEM): how the helper hands them to the
+		// controller it starts, which cannot read root's files.
+		CAPEM   string `json:"ca_pem,omitempty"`
+		CertPEM string `json:"cert_pem,omitempty"`
+		KeyPEM  string `json:"key_pem,omitempty"`
 	} `json:"etcd"`
 	Interface   string `json:"interface,omitempty"`
 	MTU         int    `json:"mtu,omitempty"`
@@ -390,6 +413,19 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 		}
 	}
 	m.Etcd = slices.Clone(mf.Etcd.Endpoints)
+	e := mf.Etcd
+	m.EtcdTLS = EtcdTLS{CAFile: e.CAFile, CertFile: e.CertFile, KeyFile: e.KeyFile, ServerName: e.ServerName,
+		CAPEM: []byte(e.CAPEM), CertPEM: []byte(e.CertPEM), KeyPEM: []byte(e.KeyPEM)}
+	if m.EtcdTLS.Enabled() {
+		for i, ep := range m.Etcd {
+			if !strings.HasPrefix(ep, "https://") {
+				return nil, bad("etcd.endpoints[%d] %q: etcd over TLS needs https:// endpoints", i, ep)
+			}
+		}
+		if (e.CertFile == "") != (e.KeyFile == "") || (e.CertPEM == "") != (e.KeyPEM == "") {
+			return nil, bad("etcd.cert_file and etcd.key_file go together")
+		}
+	}
 	if m.Interface == "" {
 		m.Interface = DefaultInterface
 	}
@@ -412,7 +448,7 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 		m.StateDir = DefaultStateDir
 	}
 	u := mf.Users
-	m.ControllerUID, m.ControllerGID, m.ListenerUID, m.ListenerGID = orNobody(u.ControllerUID), orNobody(u.ControllerGID), orNobody(u.ListenerUID), orNobody(u.ListenerGID)
+	m.ControllerUID, m.ControllerGID, m.ListenerUID, m.ListenerGID = u.ControllerUID, orNobody(u.ControllerGID), u.ListenerUID, orNobody(u.ListenerGID)
 	if mf.Impair != nil {
 		m.Impair = wg.Impairment{Latency: ms(mf.Impair.LatencyMs), Jitter: ms(mf.Impair.JitterMs), Loss: mf.Impair.Loss}
 		if err := m.Impair.Validate(); err != nil {
@@ -576,4 +612,20 @@ func (m *Mesh) Drift(live wg.Config, vips ...netip.Addr) []string {
 	}
 	slices.Sort(extra)
 	return append(out, extra...)
+}
+
+// CheckSpawnUsers checks what spawn mode needs of the users: the
+// controller and the listener run as two distinct, non-zero uids, so that
+// neither can reach the other's sockets and files (the listener faces the
+// network; the controller's state, pair copy and control socket are its
+// own).
+func (m *Mesh) CheckSpawnUsers() error {
+	c, l := m.ControllerUID, m.ListenerUID
+	switch {
+	case c == 0 || l == 0:
+		return fmt.Errorf("%w: users.controller_uid %d, users.listener_uid %d (0: unset or root)", ErrUsers, c, l)
+	case c == l:
+		return fmt.Errorf("%w: users.controller_uid and users.listener_uid are both %d", ErrUsers, c)
+	}
+	return nil
 }

@@ -389,3 +389,68 @@ func BenchmarkDrift(b *testing.B) {
 		})
 	}
 }
+
+// TestSpawnNeedsDistinctUsers: spawn mode refuses unset, root or equal
+// controller and listener uids, with a message naming the fields; tend
+// stops there, before it makes anything.
+func TestSpawnNeedsDistinctUsers(t *testing.T) {
+	for _, tc := range []struct {
+		users map[string]any
+		want  string
+	}{
+		{nil, "users.controller_uid 0, users.listener_uid 0"},
+		{map[string]any{"controller_uid": 65534, "listener_uid": 65534}, "are both 65534"},
+		{map[string]any{"controller_uid": 1000}, "users.listener_uid 0"},
+		{map[string]any{"controller_uid": 1000, "listener_uid": 1001}, ""},
+	} {
+		dir := t.TempDir()
+		doc := meshDoc(dir)
+		if tc.users != nil {
+			doc["users"] = tc.users
+		}
+		m, err := keelvip.ParseMesh(bytes.NewReader(encode(t, doc)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = m.CheckSpawnUsers()
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%v: %v", tc.users, err)
+			}
+			continue
+		}
+		if !errors.Is(err, keelvip.ErrUsers) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want ErrUsers with %q", tc.users, err, tc.want)
+		}
+		p := filepath.Join(dir, "mesh.json")
+		if err := os.WriteFile(p, encode(t, doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		if code := keelvip.Main(context.Background(), []string{"tend", "--mesh", p}, &out, &errb); code != keelvip.ExitError ||
+			!strings.Contains(errb.String(), "distinct, non-zero controller_uid and listener_uid") {
+			t.Errorf("tend with users %v: exit %d, %q", tc.users, code, errb.String())
+		}
+	}
+}
+
+// TestHelpAndVersion: --help and -h exit 0 on every command, --version
+// prints the module version and revision from the build info.
+func TestHelpAndVersion(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"pair", "-h"}, {"tend", "-h"}, {"tend", "--help"},
+		{"pair", "propose", "-h"}, {"pair", "sign", "--help"}, {"promote", "-h"}, {"status", "-h"},
+		{"inspect", "-h"}, {"render", "-h"}, {"drop-all", "--help"}} {
+		var out, errb bytes.Buffer
+		if code := keelvip.Main(context.Background(), args, &out, &errb); code != keelvip.ExitOK || out.Len() == 0 || strings.Contains(errb.String(), "unknown") {
+			t.Errorf("%v: exit %d, out %q, err %q", args, code, out.String(), errb.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := keelvip.Main(context.Background(), []string{"--version"}, &out, &errb); code != keelvip.ExitOK ||
+		!strings.HasPrefix(out.String(), "keel-vip github.com/vipkit/vipkit ") || errb.Len() != 0 {
+		t.Errorf("--version: exit %d, %q %q", code, out.String(), errb.String())
+	}
+	if got := keelvip.Version(); !strings.Contains(out.String(), got) {
+		t.Errorf("--version %q, Version() %q", out.String(), got)
+	}
+}

@@ -5,11 +5,14 @@ package keelvip_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,6 +87,15 @@ func checkMode(t *testing.T, path string, mode os.FileMode, uid uint32) {
 // drift, and stopping tend drops the VIP.
 func TestPrivilegeSplitNoEtcd(t *testing.T) {
 	seed := testenv.Seed(t, 75)
+	inputs, err := os.MkdirTemp("", "keelvip-inputs-") // t.TempDir's parent is root's 0700
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(inputs) })
+	if err := os.Chmod(inputs, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(childInputEnv, inputs)
 	c := newCluster(t, seed, false, nil, "a", "b", "c")
 	A, B, C := c.node("a"), c.node("b"), c.node("c")
 	c.start()
@@ -116,10 +128,46 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 		run := n.mesh.RunDir
 		checkMode(t, filepath.Join(run, "ctl"), 0o700, n.ctlUID)
 		checkMode(t, filepath.Join(run, "members"), 0o700, n.lisUID)
-		checkMode(t, filepath.Join(run, "ctl", "helper.sock"), 0o600, n.ctlUID)
+		// The helper's sockets stay root's (no chown by path): the 0700
+		// directory of the child's user is the barrier, SO_PEERCRED the
+		// check.
+		checkMode(t, filepath.Join(run, "ctl", "helper.sock"), 0o666, 0)
 		checkMode(t, filepath.Join(run, "ctl", "control.sock"), 0o600, n.ctlUID)
-		checkMode(t, filepath.Join(run, "members", "members.sock"), 0o600, n.lisUID)
+		checkMode(t, filepath.Join(run, "members", "members.sock"), 0o666, 0)
 		checkMode(t, keelvip.AdminSocket(n.mesh), 0o600, 0)
+		checkMode(t, n.mesh.StateDir, 0o700, n.ctlUID)
+		if n.member {
+			checkMode(t, filepath.Join(n.mesh.StateDir, "pair.rec"), 0o644, 0)
+		}
+		checkListenerHasNoKey(t, n, inputs)
+		// Readable process titles: "keel-vip control NODE".
+		for _, who := range []struct {
+			uid  uint32
+			want string
+		}{{n.ctlUID, "control " + n.name}, {n.lisUID, "listen " + n.name}} {
+			for _, pid := range pidsOfUID(who.uid) {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				title := strings.ReplaceAll(string(b), "\x00", " ")
+				if !strings.Contains(title, who.want) || strings.Contains(title, "-test.") {
+					t.Errorf("%s: process title %q, want ... %s", n.name, title, who.want)
+				}
+			}
+		}
+	}
+
+	// control.sock answers the helper (root) only: the controller's own
+	// uid, the listener's and any other are refused, so none of them can
+	// promote or clear the fence.
+	setpriv := testenv.NeedBinary(t, "setpriv")
+	for _, uid := range []uint32{A.ctlUID, A.lisUID, 64999} {
+		u := strconv.Itoa(int(uid))
+		cmd := exec.Command(setpriv, "--reuid="+u, "--regid="+u, "--clear-groups", "--", c.exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), dialEnv+"="+filepath.Join(A.mesh.RunDir, "ctl", "control.sock"),
+			dialURLEnv+"=http://control/promote", dialBodyEnv+`={"old_primary_gone":true}`)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), "refused:") {
+			t.Errorf("uid %d on control.sock: %v %q, want refused", uid, err, out)
+		}
 	}
 
 	// The helper's socket refuses anyone but the controller's pid.
@@ -207,12 +255,23 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 	if !carriesAddr(B.h, testVIP) {
 		t.Fatal("b does not carry the VIP")
 	}
+	before, _ := B.tend.Output()
 	if err := B.tend.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = B.tend.Wait(ctx)
+	// A clean stop logs no warning (the controller drops the VIP through
+	// the helper, which still serves it).
+	after, _ := B.tend.Output()
+	if len(after) >= len(before) {
+		for _, l := range strings.Split(string(after[len(before):]), "\n") {
+			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				t.Errorf("b's clean stop logged: %s", l)
+			}
+		}
+	}
 	if carriesAddr(B.h, testVIP) {
 		t.Errorf("b still carries the VIP after tend stopped")
 	}
@@ -222,5 +281,39 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 	}
 	if err := checkTimeline(es); err != nil {
 		t.Error(err)
+	}
+}
+
+// checkListenerHasNoKey checks what n's listener was handed (its stdin,
+// captured by the test binary, and its environment) for any private key of
+// the node, in any encoding the mesh file uses.
+func checkListenerHasNoKey(t *testing.T, n *node, inputs string) {
+	t.Helper()
+	in, err := os.ReadFile(filepath.Join(inputs, fmt.Sprintf("listen-%d.in", n.lisUID)))
+	if err != nil {
+		t.Fatalf("%s: the listener's input: %v", n.name, err)
+	}
+	if _, err := keelvip.ParseListenerConfig(bytes.NewReader(in)); err != nil {
+		t.Errorf("%s: the listener's input is not its config: %v", n.name, err)
+	}
+	pids := pidsOfUID(n.lisUID)
+	if len(pids) != 1 {
+		t.Fatalf("%s: listener pids %v", n.name, pids)
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for what, b := range map[string][]byte{"stdin": in, "environment": env} {
+		for name, key := range map[string][]byte{"wireguard": n.wgKey[:], "signing": n.sign.Seed()} {
+			for _, enc := range []string{base64.StdEncoding.EncodeToString(key), hex.EncodeToString(key), string(key)} {
+				if bytes.Contains(b, []byte(enc)) {
+					t.Errorf("%s: the listener's %s holds the %s private key", n.name, what, name)
+				}
+			}
+		}
+		if bytes.Contains(b, []byte("private")) {
+			t.Errorf("%s: the listener's %s names a private key: %q", n.name, what, b)
+		}
 	}
 }

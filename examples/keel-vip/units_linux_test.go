@@ -4,6 +4,8 @@ package keelvip_test
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"os/exec"
@@ -128,7 +130,6 @@ func (c *cluster) startUnits() {
 		ownedDir(t, ctlCreds, 0o500, n.ctlUID)
 		ownedDir(t, lisCreds, 0o500, n.lisUID)
 		credential(t, ctlCreds, "mesh", mesh, n.ctlUID)
-		credential(t, lisCreds, "mesh", mesh, n.lisUID)
 		if n.member {
 			pair, err := os.ReadFile(n.mesh.PairFile)
 			if err != nil {
@@ -198,6 +199,34 @@ func TestPrivilegeSplitUnits(t *testing.T) {
 				t.Errorf("%s %s: cgroup %q %v, want %s", n.name, who.name, b, err, who.cgroup)
 			}
 		}
+	}
+
+	// The listener's unit holds no key: no credential, nothing in its
+	// environment, and the listen.json it reads is a ListenerConfig.
+	for _, n := range c.nodes {
+		ents, err := os.ReadDir(filepath.Join(n.dir, "creds-members"))
+		if err != nil || len(ents) != 0 {
+			t.Errorf("%s: the listener's credentials: %v %v, want none", n.name, ents, err)
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", n.lis.Pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := os.ReadFile(filepath.Join(n.mesh.RunDir, "listen.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := keelvip.ParseListenerConfig(bytes.NewReader(cfg)); err != nil {
+			t.Errorf("%s: listen.json: %v", n.name, err)
+		}
+		for what, b := range map[string][]byte{"environment": env, "listen.json": cfg} {
+			for _, key := range [][]byte{n.wgKey[:], n.sign.Seed()} {
+				if bytes.Contains(b, []byte(base64.StdEncoding.EncodeToString(key))) || bytes.Contains(b, key) {
+					t.Errorf("%s: the listener's %s holds a private key", n.name, what)
+				}
+			}
+		}
+		checkMode(t, filepath.Join(n.mesh.RunDir, "listen.json"), 0o644, 0)
 	}
 
 	// The controller's uid alone is not enough: a process running as it

@@ -64,10 +64,16 @@ func TestUnitHardening(t *testing.T) {
 		"keel-vip-members.service": {
 			"CapabilityBoundingSet": "", "DynamicUser": "yes", "PrivateDevices": "yes", "BindsTo": "keel-vip.service",
 			"RuntimeDirectory": "keel-vip/members", "RuntimeDirectoryMode": "0700",
-			"Environment": "KEELVIP_EXEC=listen", "LoadCredential": "mesh:/etc/keel/mesh.json",
+			"Environment": "KEELVIP_EXEC=listen KEELVIP_LISTEN_CONFIG=/run/keel-vip/listen.json",
 		},
 	} {
 		got := unitDirectives(t, filepath.Join("systemd", unit))
+		if unit == "keel-vip-members.service" {
+			// The network-facing listener gets no key, as no credential.
+			if v, ok := got["LoadCredential"]; ok {
+				t.Errorf("%s: LoadCredential=%s, want none", unit, v)
+			}
+		}
 		for k, v := range common {
 			if g, ok := got[k]; !ok || g != v {
 				t.Errorf("%s: %s=%q, want %q", unit, k, g, v)

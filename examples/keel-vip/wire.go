@@ -20,7 +20,7 @@ import (
 // members' listener carry HTTP/1.1 with JSON bodies. Paths:
 //
 //	helper.sock   (served by the helper, for the controller)
-//	  POST /carrier          {"op":"carry"|"drop"|"route","vip","holder","claim"}
+//	  POST /carrier          {"op":"carry"|"drop"|"route","vip","holder","claim","until_boot_ns"}
 //	members.sock  (served by the helper, for the listener)
 //	  POST /v1/vip           the members' channel request, X-Keel-From: sender
 //	control.sock  (served by the controller, for the helper)
@@ -42,6 +42,9 @@ type carrierRequest struct {
 	VIP    string `json:"vip"`
 	Holder string `json:"holder,omitempty"`
 	Claim  string `json:"claim,omitempty"`
+	// UntilBootNs, on a carry: the CLOCK_BOOTTIME instant (ns) by which
+	// the address must be gone (claim.LeasedCarrier); 0: forever.
+	UntilBootNs int64 `json:"until_boot_ns,omitempty"`
 }
 
 type promoteRequest struct {

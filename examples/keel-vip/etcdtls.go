@@ -1,0 +1,175 @@
+package keelvip
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrEtcdTLS is returned at start for an unusable etcd TLS setting; the
+// message names the mesh file's field (etcd.ca_file, etcd.cert_file,
+// etcd.key_file).
+var ErrEtcdTLS = errors.New("keelvip: etcd tls")
+
+// EtcdTLS is the mesh file's etcd TLS setting:
+//
+//	"etcd": {"endpoints": ["https://[fd7a::1:1]:2379"],
+//	         "ca_file": "/etc/keel/etcd/ca.pem",
+//	         "cert_file": "/etc/keel/etcd/member.pem",
+//	         "key_file": "/etc/keel/etcd/member-key.pem",
+//	         "server_name": "etcd.keel"}
+//
+// The CA bundle verifies etcd's server certificate and the member's own;
+// the certificate and key are the member's client certificate, which an
+// etcd started with --client-cert-auth requires. The *PEM fields carry
+// the same contents inline: the helper hands them over that way to the
+// controller it starts (which cannot read root's files), and under
+// systemd the controller's unit has them as the credentials etcd-ca,
+// etcd-cert and etcd-key.
+type EtcdTLS struct {
+	CAFile, CertFile, KeyFile, ServerName string
+	CAPEM, CertPEM, KeyPEM                []byte
+}
+
+// Enabled reports whether etcd is reached over TLS.
+func (e EtcdTLS) Enabled() bool {
+	return e.CAFile != "" || e.CertFile != "" || e.KeyFile != "" || len(e.CAPEM) > 0 || len(e.CertPEM) > 0
+}
+
+// load reads the files into the PEM fields (credentials of those names
+// first, under systemd).
+func (e EtcdTLS) load() (EtcdTLS, error) {
+	for _, f := range []struct {
+		field, path, cred string
+		dst               *[]byte
+	}{{"etcd.ca_file", e.CAFile, "etcd-ca", &e.CAPEM}, {"etcd.cert_file", e.CertFile, "etcd-cert", &e.CertPEM}, {"etcd.key_file", e.KeyFile, "etcd-key", &e.KeyPEM}} {
+		if len(*f.dst) > 0 || f.path == "" {
+			continue
+		}
+		path := f.path
+		if c, err := openCredential(f.cred); err != nil {
+			return e, fmt.Errorf("%w: %s: %w", ErrEtcdTLS, f.field, err)
+		} else if c != nil {
+			path = c.Name()
+			c.Close()
+		}
+		b, err := readSmall(path, 1<<20)
+		if err != nil {
+			return e, fmt.Errorf("%w: %s %q: %w", ErrEtcdTLS, f.field, f.path, err)
+		}
+		*f.dst = b
+	}
+	return e, nil
+}
+
+// EtcdTLSConfig builds the client's TLS configuration and checks it as of
+// now (wall-clock time): each file is readable PEM, the certificate is
+// within its validity, the key matches it, and it chains to the CA bundle
+// for client authentication. Each failure is ErrEtcdTLS naming the field.
+// It returns nil, nil for plain http.
+func (m *Mesh) EtcdTLSConfig(now time.Time) (*tls.Config, error) {
+	e, err := m.EtcdTLS.load()
+	if err != nil || !e.Enabled() {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.ServerName}
+	if len(e.CAPEM) > 0 {
+		pool := x509.NewCertPool()
+		n := 0
+		for rest := e.CAPEM; ; {
+			var b *pem.Block
+			if b, rest = pem.Decode(rest); b == nil {
+				break
+			}
+			if b.Type != "CERTIFICATE" {
+				continue
+			}
+			c, err := x509.ParseCertificate(b.Bytes)
+			if err != nil {
+				return nil, fmt.Errorf("%w: etcd.ca_file: certificate %d: %w", ErrEtcdTLS, n+1, err)
+			}
+			pool.AddCert(c)
+			n++
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("%w: etcd.ca_file: no PEM certificate in it", ErrEtcdTLS)
+		}
+		cfg.RootCAs = pool
+	}
+	if len(e.CertPEM) == 0 {
+		return cfg, nil
+	}
+	pair, err := tls.X509KeyPair(e.CertPEM, e.KeyPEM)
+	if err != nil {
+		if _, cerr := firstCert(e.CertPEM); cerr != nil {
+			return nil, fmt.Errorf("%w: etcd.cert_file: %w", ErrEtcdTLS, cerr)
+		}
+		return nil, fmt.Errorf("%w: etcd.key_file does not match etcd.cert_file: %w", ErrEtcdTLS, err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("%w: etcd.cert_file: %w", ErrEtcdTLS, err)
+	}
+	if now.After(leaf.NotAfter) {
+		return nil, fmt.Errorf("%w: etcd.cert_file: certificate %q expired at %v", ErrEtcdTLS, leaf.Subject.CommonName, leaf.NotAfter.UTC())
+	}
+	if now.Before(leaf.NotBefore) {
+		return nil, fmt.Errorf("%w: etcd.cert_file: certificate %q is valid only from %v", ErrEtcdTLS, leaf.Subject.CommonName, leaf.NotBefore.UTC())
+	}
+	if cfg.RootCAs != nil {
+		inter := x509.NewCertPool()
+		for _, raw := range pair.Certificate[1:] {
+			if c, err := x509.ParseCertificate(raw); err == nil {
+				inter.AddCert(c)
+			}
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: cfg.RootCAs, Intermediates: inter, CurrentTime: now,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			return nil, fmt.Errorf("%w: etcd.cert_file does not chain to etcd.ca_file for client authentication: %w", ErrEtcdTLS, err)
+		}
+	}
+	pair.Leaf = leaf
+	cfg.Certificates = []tls.Certificate{pair}
+	return cfg, nil
+}
+
+func firstCert(b []byte) (*x509.Certificate, error) {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return nil, errors.New("no PEM certificate in it")
+	}
+	return x509.ParseCertificate(blk.Bytes)
+}
+
+// inlineEtcdTLS returns the mesh file raw with the etcd TLS files read in
+// as inline PEM (what the helper hands the controller it starts).
+func inlineEtcdTLS(m *Mesh, raw []byte) ([]byte, error) {
+	if !m.EtcdTLS.Enabled() {
+		return raw, nil
+	}
+	e, err := m.EtcdTLS.load()
+	if err != nil {
+		return nil, err
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMesh, err)
+	}
+	ed, _ := doc["etcd"].(map[string]any)
+	if ed == nil {
+		return raw, nil
+	}
+	for k, v := range map[string][]byte{"ca_pem": e.CAPEM, "cert_pem": e.CertPEM, "key_pem": e.KeyPEM} {
+		if len(v) > 0 {
+			ed[k] = string(v)
+		}
+	}
+	delete(ed, "ca_file")
+	delete(ed, "cert_file")
+	delete(ed, "key_file")
+	return json.Marshal(doc)
+}

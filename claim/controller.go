@@ -219,25 +219,43 @@ func (c *Controller) VIP() netip.Addr { return c.cfg.VIP }
 // not answered it yet (a peer that was unreachable when the VIP moved
 // still learns of the move once it is back). Steps run from the Clock's
 // timers: on a manual clock, inside Advance.
-func (c *Controller) Start() {
+//
+// Start returns ErrStarted if it already started, ErrClosed after Close,
+// and, without a KV, the Carrier's error when it cannot carry (or route)
+// the VIP the stored state holds; on an error nothing is left running and
+// Start may be called again. With a KV, Start does not wait for etcd: a
+// KV that cannot be reached is no error, because the controller carries
+// nothing until it has renewed a lease and must keep trying while etcd is
+// away (each failed call goes to OnError).
+func (c *Controller) Start() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.started || c.closed {
-		return
+	switch {
+	case c.closed:
+		return ErrClosed
+	case c.started:
+		return ErrStarted
 	}
-	c.started = true
 	if c.cfg.KV == nil {
 		if c.st.Role(c.cfg.Self) == RoleHolder {
-			c.carryLocked()
+			if err := c.carryCallLocked(); err != nil {
+				return fmt.Errorf("claim: start: carry %v: %w", c.cfg.VIP, err)
+			}
+			c.carried = true
+			c.routeLocked(netip.Addr{})
 		} else if c.st.Held != nil && c.st.Held.Holder != c.cfg.Self {
-			c.routeLocked(c.st.Held.Holder)
+			if err := c.routeCallLocked(c.st.Held.Holder); err != nil {
+				return fmt.Errorf("claim: start: route %v to %v: %w", c.cfg.VIP, c.st.Held.Holder, err)
+			}
 		}
 	}
+	c.started = true
 	c.step = c.clock.AfterFunc(0, c.runStep)
 	if c.cfg.KV != nil && !c.cfg.NoWatch {
 		c.wg.Add(1)
 		go c.watch()
 	}
+	return nil
 }
 
 func (c *Controller) watch() {
@@ -391,16 +409,24 @@ func (c *Controller) dropLocked() {
 }
 
 func (c *Controller) routeLocked(to netip.Addr) {
+	if err := c.routeCallLocked(to); err != nil {
+		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
+	}
+}
+
+// routeCallLocked routes the VIP to the holder at to (zero: no route) unless
+// it is routed there already.
+func (c *Controller) routeCallLocked(to netip.Addr) error {
 	if to == c.routedTo {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
 	defer cancel()
 	if err := c.cfg.Carrier.Route(ctx, c.cfg.VIP, to); err != nil {
-		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
-		return
+		return err
 	}
 	c.routedTo = to
+	return nil
 }
 
 // fenceLocked drops the address and fences the node.

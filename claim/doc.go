@@ -64,7 +64,12 @@
 //		Store: &claim.FileStore{Path: "/var/lib/keel/vip/state.json"},
 //		Channel: &claim.Client{}, Peers: peers,
 //	})
-//	ctl.Start()
+//	if err != nil {
+//		return err
+//	}
+//	if err := ctl.Start(); err != nil {
+//		return err
+//	}
 //	defer ctl.Close()
 //	http.Handle(claim.MembersPath, claim.NewServer(ctl))
 //

@@ -114,6 +114,8 @@ var (
 	// ErrCorruptState is returned when a state file cannot be decoded. The
 	// file is left untouched.
 	ErrCorruptState = errors.New("claim: corrupt state file")
+	// ErrStarted is returned by Controller.Start when it already started.
+	ErrStarted = errors.New("claim: controller already started")
 	// ErrClosed is returned by a closed Controller.
 	ErrClosed = errors.New("claim: closed")
 	// ErrConfig is returned for an invalid Config.

@@ -257,7 +257,9 @@ func (s *sim) start(name string) {
 		s.t.Fatalf("start %s: %v", name, err)
 	}
 	m.ctl = ctl
-	ctl.Start()
+	if err := ctl.Start(); err != nil {
+		s.t.Fatalf("start %s: %v", name, err)
+	}
 }
 
 func (s *sim) close() {

@@ -66,7 +66,8 @@ type Config struct {
 	// Timings; zero means the Default* constant. They must satisfy
 	// 0 < RenewInterval < DropAfter < LeaseTTL.
 	RenewInterval, LeaseTTL, DropAfter, ElectionTimeout time.Duration
-	// CallTimeout bounds each KV and channel call; 0 means RenewInterval.
+	// CallTimeout bounds each KV, Carrier and channel call, on the Clock
+	// (see "Time" in the package doc); 0 means RenewInterval.
 	CallTimeout time.Duration
 	// NoWatch turns off the watch that wakes the controller on key changes
 	// (it then follows the keys by reading them every RenewInterval).
@@ -373,7 +374,7 @@ func (c *Controller) carryLocked() {
 // the drop deadline of the last answered renewal, so that the OS removes
 // it by itself if this controller stops renewing.
 func (c *Controller) carryCallLocked() error {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+	ctx, cancel := c.call(c.ctx)
 	defer cancel()
 	if lc, ok := c.cfg.Carrier.(LeasedCarrier); ok && c.cfg.KV != nil {
 		return lc.CarryUntil(ctx, c.cfg.VIP, c.lastRenew.Add(c.cfg.DropAfter))
@@ -420,7 +421,7 @@ func (c *Controller) routeCallLocked(to netip.Addr) error {
 	if to == c.routedTo {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+	ctx, cancel := c.call(c.ctx)
 	defer cancel()
 	if err := c.cfg.Carrier.Route(ctx, c.cfg.VIP, to); err != nil {
 		return err
@@ -531,8 +532,9 @@ func (c *Controller) announceHeld(ctx context.Context) {
 	}
 }
 
+// call bounds one KV, channel or Carrier call by CallTimeout on the Clock.
 func (c *Controller) call(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, c.cfg.CallTimeout)
+	return withClockTimeout(ctx, c.clock, c.cfg.CallTimeout)
 }
 
 // renew sends one renewal (or grant) and, when the node has something to

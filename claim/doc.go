@@ -73,5 +73,24 @@
 //	defer ctl.Close()
 //	http.Handle(claim.MembersPath, claim.NewServer(ctl))
 //
+// # Time
+//
+// The Controller reads time only through its Clock (Config.Clock; nil
+// means BootClock). That covers the renewal's age, the drop deadline, the
+// steps, promote's lease wait and CallTimeout: each KV, Carrier and
+// members' channel call gets a context that a Clock timer ends with
+// context.DeadlineExceeded. Such a context has no Deadline, since a
+// Clock's time need not be wall-clock time; gRPC therefore sends etcd no
+// deadline, and the call ends by cancellation. On a manual clock a call
+// that hangs ends when the clock is advanced past CallTimeout (from
+// another goroutine than the one stuck in the call).
+//
+// Only the members' channel's HTTP plumbing runs on the real clock:
+// Server.HTTPServer's read, write and idle timeouts, Server.Timeout and
+// the 10 s timeout of Client's default http.Client. They are net/http's
+// socket deadlines and request bounds, which net/http sets from time.Now;
+// they only cut off a slow peer and decide nothing of the fence, which
+// depends on the renewal's age on the Clock alone.
+//
 // claim imports only transport; etcd is confined to claim/etcdkv.
 package claim

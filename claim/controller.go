@@ -110,6 +110,11 @@ type Controller struct {
 	step      transport.Timer
 	drop      transport.Timer
 	stats     Stats
+
+	published  view // the view last published to the watchers
+	seq        uint64
+	watchers   map[*watcher]struct{}
+	watchEnded bool // Close ended the watches
 }
 
 type verifiedValue struct {
@@ -206,6 +211,7 @@ func NewController(cfg Config) (*Controller, error) {
 	if c.clock == nil {
 		c.clock = BootClock{}
 	}
+	c.published = c.viewLocked()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -230,7 +236,7 @@ func (c *Controller) VIP() netip.Addr { return c.cfg.VIP }
 // away (each failed call goes to OnError).
 func (c *Controller) Start() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	switch {
 	case c.closed:
 		return ErrClosed
@@ -273,7 +279,7 @@ func (c *Controller) watch() {
 			if !c.stepping && !c.closed && c.step != nil {
 				c.step.Reset(0)
 			}
-			c.mu.Unlock()
+			c.unlock()
 		}
 		if !transport.Sleep(c.clock, c.cfg.RenewInterval, c.ctx.Done()) {
 			return
@@ -286,7 +292,7 @@ func (c *Controller) watch() {
 func (c *Controller) Close() error {
 	c.mu.Lock()
 	if c.closed {
-		c.mu.Unlock()
+		c.unlock()
 		return nil
 	}
 	c.closed = true
@@ -296,21 +302,23 @@ func (c *Controller) Close() error {
 	if c.drop != nil {
 		c.drop.Stop()
 	}
-	c.mu.Unlock()
+	c.unlock()
 	c.cancel()
 	c.wg.Wait()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.carried {
 		c.dropLocked()
 	}
+	c.publishLocked()
+	c.finishWatchersLocked()
+	c.mu.Unlock()
 	return nil
 }
 
 // Status reports the controller's view.
 func (c *Controller) Status() Status {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	s := Status{Role: c.st.Role(c.cfg.Self), Fenced: c.st.Fenced, Released: c.st.Released,
 		Lease: c.st.Lease, Carried: c.carried, RoutedTo: c.routedTo, RenewalAge: -1}
 	if c.st.Held != nil {
@@ -325,14 +333,14 @@ func (c *Controller) Status() Status {
 // State returns a copy of the controller's state.
 func (c *Controller) State() State {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	return c.st
 }
 
 // Stats returns the controller's counters.
 func (c *Controller) Stats() Stats {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	return c.stats
 }
 
@@ -460,7 +468,7 @@ func (c *Controller) armDropLocked() {
 	if c.drop == nil {
 		c.drop = c.clock.AfterFunc(d, func() {
 			c.mu.Lock()
-			defer c.mu.Unlock()
+			defer c.unlock()
 			c.checkAgeLocked()
 		})
 		return
@@ -471,13 +479,13 @@ func (c *Controller) armDropLocked() {
 func (c *Controller) runStep() {
 	c.mu.Lock()
 	if c.closed || c.stepping {
-		c.mu.Unlock()
+		c.unlock()
 		return
 	}
 	c.stepping = true
 	c.wg.Add(1)
 	start := c.clock.Now()
-	c.mu.Unlock()
+	c.unlock()
 	defer c.wg.Done()
 
 	c.tend()
@@ -488,7 +496,7 @@ func (c *Controller) runStep() {
 		next := c.cfg.RenewInterval - c.clock.Now().Sub(start)
 		c.step.Reset(max(next, 0))
 	}
-	c.mu.Unlock()
+	c.unlock()
 }
 
 // tend is one round: renew, then follow the keys and claim if the holder
@@ -503,7 +511,7 @@ func (c *Controller) tend() {
 	}
 	c.mu.Lock()
 	c.checkAgeLocked()
-	c.mu.Unlock()
+	c.unlock()
 
 	if c.cfg.Key != nil { // an observer holds no lease
 		c.renew(ctx)
@@ -511,7 +519,7 @@ func (c *Controller) tend() {
 
 	c.mu.Lock()
 	need := c.dirty || !c.carried
-	c.mu.Unlock()
+	c.unlock()
 	if need {
 		c.follow(ctx)
 	}
@@ -526,7 +534,7 @@ func (c *Controller) announceHeld(ctx context.Context) {
 	if c.carried {
 		held = c.st.Held
 	}
-	c.mu.Unlock()
+	c.unlock()
 	if held != nil {
 		c.announce(ctx, held)
 	}
@@ -543,7 +551,7 @@ func (c *Controller) renew(ctx context.Context) {
 	kv := c.cfg.KV
 	c.mu.Lock()
 	lease, abandoned, released, carried := c.st.Lease, c.st.Abandoned, c.st.ReleasedLease, c.carried
-	c.mu.Unlock()
+	c.unlock()
 
 	if abandoned != 0 && !carried {
 		cctx, cancel := c.call(ctx)
@@ -553,7 +561,7 @@ func (c *Controller) renew(ctx context.Context) {
 			c.mu.Lock()
 			c.st = c.st.LeaseGone(abandoned)
 			c.saveLocked()
-			c.mu.Unlock()
+			c.unlock()
 		}
 	}
 	if released != 0 {
@@ -566,7 +574,7 @@ func (c *Controller) renew(ctx context.Context) {
 			c.mu.Lock()
 			c.st = c.st.LeaseGone(released)
 			c.saveLocked()
-			c.mu.Unlock()
+			c.unlock()
 		}
 	}
 
@@ -576,7 +584,7 @@ func (c *Controller) renew(ctx context.Context) {
 	if lease == 0 {
 		id, _, err := kv.Grant(cctx, c.cfg.LeaseTTL)
 		c.mu.Lock()
-		defer c.mu.Unlock()
+		defer c.unlock()
 		if err != nil {
 			c.stats.RenewErrors++
 			c.report(fmt.Errorf("claim: grant: %w", err))
@@ -594,7 +602,7 @@ func (c *Controller) renew(ctx context.Context) {
 	}
 	_, err := kv.KeepAliveOnce(cctx, lease)
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	switch {
 	case err == nil:
 		if lease == c.st.Lease {
@@ -645,7 +653,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 	}
 	c.mu.Lock()
 	kept := c.st.Pair
-	c.mu.Unlock()
+	c.unlock()
 	parse := func(kv *KeyValue) *Claim {
 		if kv == nil {
 			return nil
@@ -654,7 +662,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 		// verified again: followers read the same keys every step.
 		c.mu.Lock()
 		v, ok := c.verified[kv.Key]
-		c.mu.Unlock()
+		c.unlock()
 		if ok && v.kept == kept && bytes.Equal(v.raw, kv.Value) {
 			return v.c
 		}
@@ -668,7 +676,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 		if err != nil {
 			c.mu.Lock()
 			c.stats.BadValues++
-			c.mu.Unlock()
+			c.unlock()
 			c.report(fmt.Errorf("claim: value of %s: %w", kv.Key, err))
 			return nil
 		}
@@ -677,7 +685,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 			c.verified = map[string]verifiedValue{}
 		}
 		c.verified[kv.Key] = verifiedValue{raw: cl.Encode(), kept: kept, c: cl}
-		c.mu.Unlock()
+		c.unlock()
 		return cl
 	}
 	ks.counter = parse(ks.epochKV)
@@ -710,7 +718,7 @@ func (c *Controller) follow(ctx context.Context) {
 // holder, and reports whether the node should claim now.
 func (c *Controller) apply(ks keyState) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return false
 	}
@@ -762,7 +770,7 @@ func (c *Controller) apply(ks keyState) bool {
 func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) {
 	c.mu.Lock()
 	lease, pair := c.st.Lease, c.st.Pair
-	c.mu.Unlock()
+	c.unlock()
 	var epoch uint64 = 1
 	if ks.counter != nil {
 		var err error
@@ -806,7 +814,7 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 	c.stats.Claims++
 	c.saveLocked()
 	c.carryLocked()
-	c.mu.Unlock()
+	c.unlock()
 	c.announce(ctx, cl)
 	return cl, nil
 }
@@ -831,7 +839,7 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 		}
 		c.mu.Lock()
 		prev, done := c.told[p]
-		c.mu.Unlock()
+		c.unlock()
 		if done && prev.c.Equal(cl) {
 			if prev.took {
 				taken++
@@ -868,7 +876,7 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 		} else {
 			c.stats.AnnounceErrs++
 		}
-		c.mu.Unlock()
+		c.unlock()
 		if r.err != nil {
 			c.report(fmt.Errorf("claim: announce to %v: %w", r.p, r.err))
 		}

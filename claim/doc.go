@@ -42,6 +42,11 @@
 //     (CLOCK_BOOTTIME), so a holder waking from suspend drops at once.
 //   - Promote: the operator's move, with or without etcd (see
 //     Controller.Promote).
+//   - Watch: a channel of every change of role, epoch, holder, fence,
+//     release and carry (Controller.Watch), so an importer need not poll
+//     Status. It never blocks the controller: a reader that falls behind
+//     by a full queue sees a gap, counted in Change.Missed, then the
+//     latest view.
 //   - The members' channel: HTTP POST /v1/vip for claims, releases and epoch
 //     queries (Server, Client), with body limits and timeouts.
 //   - Carrier: the seam to the OS: add or drop the /128 (preferred_lft 0)

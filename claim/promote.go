@@ -34,7 +34,7 @@ var _ Handler = (*Controller)(nil)
 // fenced; the VIP is routed to the new holder.
 func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return ErrClosed
 	}
@@ -63,40 +63,40 @@ func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim
 func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Release) (*Claim, error) {
 	c.mu.Lock()
 	if c.closed {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, ErrClosed
 	}
 	held := c.st.Held
 	if c.st.Released && held != nil && held.Holder == c.cfg.Self {
 		// A retried release: answer again, it has already happened.
 		if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
-			c.mu.Unlock()
+			c.unlock()
 			return nil, err
 		}
-		c.mu.Unlock()
+		c.unlock()
 		return held, nil
 	}
 	if c.st.Fenced && held != nil && held.Holder == c.cfg.Self {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, ErrFenced
 	}
 	if c.st.Role(c.cfg.Self) != RoleHolder {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, ErrNotHolder
 	}
 	if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, err
 	}
 	c.dropLocked()
 	if c.carried {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, fmt.Errorf("claim: release: could not drop %v; not released", c.cfg.VIP)
 	}
 	c.st = c.st.Release()
 	c.lastRenew = time.Time{}
 	c.saveLocked()
-	c.mu.Unlock()
+	c.unlock()
 	// The released lease is revoked by this node's next step (renew), not
 	// before answering: the claimant's transaction replaces the holder key
 	// at the revision it read, so the revoke is not on the planned move's
@@ -107,7 +107,7 @@ func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Rele
 // HandleEpoch implements Handler.
 func (c *Controller) HandleEpoch(ctx context.Context) (*Claim, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return nil, ErrClosed
 	}
@@ -183,17 +183,17 @@ func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResu
 	}
 	c.mu.Lock()
 	if c.closed {
-		c.mu.Unlock()
+		c.unlock()
 		return PromoteResult{}, ErrClosed
 	}
 	c.st = c.st.Promote()
 	c.saveLocked()
 	c.promoting = true
-	c.mu.Unlock()
+	c.unlock()
 	defer func() {
 		c.mu.Lock()
 		c.promoting = false
-		c.mu.Unlock()
+		c.unlock()
 	}()
 	if c.cfg.KV == nil {
 		return c.promoteNoKV(ctx, o)
@@ -229,7 +229,7 @@ func (c *Controller) askRelease(ctx context.Context, holder netip.Addr, next uin
 func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
 	c.mu.Lock()
 	lease, ok := c.st.Lease, c.renewedLocked()
-	c.mu.Unlock()
+	c.unlock()
 	if lease != 0 && ok {
 		return lease, nil
 	}
@@ -241,7 +241,7 @@ func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
 			c.mu.Lock()
 			c.lastRenew = sent
 			c.armDropLocked()
-			c.mu.Unlock()
+			c.unlock()
 			return lease, nil
 		}
 	}
@@ -254,7 +254,7 @@ func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
 	c.lastRenew = sent
 	c.saveLocked()
 	c.armDropLocked()
-	c.mu.Unlock()
+	c.unlock()
 	return id, nil
 }
 
@@ -345,11 +345,11 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	c.mu.Lock()
 	newest := c.st.Held
 	if c.st.Role(c.cfg.Self) == RoleHolder && c.carried {
-		c.mu.Unlock()
+		c.unlock()
 		return PromoteResult{Claim: newest, AlreadyHeld: true}, nil
 	}
 	pair := c.st.Pair
-	c.mu.Unlock()
+	c.unlock()
 	if c.cfg.Channel != nil {
 		for _, p := range c.cfg.Peers {
 			if p == c.cfg.Self {
@@ -363,7 +363,7 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 			}
 			c.mu.Lock()
 			verr := c.cfg.Policy.Verify(pair, cl, netip.Addr{})
-			c.mu.Unlock()
+			c.unlock()
 			if verr == nil && cl.Newer(newest) {
 				newest = cl
 			}
@@ -397,7 +397,7 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	c.stats.Claims++
 	c.saveLocked()
 	c.carryLocked()
-	c.mu.Unlock()
+	c.unlock()
 	res.Claim = cl
 	return res, nil
 }

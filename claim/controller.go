@@ -114,7 +114,8 @@ type Controller struct {
 	published  view // the view last published to the watchers
 	seq        uint64
 	watchers   map[*watcher]struct{}
-	watchEnded bool // Close ended the watches
+	watchEnded bool       // Close ended the watches
+	token      FenceToken // the holder key's put of the claim held, once confirmed or written
 }
 
 type verifiedValue struct {
@@ -742,6 +743,8 @@ func (c *Controller) apply(ks keyState) bool {
 	mineKey := ks.holderAlive && ks.holder.Holder == self && c.st.Lease != 0 && ks.holderKV.Lease == c.st.Lease
 	if c.st.Role(self) == RoleHolder {
 		if mineKey && c.st.Held.Equal(ks.holder) {
+			c.token = FenceToken{Key: c.keys.Holder, ModRevision: ks.holderKV.ModRevision,
+				Value: ks.holderKV.Value, Epoch: ks.holder.Epoch}
 			c.carryLocked()
 		} else if !c.promoting && (c.renewedLocked() || c.carried) {
 			// The holder key is not ours on our live lease: we lost the VIP.
@@ -811,6 +814,8 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 	}
 	c.mu.Lock()
 	c.st = c.st.Claimed(cl, lease)
+	// Both keys were put at the transaction's revision.
+	c.token = FenceToken{Key: c.keys.Holder, ModRevision: r.Revision, Value: cl.Encode(), Epoch: cl.Epoch}
 	c.stats.Claims++
 	c.saveLocked()
 	c.carryLocked()

@@ -42,6 +42,9 @@
 //     (CLOCK_BOOTTIME), so a holder waking from suspend drops at once.
 //   - Promote: the operator's move, with or without etcd (see
 //     Controller.Promote).
+//   - FenceToken: the compares (holder key's ModRevision and value) an
+//     importer puts into its own etcd transactions so that they fail once
+//     the VIP has changed hands (Controller.FenceToken, etcdkv.Cmps).
 //   - Watch: a channel of every change of role, epoch, holder, fence,
 //     release and carry (Controller.Watch), so an importer need not poll
 //     Status. It never blocks the controller: a reader that falls behind

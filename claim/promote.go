@@ -173,10 +173,10 @@ type PromoteResult struct {
 //     claimant's lease, and the old holder's revoke (its next step) or
 //     the old lease's expiry deletes nothing of it.
 //
-// Fencing tokens derived from a claim must be its epoch (or the counter
-// key's ModRevision), which this transaction moves on by one, never the
-// holder key's CreateRevision: an in-place replacement keeps the old
-// holder's CreateRevision.
+// A fencing token must therefore never be the holder key's
+// CreateRevision, which an in-place replacement keeps: FenceToken
+// compares the holder key's ModRevision and value, which every claim
+// changes.
 func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
 	if c.cfg.Key == nil {
 		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrConfig)

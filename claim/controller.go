@@ -56,8 +56,11 @@ type Config struct {
 	Carrier Carrier
 	// Store keeps State across restarts. Required.
 	Store StateStore
-	// Clock times renewals; nil means BootClock (CLOCK_BOOTTIME), which is
-	// what production must use.
+	// Clock is the controller's only source of time: renewal ages, the
+	// drop deadline, steps, promote's wait and CallTimeout. Nil means
+	// BootClock (CLOCK_BOOTTIME), which is what production must use: a
+	// renewal's age must count suspended time. (Elsewhere in vipkit a nil
+	// Clock means transport.RealClock; here it does not.)
 	Clock transport.Clock
 	// Channel and Peers: the members' channel and every peer to announce
 	// moves to and to ask in a promote (the other member included).
@@ -85,7 +88,10 @@ type Config struct {
 // lease is gone, and serves the members' channel (it is a Handler).
 //
 // All methods are safe for concurrent use. Start begins tending; Close
-// stops it and drops the address, as keel's ExecStopPost does.
+// stops it and drops the address, as keel's ExecStopPost does. A new pair
+// has no holder until Promote runs on one member (see "The first holder"
+// in the package doc). Watch reports the controller's changes and
+// FenceToken guards an importer's own etcd writes.
 type Controller struct {
 	cfg   Config
 	clock transport.Clock

@@ -41,7 +41,8 @@
 //     timed on the Clock, which in production is BootClock
 //     (CLOCK_BOOTTIME), so a holder waking from suspend drops at once.
 //   - Promote: the operator's move, with or without etcd (see
-//     Controller.Promote).
+//     Controller.Promote), and the only way a first holder comes to be
+//     (see "The first holder").
 //   - FenceToken: the compares (holder key's ModRevision and value) an
 //     importer puts into its own etcd transactions so that they fail once
 //     the VIP has changed hands (Controller.FenceToken, etcdkv.Cmps).
@@ -80,6 +81,24 @@
 //	}
 //	defer ctl.Close()
 //	http.Handle(claim.MembersPath, claim.NewServer(ctl))
+//	// Once, on the member chosen as the first primary:
+//	//	_, err = ctl.Promote(ctx, claim.PromoteOptions{})
+//	for ch := range ctl.Watch(ctx, 0) {
+//		// ch.Role, ch.Epoch, ch.Holder, ch.Fenced, ch.Carried
+//	}
+//
+// # The first holder
+//
+// No controller claims a VIP that nobody has held. A controller fails
+// over on its own only from the other member's claim in the counter key
+// (State.MayFailover), so while the counter is empty both members of a
+// new pair stay replicas, however long they run. The first holder is made
+// by an operator's (or installer's) Promote on the member chosen to be
+// the primary: with a KV it writes epoch 1 into the counter and holder
+// keys, as any claim, and carries once the transaction succeeded; without
+// a KV it announces epoch 1 and carries once a majority of the peers that
+// answered took it. From then on the VIP moves by failover or Promote.
+// ExampleController shows the sequence.
 //
 // # Time
 //

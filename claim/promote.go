@@ -15,6 +15,8 @@ import (
 // that are refusals (the sentinels of Policy.Accept and AcceptRelease)
 // become 409 with a reason; any other error means the node could not act.
 type Handler interface {
+	// VIP returns the VIP the handler is for; Server routes each request
+	// to the handler of the VIP it names.
 	VIP() netip.Addr
 	// HandleClaim takes an announced claim from the peer at from.
 	HandleClaim(ctx context.Context, from netip.Addr, c *Claim) error

@@ -1,6 +1,7 @@
 package claim_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -55,5 +56,33 @@ func TestStartNoKVCarryFails(t *testing.T) {
 	}
 	if !a.carrier.Carried(e.f.VIP) {
 		t.Fatal("held VIP not carried after start")
+	}
+}
+
+// A new pair has no holder until a promote: neither member claims by
+// itself from an empty counter, with or without a KV.
+func TestFirstHolderOnlyByPromote(t *testing.T) {
+	for _, withKV := range []bool{true, false} {
+		e := newEnv(t, withKV)
+		e.start("a")
+		e.start("b")
+		e.start("c")
+		e.advance(2 * time.Minute)
+		if cs := e.carriers(); len(cs) != 0 {
+			t.Fatalf("kv %v: carriers %v before any promote", withKV, cs)
+		}
+		for _, n := range []string{"a", "b"} {
+			if st := e.m(n).ctl.Status(); st.Role != claim.RoleReplica || st.Epoch != 0 {
+				t.Fatalf("kv %v: %s before any promote: %+v", withKV, n, st)
+			}
+		}
+		res, err := e.m("b").ctl.Promote(context.Background(), claim.PromoteOptions{})
+		if err != nil || res.Claim.Epoch != 1 {
+			t.Fatalf("kv %v: first promote: %+v %v", withKV, res, err)
+		}
+		e.advance(3 * time.Second)
+		if cs := e.carriers(); len(cs) != 1 || cs[0] != "b" {
+			t.Fatalf("kv %v: carriers %v after the first promote", withKV, cs)
+		}
 	}
 }

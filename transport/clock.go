@@ -3,7 +3,11 @@ package transport
 import "time"
 
 // Clock is the source of time for vipkit's state machines. A nil Clock in
-// any vipkit options struct means RealClock.
+// a vipkit options struct means RealClock unless the field's doc names
+// another default: claim's Controller (claim.Config.Clock) takes
+// claim.BootClock, CLOCK_BOOTTIME on Linux, because the age of a lease
+// renewal must count the time the machine was suspended, which Go's
+// monotonic clock does not.
 //
 // Implementations are safe for concurrent use.
 type Clock interface {
@@ -41,8 +45,8 @@ func (RealClock) Now() time.Time { return time.Now() }
 // AfterFunc wraps time.AfterFunc.
 func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
-// Or returns c, or RealClock when c is nil. Options structs use it to apply
-// their "nil means the real clock" rule.
+// Or returns c, or RealClock when c is nil. Options structs whose nil Clock
+// means the real clock use it.
 func Or(c Clock) Clock {
 	if c == nil {
 		return RealClock{}

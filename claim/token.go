@@ -22,18 +22,21 @@ import "fmt"
 //
 // The token is what etcd can check; the carry is the node's own view, and
 // it ends first. A holder that stops renewing drops the address DropAfter
-// (10 s) after the send of its last answered renewal, while etcd expires
-// its lease no sooner than LeaseTTL (20 s) after that renewal, and only
-// then can the holder key change hands. A transaction guarded by the
-// token may therefore still commit up to LeaseTTL − DropAfter (10 s, or
-// longer while etcd's leader changes) after the address was dropped; in
-// a planned promote the holder drops the address one round trip before
-// the claimant replaces the key. In both cases nobody else holds the VIP
-// in that window: etcd orders every transaction the token guarded before
-// the put that makes the next holder, so no write of the old holder ever
-// lands after a write of the new one. An importer that wants its writes
-// to stop with the address as well stops on the Change from Watch that
-// says the VIP is no longer carried; the token is the guarantee.
+// (10 s) after the send of its last answered renewal. etcd expires the
+// lease no sooner than LeaseTTL (20 s) after it received that renewal
+// (later if etcd's leader changes meanwhile, which refreshes every lease),
+// and only then can the holder key change hands or vanish. So the local
+// carry ends at least LeaseTTL − DropAfter (10 s) before the token fails,
+// and a transaction the token guards may still commit in that window. In
+// a planned promote the holder drops the address before it answers the
+// release, one round trip before the claimant replaces the key.
+//
+// In either window nobody carries the VIP, and etcd orders every
+// transaction the token guarded before the put that makes the next
+// holder (whose own token exists only from that put on): no write of the
+// old holder lands after one of the new. An importer that wants its
+// writes to stop with the address as well stops at the Change from Watch
+// whose Carried is false; that is advisory, the token is the guarantee.
 type FenceToken struct {
 	Key         string // the holder key, /keel/<mesh>/vip/<vip>/holder
 	ModRevision int64  // the holder key's ModRevision when this node's claim was put

@@ -19,6 +19,10 @@ type Change struct {
 	// Missed counts the changes a full queue dropped just before this
 	// one: Seq is then Missed+1 past the Change received before it. A
 	// Change is never dropped otherwise, and the newest is always kept.
+	//
+	// Both count in uint64 arithmetic, which wraps: after Seq
+	// math.MaxUint64 comes Seq 0, and Seq == prev.Seq+Missed+1 holds
+	// across the wrap. Compare Seqs by that sum, never by <.
 	Missed uint64
 
 	Role     Role       // this node's role

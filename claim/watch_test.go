@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -117,5 +118,49 @@ func TestWatchEveryChangeThenClose(t *testing.T) {
 	after, ok := recv(t, ctl.Watch(context.Background(), 0))
 	if !ok || after != (claim.Change{Seq: last.Seq, Role: last.Role, Epoch: last.Epoch, Holder: last.Holder}) {
 		t.Fatalf("watch after close: %+v %v, want the last view", after, ok)
+	}
+}
+
+// Seq wraps at math.MaxUint64 to 0, and Seq == prev.Seq+Missed+1 holds
+// across the wrap, with and without a full queue.
+func TestWatchSeqWraps(t *testing.T) {
+	for _, queue := range []int{0, 1} {
+		e := newEnv(t, true)
+		e.start("a")
+		e.start("b")
+		a := e.m("a")
+		claim.SetChangeSeq(a.ctl, math.MaxUint64-1)
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := a.ctl.Watch(ctx, queue)
+		e.advance(100 * time.Millisecond)
+		if _, err := a.ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		e.advance(3 * time.Second)
+		promotes(t, e, 2) // at least 3 changes: past max-1, max and the wrap
+		prev, _ := recv(t, ch)
+		if prev.Seq != math.MaxUint64-1 {
+			t.Fatalf("queue %d: first seq %d, want max-1", queue, prev.Seq)
+		}
+		var seqs []uint64
+		for {
+			st := a.ctl.Status()
+			c, _ := recv(t, ch)
+			if c.Seq != prev.Seq+c.Missed+1 {
+				t.Fatalf("queue %d: seq %d (missed %d) after %d", queue, c.Seq, c.Missed, prev.Seq)
+			}
+			seqs = append(seqs, c.Seq)
+			prev = c
+			if c.Role == st.Role && c.Carried == st.Carried && c.Epoch == st.Epoch && c.Epoch == 3 {
+				break
+			}
+		}
+		if queue == 0 && (seqs[0] != math.MaxUint64 || seqs[1] != 0) {
+			t.Fatalf("seqs %v: want max, then 0", seqs)
+		}
+		if prev.Seq > 100 {
+			t.Fatalf("queue %d: seqs %v did not wrap", queue, seqs)
+		}
+		cancel()
 	}
 }

@@ -106,9 +106,10 @@
 // means BootClock). That covers the renewal's age, the drop deadline, the
 // steps, promote's lease wait and CallTimeout: each KV, Carrier and
 // members' channel call gets a context that a Clock timer ends with
-// context.DeadlineExceeded. Such a context has no Deadline, since a
-// Clock's time need not be wall-clock time; gRPC therefore sends etcd no
-// deadline, and the call ends by cancellation. On a manual clock a call
+// context.DeadlineExceeded (contexts derived from it, such as gRPC's,
+// report the same). It has no Deadline of its own, since a Clock's time
+// need not be wall-clock time; gRPC therefore sends etcd no deadline, and
+// the call ends by cancellation. On a manual clock a call
 // that hangs ends when the clock is advanced past CallTimeout (from
 // another goroutine than the one stuck in the call).
 //

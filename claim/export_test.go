@@ -7,3 +7,6 @@ func SetChangeSeq(c *Controller, seq uint64) {
 	defer c.mu.Unlock()
 	c.seq = seq
 }
+
+// WithClockTimeout is withClockTimeout, for its tests.
+var WithClockTimeout = withClockTimeout

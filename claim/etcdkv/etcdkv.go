@@ -8,6 +8,10 @@
 //	kv := etcdkv.New(cli)
 //	ctl, _ := claim.NewController(claim.Config{KV: kv, ...})
 //
+// Cmps turns a claim.FenceToken into clientv3 compares, for an importer
+// that guards its own transactions on the same etcd with the VIP's
+// holder key.
+//
 // Only importers that talk to etcd pay for this package: claim itself does
 // not import etcd.
 package etcdkv

@@ -56,8 +56,11 @@ type Config struct {
 	Carrier Carrier
 	// Store keeps State across restarts. Required.
 	Store StateStore
-	// Clock times renewals; nil means BootClock (CLOCK_BOOTTIME), which is
-	// what production must use.
+	// Clock is the controller's only source of time: renewal ages, the
+	// drop deadline, steps, promote's wait and CallTimeout. Nil means
+	// BootClock (CLOCK_BOOTTIME), which is what production must use: a
+	// renewal's age must count suspended time. (Elsewhere in vipkit a nil
+	// Clock means transport.RealClock; here it does not.)
 	Clock transport.Clock
 	// Channel and Peers: the members' channel and every peer to announce
 	// moves to and to ask in a promote (the other member included).
@@ -66,7 +69,8 @@ type Config struct {
 	// Timings; zero means the Default* constant. They must satisfy
 	// 0 < RenewInterval < DropAfter < LeaseTTL.
 	RenewInterval, LeaseTTL, DropAfter, ElectionTimeout time.Duration
-	// CallTimeout bounds each KV and channel call; 0 means RenewInterval.
+	// CallTimeout bounds each KV, Carrier and channel call, on the Clock
+	// (see "Time" in the package doc); 0 means RenewInterval.
 	CallTimeout time.Duration
 	// NoWatch turns off the watch that wakes the controller on key changes
 	// (it then follows the keys by reading them every RenewInterval).
@@ -84,7 +88,10 @@ type Config struct {
 // lease is gone, and serves the members' channel (it is a Handler).
 //
 // All methods are safe for concurrent use. Start begins tending; Close
-// stops it and drops the address, as keel's ExecStopPost does.
+// stops it and drops the address, as keel's ExecStopPost does. A new pair
+// has no holder until Promote runs on one member (see "The first holder"
+// in the package doc). Watch reports the controller's changes and
+// FenceToken guards an importer's own etcd writes.
 type Controller struct {
 	cfg   Config
 	clock transport.Clock
@@ -109,6 +116,12 @@ type Controller struct {
 	step      transport.Timer
 	drop      transport.Timer
 	stats     Stats
+
+	published  view // the view last published to the watchers
+	seq        uint64
+	watchers   map[*watcher]struct{}
+	watchEnded bool       // Close ended the watches
+	token      FenceToken // the holder key's put of the claim held, once confirmed or written
 }
 
 type verifiedValue struct {
@@ -205,6 +218,7 @@ func NewController(cfg Config) (*Controller, error) {
 	if c.clock == nil {
 		c.clock = BootClock{}
 	}
+	c.published = c.viewLocked()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -219,25 +233,43 @@ func (c *Controller) VIP() netip.Addr { return c.cfg.VIP }
 // not answered it yet (a peer that was unreachable when the VIP moved
 // still learns of the move once it is back). Steps run from the Clock's
 // timers: on a manual clock, inside Advance.
-func (c *Controller) Start() {
+//
+// Start returns ErrStarted if it already started, ErrClosed after Close,
+// and, without a KV, the Carrier's error when it cannot carry (or route)
+// the VIP the stored state holds; on an error nothing is left running and
+// Start may be called again. With a KV, Start does not wait for etcd: a
+// KV that cannot be reached is no error, because the controller carries
+// nothing until it has renewed a lease and must keep trying while etcd is
+// away (each failed call goes to OnError).
+func (c *Controller) Start() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started || c.closed {
-		return
+	defer c.unlock()
+	switch {
+	case c.closed:
+		return ErrClosed
+	case c.started:
+		return ErrStarted
 	}
-	c.started = true
 	if c.cfg.KV == nil {
 		if c.st.Role(c.cfg.Self) == RoleHolder {
-			c.carryLocked()
+			if err := c.carryCallLocked(); err != nil {
+				return fmt.Errorf("claim: start: carry %v: %w", c.cfg.VIP, err)
+			}
+			c.carried = true
+			c.routeLocked(netip.Addr{})
 		} else if c.st.Held != nil && c.st.Held.Holder != c.cfg.Self {
-			c.routeLocked(c.st.Held.Holder)
+			if err := c.routeCallLocked(c.st.Held.Holder); err != nil {
+				return fmt.Errorf("claim: start: route %v to %v: %w", c.cfg.VIP, c.st.Held.Holder, err)
+			}
 		}
 	}
+	c.started = true
 	c.step = c.clock.AfterFunc(0, c.runStep)
 	if c.cfg.KV != nil && !c.cfg.NoWatch {
 		c.wg.Add(1)
 		go c.watch()
 	}
+	return nil
 }
 
 func (c *Controller) watch() {
@@ -254,7 +286,7 @@ func (c *Controller) watch() {
 			if !c.stepping && !c.closed && c.step != nil {
 				c.step.Reset(0)
 			}
-			c.mu.Unlock()
+			c.unlock()
 		}
 		if !transport.Sleep(c.clock, c.cfg.RenewInterval, c.ctx.Done()) {
 			return
@@ -267,7 +299,7 @@ func (c *Controller) watch() {
 func (c *Controller) Close() error {
 	c.mu.Lock()
 	if c.closed {
-		c.mu.Unlock()
+		c.unlock()
 		return nil
 	}
 	c.closed = true
@@ -277,21 +309,23 @@ func (c *Controller) Close() error {
 	if c.drop != nil {
 		c.drop.Stop()
 	}
-	c.mu.Unlock()
+	c.unlock()
 	c.cancel()
 	c.wg.Wait()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.carried {
 		c.dropLocked()
 	}
+	c.publishLocked()
+	c.finishWatchersLocked()
+	c.mu.Unlock()
 	return nil
 }
 
 // Status reports the controller's view.
 func (c *Controller) Status() Status {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	s := Status{Role: c.st.Role(c.cfg.Self), Fenced: c.st.Fenced, Released: c.st.Released,
 		Lease: c.st.Lease, Carried: c.carried, RoutedTo: c.routedTo, RenewalAge: -1}
 	if c.st.Held != nil {
@@ -306,14 +340,14 @@ func (c *Controller) Status() Status {
 // State returns a copy of the controller's state.
 func (c *Controller) State() State {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	return c.st
 }
 
 // Stats returns the controller's counters.
 func (c *Controller) Stats() Stats {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	return c.stats
 }
 
@@ -355,7 +389,7 @@ func (c *Controller) carryLocked() {
 // the drop deadline of the last answered renewal, so that the OS removes
 // it by itself if this controller stops renewing.
 func (c *Controller) carryCallLocked() error {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+	ctx, cancel := c.call(c.ctx)
 	defer cancel()
 	if lc, ok := c.cfg.Carrier.(LeasedCarrier); ok && c.cfg.KV != nil {
 		return lc.CarryUntil(ctx, c.cfg.VIP, c.lastRenew.Add(c.cfg.DropAfter))
@@ -391,16 +425,24 @@ func (c *Controller) dropLocked() {
 }
 
 func (c *Controller) routeLocked(to netip.Addr) {
-	if to == c.routedTo {
-		return
+	if err := c.routeCallLocked(to); err != nil {
+		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
 	}
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.CallTimeout)
+}
+
+// routeCallLocked routes the VIP to the holder at to (zero: no route) unless
+// it is routed there already.
+func (c *Controller) routeCallLocked(to netip.Addr) error {
+	if to == c.routedTo {
+		return nil
+	}
+	ctx, cancel := c.call(c.ctx)
 	defer cancel()
 	if err := c.cfg.Carrier.Route(ctx, c.cfg.VIP, to); err != nil {
-		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
-		return
+		return err
 	}
 	c.routedTo = to
+	return nil
 }
 
 // fenceLocked drops the address and fences the node.
@@ -433,7 +475,7 @@ func (c *Controller) armDropLocked() {
 	if c.drop == nil {
 		c.drop = c.clock.AfterFunc(d, func() {
 			c.mu.Lock()
-			defer c.mu.Unlock()
+			defer c.unlock()
 			c.checkAgeLocked()
 		})
 		return
@@ -444,13 +486,13 @@ func (c *Controller) armDropLocked() {
 func (c *Controller) runStep() {
 	c.mu.Lock()
 	if c.closed || c.stepping {
-		c.mu.Unlock()
+		c.unlock()
 		return
 	}
 	c.stepping = true
 	c.wg.Add(1)
 	start := c.clock.Now()
-	c.mu.Unlock()
+	c.unlock()
 	defer c.wg.Done()
 
 	c.tend()
@@ -461,7 +503,7 @@ func (c *Controller) runStep() {
 		next := c.cfg.RenewInterval - c.clock.Now().Sub(start)
 		c.step.Reset(max(next, 0))
 	}
-	c.mu.Unlock()
+	c.unlock()
 }
 
 // tend is one round: renew, then follow the keys and claim if the holder
@@ -476,7 +518,7 @@ func (c *Controller) tend() {
 	}
 	c.mu.Lock()
 	c.checkAgeLocked()
-	c.mu.Unlock()
+	c.unlock()
 
 	if c.cfg.Key != nil { // an observer holds no lease
 		c.renew(ctx)
@@ -484,7 +526,7 @@ func (c *Controller) tend() {
 
 	c.mu.Lock()
 	need := c.dirty || !c.carried
-	c.mu.Unlock()
+	c.unlock()
 	if need {
 		c.follow(ctx)
 	}
@@ -499,14 +541,15 @@ func (c *Controller) announceHeld(ctx context.Context) {
 	if c.carried {
 		held = c.st.Held
 	}
-	c.mu.Unlock()
+	c.unlock()
 	if held != nil {
 		c.announce(ctx, held)
 	}
 }
 
+// call bounds one KV, channel or Carrier call by CallTimeout on the Clock.
 func (c *Controller) call(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, c.cfg.CallTimeout)
+	return withClockTimeout(ctx, c.clock, c.cfg.CallTimeout)
 }
 
 // renew sends one renewal (or grant) and, when the node has something to
@@ -515,7 +558,7 @@ func (c *Controller) renew(ctx context.Context) {
 	kv := c.cfg.KV
 	c.mu.Lock()
 	lease, abandoned, released, carried := c.st.Lease, c.st.Abandoned, c.st.ReleasedLease, c.carried
-	c.mu.Unlock()
+	c.unlock()
 
 	if abandoned != 0 && !carried {
 		cctx, cancel := c.call(ctx)
@@ -525,7 +568,7 @@ func (c *Controller) renew(ctx context.Context) {
 			c.mu.Lock()
 			c.st = c.st.LeaseGone(abandoned)
 			c.saveLocked()
-			c.mu.Unlock()
+			c.unlock()
 		}
 	}
 	if released != 0 {
@@ -538,7 +581,7 @@ func (c *Controller) renew(ctx context.Context) {
 			c.mu.Lock()
 			c.st = c.st.LeaseGone(released)
 			c.saveLocked()
-			c.mu.Unlock()
+			c.unlock()
 		}
 	}
 
@@ -548,7 +591,7 @@ func (c *Controller) renew(ctx context.Context) {
 	if lease == 0 {
 		id, _, err := kv.Grant(cctx, c.cfg.LeaseTTL)
 		c.mu.Lock()
-		defer c.mu.Unlock()
+		defer c.unlock()
 		if err != nil {
 			c.stats.RenewErrors++
 			c.report(fmt.Errorf("claim: grant: %w", err))
@@ -566,7 +609,7 @@ func (c *Controller) renew(ctx context.Context) {
 	}
 	_, err := kv.KeepAliveOnce(cctx, lease)
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	switch {
 	case err == nil:
 		if lease == c.st.Lease {
@@ -617,7 +660,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 	}
 	c.mu.Lock()
 	kept := c.st.Pair
-	c.mu.Unlock()
+	c.unlock()
 	parse := func(kv *KeyValue) *Claim {
 		if kv == nil {
 			return nil
@@ -626,7 +669,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 		// verified again: followers read the same keys every step.
 		c.mu.Lock()
 		v, ok := c.verified[kv.Key]
-		c.mu.Unlock()
+		c.unlock()
 		if ok && v.kept == kept && bytes.Equal(v.raw, kv.Value) {
 			return v.c
 		}
@@ -640,7 +683,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 		if err != nil {
 			c.mu.Lock()
 			c.stats.BadValues++
-			c.mu.Unlock()
+			c.unlock()
 			c.report(fmt.Errorf("claim: value of %s: %w", kv.Key, err))
 			return nil
 		}
@@ -649,7 +692,7 @@ func (c *Controller) readKeys(g GetResponse) keyState {
 			c.verified = map[string]verifiedValue{}
 		}
 		c.verified[kv.Key] = verifiedValue{raw: cl.Encode(), kept: kept, c: cl}
-		c.mu.Unlock()
+		c.unlock()
 		return cl
 	}
 	ks.counter = parse(ks.epochKV)
@@ -682,7 +725,7 @@ func (c *Controller) follow(ctx context.Context) {
 // holder, and reports whether the node should claim now.
 func (c *Controller) apply(ks keyState) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return false
 	}
@@ -706,6 +749,8 @@ func (c *Controller) apply(ks keyState) bool {
 	mineKey := ks.holderAlive && ks.holder.Holder == self && c.st.Lease != 0 && ks.holderKV.Lease == c.st.Lease
 	if c.st.Role(self) == RoleHolder {
 		if mineKey && c.st.Held.Equal(ks.holder) {
+			c.token = FenceToken{Key: c.keys.Holder, ModRevision: ks.holderKV.ModRevision,
+				Value: ks.holderKV.Value, Epoch: ks.holder.Epoch}
 			c.carryLocked()
 		} else if !c.promoting && (c.renewedLocked() || c.carried) {
 			// The holder key is not ours on our live lease: we lost the VIP.
@@ -734,7 +779,7 @@ func (c *Controller) apply(ks keyState) bool {
 func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) {
 	c.mu.Lock()
 	lease, pair := c.st.Lease, c.st.Pair
-	c.mu.Unlock()
+	c.unlock()
 	var epoch uint64 = 1
 	if ks.counter != nil {
 		var err error
@@ -775,10 +820,12 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 	}
 	c.mu.Lock()
 	c.st = c.st.Claimed(cl, lease)
+	// Both keys were put at the transaction's revision.
+	c.token = FenceToken{Key: c.keys.Holder, ModRevision: r.Revision, Value: cl.Encode(), Epoch: cl.Epoch}
 	c.stats.Claims++
 	c.saveLocked()
 	c.carryLocked()
-	c.mu.Unlock()
+	c.unlock()
 	c.announce(ctx, cl)
 	return cl, nil
 }
@@ -803,7 +850,7 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 		}
 		c.mu.Lock()
 		prev, done := c.told[p]
-		c.mu.Unlock()
+		c.unlock()
 		if done && prev.c.Equal(cl) {
 			if prev.took {
 				taken++
@@ -840,7 +887,7 @@ func (c *Controller) announce(ctx context.Context, cl *Claim) (taken, answered i
 		} else {
 			c.stats.AnnounceErrs++
 		}
-		c.mu.Unlock()
+		c.unlock()
 		if r.err != nil {
 			c.report(fmt.Errorf("claim: announce to %v: %w", r.p, r.err))
 		}

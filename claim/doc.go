@@ -41,7 +41,16 @@
 //     timed on the Clock, which in production is BootClock
 //     (CLOCK_BOOTTIME), so a holder waking from suspend drops at once.
 //   - Promote: the operator's move, with or without etcd (see
-//     Controller.Promote).
+//     Controller.Promote), and the only way a first holder comes to be
+//     (see "The first holder").
+//   - FenceToken: the compares (holder key's ModRevision and value) an
+//     importer puts into its own etcd transactions so that they fail once
+//     the VIP has changed hands (Controller.FenceToken, etcdkv.Cmps).
+//   - Watch: a channel of every change of role, epoch, holder, fence,
+//     release and carry (Controller.Watch), so an importer need not poll
+//     Status. It never blocks the controller: a reader that falls behind
+//     by a full queue sees a gap, counted in Change.Missed, then the
+//     latest view.
 //   - The members' channel: HTTP POST /v1/vip for claims, releases and epoch
 //     queries (Server, Client), with body limits and timeouts.
 //   - Carrier: the seam to the OS: add or drop the /128 (preferred_lft 0)
@@ -64,9 +73,52 @@
 //		Store: &claim.FileStore{Path: "/var/lib/keel/vip/state.json"},
 //		Channel: &claim.Client{}, Peers: peers,
 //	})
-//	ctl.Start()
+//	if err != nil {
+//		return err
+//	}
+//	if err := ctl.Start(); err != nil {
+//		return err
+//	}
 //	defer ctl.Close()
 //	http.Handle(claim.MembersPath, claim.NewServer(ctl))
+//	// Once, on the member chosen as the first primary:
+//	//	_, err = ctl.Promote(ctx, claim.PromoteOptions{})
+//	for ch := range ctl.Watch(ctx, 0) {
+//		// ch.Role, ch.Epoch, ch.Holder, ch.Fenced, ch.Carried
+//	}
+//
+// # The first holder
+//
+// No controller claims a VIP that nobody has held. A controller fails
+// over on its own only from the other member's claim in the counter key
+// (State.MayFailover), so while the counter is empty both members of a
+// new pair stay replicas, however long they run. The first holder is made
+// by an operator's (or installer's) Promote on the member chosen to be
+// the primary: with a KV it writes epoch 1 into the counter and holder
+// keys, as any claim, and carries once the transaction succeeded; without
+// a KV it announces epoch 1 and carries once a majority of the peers that
+// answered took it. From then on the VIP moves by failover or Promote.
+// ExampleController shows the sequence.
+//
+// # Time
+//
+// The Controller reads time only through its Clock (Config.Clock; nil
+// means BootClock). That covers the renewal's age, the drop deadline, the
+// steps, promote's lease wait and CallTimeout: each KV, Carrier and
+// members' channel call gets a context that a Clock timer ends with
+// context.DeadlineExceeded (contexts derived from it, such as gRPC's,
+// report the same). It has no Deadline of its own, since a Clock's time
+// need not be wall-clock time; gRPC therefore sends etcd no deadline, and
+// the call ends by cancellation. On a manual clock a call
+// that hangs ends when the clock is advanced past CallTimeout (from
+// another goroutine than the one stuck in the call).
+//
+// Only the members' channel's HTTP plumbing runs on the real clock:
+// Server.HTTPServer's read, write and idle timeouts, Server.Timeout and
+// the 10 s timeout of Client's default http.Client. They are net/http's
+// socket deadlines and request bounds, which net/http sets from time.Now;
+// they only cut off a slow peer and decide nothing of the fence, which
+// depends on the renewal's age on the Clock alone.
 //
 // claim imports only transport; etcd is confined to claim/etcdkv.
 package claim

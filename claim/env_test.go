@@ -103,7 +103,9 @@ func (e *env) start(name string) *claim.Controller {
 	e.mu.Lock()
 	m.ctl = ctl
 	e.mu.Unlock()
-	ctl.Start()
+	if err := ctl.Start(); err != nil {
+		e.t.Fatalf("start %s: %v", name, err)
+	}
 	return ctl
 }
 

@@ -114,6 +114,11 @@ var (
 	// ErrCorruptState is returned when a state file cannot be decoded. The
 	// file is left untouched.
 	ErrCorruptState = errors.New("claim: corrupt state file")
+	// ErrNoToken is returned by Controller.FenceToken when this node does
+	// not carry the VIP with a KV.
+	ErrNoToken = errors.New("claim: no fencing token")
+	// ErrStarted is returned by Controller.Start when it already started.
+	ErrStarted = errors.New("claim: controller already started")
 	// ErrClosed is returned by a closed Controller.
 	ErrClosed = errors.New("claim: closed")
 	// ErrConfig is returned for an invalid Config.

@@ -45,7 +45,9 @@ func ExampleController() {
 		if err != nil {
 			panic(err)
 		}
-		ctl.Start()
+		if err := ctl.Start(); err != nil {
+			panic(err)
+		}
 		return ctl, carrier
 	}
 	a, aCarrier := start(f.A)

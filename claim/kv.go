@@ -68,17 +68,22 @@ type GetResponse struct {
 // CompareTarget is what a Compare looks at.
 type CompareTarget uint8
 
-// Compare targets. On a missing key both read as 0, as in etcd.
+// Compare targets. On a missing key ModRevision and CreateRevision read
+// as 0, as in etcd, and a Value compare fails whatever Value is (etcd
+// cannot tell a missing value from an empty one, so it never holds).
 const (
 	ModRevision CompareTarget = iota + 1
 	CreateRevision
+	Value
 )
 
-// Compare holds when the key's target equals Revision.
+// Compare holds when the key's target equals Revision (ModRevision,
+// CreateRevision) or Value (Value).
 type Compare struct {
 	Key      string
 	Target   CompareTarget
 	Revision int64
+	Value    []byte
 }
 
 // OpKind is the kind of an Op.
@@ -133,8 +138,11 @@ func (t Txn) Validate() error {
 		return fmt.Errorf("%w: %d/%d/%d", ErrTooManyOps, len(t.If), len(t.Then), len(t.Else))
 	}
 	for _, c := range t.If {
-		if c.Key == "" || (c.Target != ModRevision && c.Target != CreateRevision) {
+		if c.Key == "" || c.Target < ModRevision || c.Target > Value {
 			return fmt.Errorf("claim: invalid compare on %q", c.Key)
+		}
+		if len(c.Value) > MaxValueSize {
+			return fmt.Errorf("%w: compared value of %d bytes for %q", ErrTooLarge, len(c.Value), c.Key)
 		}
 	}
 	for _, ops := range [][]Op{t.Then, t.Else} {

@@ -15,6 +15,8 @@ import (
 // that are refusals (the sentinels of Policy.Accept and AcceptRelease)
 // become 409 with a reason; any other error means the node could not act.
 type Handler interface {
+	// VIP returns the VIP the handler is for; Server routes each request
+	// to the handler of the VIP it names.
 	VIP() netip.Addr
 	// HandleClaim takes an announced claim from the peer at from.
 	HandleClaim(ctx context.Context, from netip.Addr, c *Claim) error
@@ -34,7 +36,7 @@ var _ Handler = (*Controller)(nil)
 // fenced; the VIP is routed to the new holder.
 func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return ErrClosed
 	}
@@ -63,40 +65,40 @@ func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim
 func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Release) (*Claim, error) {
 	c.mu.Lock()
 	if c.closed {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, ErrClosed
 	}
 	held := c.st.Held
 	if c.st.Released && held != nil && held.Holder == c.cfg.Self {
 		// A retried release: answer again, it has already happened.
 		if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
-			c.mu.Unlock()
+			c.unlock()
 			return nil, err
 		}
-		c.mu.Unlock()
+		c.unlock()
 		return held, nil
 	}
 	if c.st.Fenced && held != nil && held.Holder == c.cfg.Self {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, ErrFenced
 	}
 	if c.st.Role(c.cfg.Self) != RoleHolder {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, ErrNotHolder
 	}
 	if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, err
 	}
 	c.dropLocked()
 	if c.carried {
-		c.mu.Unlock()
+		c.unlock()
 		return nil, fmt.Errorf("claim: release: could not drop %v; not released", c.cfg.VIP)
 	}
 	c.st = c.st.Release()
 	c.lastRenew = time.Time{}
 	c.saveLocked()
-	c.mu.Unlock()
+	c.unlock()
 	// The released lease is revoked by this node's next step (renew), not
 	// before answering: the claimant's transaction replaces the holder key
 	// at the revision it read, so the revoke is not on the planned move's
@@ -107,7 +109,7 @@ func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Rele
 // HandleEpoch implements Handler.
 func (c *Controller) HandleEpoch(ctx context.Context) (*Claim, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return nil, ErrClosed
 	}
@@ -173,27 +175,27 @@ type PromoteResult struct {
 //     claimant's lease, and the old holder's revoke (its next step) or
 //     the old lease's expiry deletes nothing of it.
 //
-// Fencing tokens derived from a claim must be its epoch (or the counter
-// key's ModRevision), which this transaction moves on by one, never the
-// holder key's CreateRevision: an in-place replacement keeps the old
-// holder's CreateRevision.
+// A fencing token must therefore never be the holder key's
+// CreateRevision, which an in-place replacement keeps: FenceToken
+// compares the holder key's ModRevision and value, which every claim
+// changes.
 func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
 	if c.cfg.Key == nil {
 		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrConfig)
 	}
 	c.mu.Lock()
 	if c.closed {
-		c.mu.Unlock()
+		c.unlock()
 		return PromoteResult{}, ErrClosed
 	}
 	c.st = c.st.Promote()
 	c.saveLocked()
 	c.promoting = true
-	c.mu.Unlock()
+	c.unlock()
 	defer func() {
 		c.mu.Lock()
 		c.promoting = false
-		c.mu.Unlock()
+		c.unlock()
 	}()
 	if c.cfg.KV == nil {
 		return c.promoteNoKV(ctx, o)
@@ -229,7 +231,7 @@ func (c *Controller) askRelease(ctx context.Context, holder netip.Addr, next uin
 func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
 	c.mu.Lock()
 	lease, ok := c.st.Lease, c.renewedLocked()
-	c.mu.Unlock()
+	c.unlock()
 	if lease != 0 && ok {
 		return lease, nil
 	}
@@ -241,7 +243,7 @@ func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
 			c.mu.Lock()
 			c.lastRenew = sent
 			c.armDropLocked()
-			c.mu.Unlock()
+			c.unlock()
 			return lease, nil
 		}
 	}
@@ -254,7 +256,7 @@ func (c *Controller) ensureLease(ctx context.Context) (LeaseID, error) {
 	c.lastRenew = sent
 	c.saveLocked()
 	c.armDropLocked()
-	c.mu.Unlock()
+	c.unlock()
 	return id, nil
 }
 
@@ -345,11 +347,11 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	c.mu.Lock()
 	newest := c.st.Held
 	if c.st.Role(c.cfg.Self) == RoleHolder && c.carried {
-		c.mu.Unlock()
+		c.unlock()
 		return PromoteResult{Claim: newest, AlreadyHeld: true}, nil
 	}
 	pair := c.st.Pair
-	c.mu.Unlock()
+	c.unlock()
 	if c.cfg.Channel != nil {
 		for _, p := range c.cfg.Peers {
 			if p == c.cfg.Self {
@@ -363,7 +365,7 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 			}
 			c.mu.Lock()
 			verr := c.cfg.Policy.Verify(pair, cl, netip.Addr{})
-			c.mu.Unlock()
+			c.unlock()
 			if verr == nil && cl.Newer(newest) {
 				newest = cl
 			}
@@ -397,7 +399,7 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	c.stats.Claims++
 	c.saveLocked()
 	c.carryLocked()
-	c.mu.Unlock()
+	c.unlock()
 	res.Claim = cl
 	return res, nil
 }

@@ -132,6 +132,21 @@ type simMember struct {
 	ctl     *claim.Controller
 	carrier *claimtest.FakeCarrier
 	store   *claim.MemStore
+	// saved is the role of every state saved (the watch's reference);
+	// watches holds one Watch per controller started, in order.
+	saved   []claim.Role
+	watches []<-chan claim.Change
+}
+
+// roleStore records the role of every State saved.
+type roleStore struct {
+	claim.StateStore
+	m *simMember
+}
+
+func (r *roleStore) Save(st claim.State) error {
+	r.m.saved = append(r.m.saved, st.Role(r.m.cfg.Self))
+	return r.StateStore.Save(st)
 }
 
 // simKV is one node's view of etcd through the simulated network.
@@ -236,7 +251,7 @@ func newSim(t testing.TB, seed uint64) *sim {
 	for _, n := range []claimtest.Node{s.f.A, s.f.B, s.f.C} {
 		m := &simMember{name: n.Name, store: new(claim.MemStore), carrier: claimtest.NewFakeCarrier(n.Name, s.clock, s.hist)}
 		m.cfg = claim.Config{
-			Policy: s.f.Policy(), Self: n.Addr, VIP: s.f.VIP, Carrier: m.carrier, Store: m.store,
+			Policy: s.f.Policy(), Self: n.Addr, VIP: s.f.VIP, Carrier: m.carrier, Store: &roleStore{StateStore: m.store, m: m},
 			Clock: s.clock, Channel: &simChannel{s: s, from: n.Name}, NoWatch: true,
 			Peers: []netip.Addr{s.f.A.Addr, s.f.B.Addr, s.f.C.Addr},
 		}
@@ -257,7 +272,12 @@ func (s *sim) start(name string) {
 		s.t.Fatalf("start %s: %v", name, err)
 	}
 	m.ctl = ctl
-	ctl.Start()
+	// A queue longer than any schedule's changes: the check below reads
+	// the changes only at the end and must see every one.
+	m.watches = append(m.watches, ctl.Watch(context.Background(), 1<<16))
+	if err := ctl.Start(); err != nil {
+		s.t.Fatalf("start %s: %v", name, err)
+	}
 }
 
 func (s *sim) close() {
@@ -478,7 +498,48 @@ func runSchedule(t testing.TB, seed uint64, dur time.Duration) (fails []string, 
 			ck.fail("carrier %s has status %+v", cs[0], st)
 		}
 	}
+	for _, n := range []string{"a", "b", "c"} {
+		if m := s.members[n]; m.ctl != nil {
+			m.ctl.Close()
+			m.ctl = nil
+		}
+		ck.failures = append(ck.failures, checkWatch(s.members[n])...)
+	}
 	return ck.failures, sched
+}
+
+// checkWatch compares the roles m's watches reported, read after every
+// controller of m closed, with the roles of the states m saved: the same
+// role changes in the same order, numbered without a gap.
+func checkWatch(m *simMember) []string {
+	var fails []string
+	var got []claim.Role
+	for i, ch := range m.watches {
+		var last uint64
+		first := true
+		for {
+			var c claim.Change
+			var ok bool
+			select {
+			case c, ok = <-ch:
+			case <-time.After(10 * time.Second):
+				return append(fails, fmt.Sprintf("%s: watch %d not closed after Close", m.name, i))
+			}
+			if !ok {
+				break
+			}
+			if c.Missed != 0 || (!first && c.Seq != last+1) {
+				fails = append(fails, fmt.Sprintf("%s: watch %d: seq %d after %d, missed %d", m.name, i, c.Seq, last, c.Missed))
+			}
+			first, last = false, c.Seq
+			got = append(got, c.Role)
+		}
+	}
+	want := append([]claim.Role{claim.RoleReplica}, m.saved...)
+	if g, w := slices.Compact(got), slices.Compact(want); !slices.Equal(g, w) {
+		fails = append(fails, fmt.Sprintf("%s: watched roles %v, saved roles %v", m.name, g, w))
+	}
+	return fails
 }
 
 func TestSimulatedSchedules(t *testing.T) {

@@ -2,12 +2,12 @@ package transport
 
 import "time"
 
-// Clock is the source of time for vipkit's state machines.
-//
-// A nil Clock in an options struct means the default that struct
-// documents. For most of them that is RealClock; claim's Controller
-// defaults to claim.BootClock (CLOCK_BOOTTIME), because lease ages must
-// count time spent suspended, which Go's monotonic clock does not on Linux.
+// Clock is the source of time for vipkit's state machines. A nil Clock in
+// a vipkit options struct means RealClock unless the field's doc names
+// another default: claim's Controller (claim.Config.Clock) takes
+// claim.BootClock, CLOCK_BOOTTIME on Linux, because the age of a lease
+// renewal must count the time the machine was suspended, which Go's
+// monotonic clock does not.
 // Or applies the RealClock default.
 //
 // Implementations are safe for concurrent use.
@@ -46,8 +46,8 @@ func (RealClock) Now() time.Time { return time.Now() }
 // AfterFunc wraps time.AfterFunc.
 func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
-// Or returns c, or RealClock when c is nil. Options structs use it to apply
-// their "nil means the real clock" rule.
+// Or returns c, or RealClock when c is nil. Options structs whose nil Clock
+// means the real clock use it.
 func Or(c Clock) Clock {
 	if c == nil {
 		return RealClock{}

@@ -91,7 +91,9 @@ func (p *etcdPair) start(name string) *claim.Controller {
 	p.mu.Lock()
 	m.ctl = ctl
 	p.mu.Unlock()
-	ctl.Start()
+	if err := ctl.Start(); err != nil {
+		p.t.Fatal(err)
+	}
 	return ctl
 }
 

@@ -8,6 +8,10 @@
 //	kv := etcdkv.New(cli)
 //	ctl, _ := claim.NewController(claim.Config{KV: kv, ...})
 //
+// Cmps turns a claim.FenceToken into clientv3 compares, for an importer
+// that guards its own transactions on the same etcd with the VIP's
+// holder key.
+//
 // Only importers that talk to etcd pay for this package: claim itself does
 // not import etcd.
 package etcdkv
@@ -122,6 +126,8 @@ func (k *KV) Txn(ctx context.Context, t claim.Txn) (claim.TxnResponse, error) {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.Key), "=", c.Revision))
 		case claim.CreateRevision:
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.Key), "=", c.Revision))
+		case claim.Value:
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(c.Key), "=", string(c.Value)))
 		}
 	}
 	r, err := k.c.Txn(ctx).If(cmps...).Then(toOps(t.Then)...).Else(toOps(t.Else)...).Commit()
@@ -139,6 +145,24 @@ func (k *KV) Txn(ctx context.Context, t claim.Txn) (claim.TxnResponse, error) {
 		}
 	}
 	return out, nil
+}
+
+// Cmps returns t's compares for a transaction of the importer's own
+// clientv3 client: the holder key's ModRevision and value. Put them into
+// the If of every transaction that must not commit once this node has lost
+// the VIP:
+//
+//	tok, err := ctl.FenceToken()
+//	...
+//	r, err := cli.Txn(ctx).If(etcdkv.Cmps(tok)...).Then(clientv3.OpPut(k, v)).Commit()
+//	// !r.Succeeded: the VIP has changed hands; nothing was written.
+//
+// See claim.FenceToken for what the token guarantees.
+func Cmps(t claim.FenceToken) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(t.Key), "=", t.ModRevision),
+		clientv3.Compare(clientv3.Value(t.Key), "=", string(t.Value)),
+	}
 }
 
 // Grant implements claim.KV. The TTL is rounded up to whole seconds; etcd

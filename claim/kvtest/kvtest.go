@@ -46,6 +46,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"PrefixSorted", testPrefixSorted},
 		{"CompareFailsRunsElse", testCompareFails},
 		{"CompareMissingKeyIsZero", testCompareMissing},
+		{"CompareValue", testCompareValue},
 		{"ClaimTxn", testClaimTxn},
 		{"Delete", testDelete},
 		{"LeaseRevoke", testLeaseRevoke},
@@ -167,6 +168,39 @@ func testCompareMissing(t *testing.T, h Harness) {
 	r, err = h.KV.Txn(ctx(t), claim.Txn{If: []claim.Compare{{Key: k, Target: claim.CreateRevision, Revision: rev}}})
 	if err != nil || !r.Succeeded {
 		t.Fatalf("create revision %d: %v %+v", rev, err, r)
+	}
+}
+
+// testCompareValue: a Value compare holds on the key's exact value, never
+// on a missing key (not even for an empty value), and the ModRevision and
+// Value compares of one key combine.
+func testCompareValue(t *testing.T, h Harness) {
+	k := h.Prefix + "v"
+	holds := func(cs ...claim.Compare) bool {
+		t.Helper()
+		r, err := h.KV.Txn(ctx(t), claim.Txn{If: cs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Succeeded
+	}
+	if holds(claim.Compare{Key: k, Target: claim.Value}) || holds(claim.Compare{Key: k, Target: claim.Value, Value: []byte("x")}) {
+		t.Fatal("value compare on a missing key held")
+	}
+	rev := put(t, h.KV, k, "x", 0)
+	if !holds(claim.Compare{Key: k, Target: claim.Value, Value: []byte("x")}) {
+		t.Fatal("value compare on the key's value failed")
+	}
+	if holds(claim.Compare{Key: k, Target: claim.Value, Value: []byte("y")}) || holds(claim.Compare{Key: k, Target: claim.Value, Value: []byte("xx")}) {
+		t.Fatal("value compare on another value held")
+	}
+	both := []claim.Compare{{Key: k, Target: claim.ModRevision, Revision: rev}, {Key: k, Target: claim.Value, Value: []byte("x")}}
+	if !holds(both...) {
+		t.Fatal("mod revision and value compares of the current put failed")
+	}
+	put(t, h.KV, k, "x", 0) // the same value again: a new revision
+	if holds(both...) {
+		t.Fatal("compares of an earlier put held after the key was put again")
 	}
 }
 

@@ -19,6 +19,7 @@
 package memkv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -158,15 +159,7 @@ func (k *KV) Txn(ctx context.Context, t claim.Txn) (claim.TxnResponse, error) {
 	}
 	ok := true
 	for _, c := range t.If {
-		var got int64
-		if kv := k.keys[c.Key]; kv != nil {
-			if c.Target == claim.ModRevision {
-				got = kv.ModRevision
-			} else {
-				got = kv.CreateRevision
-			}
-		}
-		if got != c.Revision {
+		if !compare(k.keys[c.Key], c) {
 			ok = false
 			break
 		}
@@ -201,6 +194,23 @@ func (k *KV) Txn(ctx context.Context, t claim.Txn) (claim.TxnResponse, error) {
 	}
 	resp.Revision = k.rev
 	return resp, nil
+}
+
+// compare reports whether c holds for kv (nil: the key is missing), as
+// etcd decides it.
+func compare(kv *claim.KeyValue, c claim.Compare) bool {
+	if c.Target == claim.Value {
+		return kv != nil && bytes.Equal(kv.Value, c.Value)
+	}
+	var got int64
+	if kv != nil {
+		if c.Target == claim.ModRevision {
+			got = kv.ModRevision
+		} else {
+			got = kv.CreateRevision
+		}
+	}
+	return got == c.Revision
 }
 
 func (k *KV) putLocked(rev int64, o claim.Op) claim.WatchEvent {

@@ -213,7 +213,10 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: connContext}
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(l) }()
-	ctl.Start()
+	if err := ctl.Start(); err != nil {
+		_ = hs.Close()
+		return errors.Join(err, ctl.Close())
+	}
 	log.Info("controller started", "vip", m.Tended(), "etcd", len(m.Etcd) > 0, "uid", os.Getuid())
 	select {
 	case <-ctx.Done():

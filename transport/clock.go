@@ -7,8 +7,7 @@ import "time"
 // another default: claim's Controller (claim.Config.Clock) takes
 // claim.BootClock, CLOCK_BOOTTIME on Linux, because the age of a lease
 // renewal must count the time the machine was suspended, which Go's
-// monotonic clock does not.
-// Or applies the RealClock default.
+// monotonic clock does not. Or applies the RealClock default.
 //
 // Implementations are safe for concurrent use.
 type Clock interface {

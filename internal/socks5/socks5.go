@@ -27,6 +27,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vipkit/vipkit/transport"
 )
 
 // Protocol constants (RFC 1928).
@@ -103,6 +105,8 @@ type Server struct {
 	// closed at once.
 	MaxConns int
 	Logger   *slog.Logger
+	// Clock sets the connections' deadlines (RealClock when nil).
+	Clock transport.Clock
 
 	mu     sync.Mutex
 	lns    map[net.Listener]bool
@@ -223,7 +227,7 @@ func (s *Server) handle(c net.Conn) error {
 	if hs <= 0 {
 		hs = 10 * time.Second
 	}
-	_ = c.SetDeadline(time.Now().Add(hs))
+	_ = c.SetDeadline(transport.Or(s.Clock).Now().Add(hs))
 	if err := negotiate(c); err != nil {
 		return err
 	}

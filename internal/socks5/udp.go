@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/vipkit/vipkit/transport"
 )
 
 // ParseDatagram splits a UDP ASSOCIATE datagram into its destination and
@@ -139,7 +141,7 @@ func (a *association) fromClient() {
 	defer a.ctrl.Close()
 	buf := make([]byte, 64<<10)
 	for {
-		_ = a.relay.SetReadDeadline(time.Now().Add(a.idle))
+		_ = a.relay.SetReadDeadline(transport.Or(a.s.Clock).Now().Add(a.idle))
 		n, from, err := a.relay.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			return

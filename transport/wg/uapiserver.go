@@ -3,6 +3,8 @@ package wg
 import (
 	"errors"
 	"log/slog"
+
+	"github.com/vipkit/vipkit/transport"
 )
 
 // UAPIDir is where wg(8) looks for a userspace device's socket:
@@ -18,4 +20,6 @@ type UAPIOptions struct {
 	Dir string
 	// Logger receives refused operations (a `wg set`); nil discards.
 	Logger *slog.Logger
+	// Clock sets the connections' deadlines (RealClock when nil).
+	Clock transport.Clock
 }

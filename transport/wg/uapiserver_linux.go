@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vipkit/vipkit/transport"
 )
 
 // UAPIServer answers the WireGuard configuration protocol's get
@@ -21,10 +23,11 @@ import (
 // `wg showconf` work. It refuses set operations: a `wg set` would put the
 // device out of step with whoever configures it (tsng's config file).
 type UAPIServer struct {
-	d    *Device
-	ln   *net.UnixListener
-	path string
-	log  *slog.Logger
+	d     *Device
+	ln    *net.UnixListener
+	path  string
+	log   *slog.Logger
+	clock transport.Clock
 
 	mu     sync.Mutex
 	conns  map[net.Conn]bool
@@ -83,7 +86,7 @@ func (d *Device) ServeUAPI(name string, o UAPIOptions) (*UAPIServer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &UAPIServer{d: d, ln: ln, path: path, log: log, conns: map[net.Conn]bool{}}
+	s := &UAPIServer{d: d, ln: ln, path: path, log: log, clock: transport.Or(o.Clock), conns: map[net.Conn]bool{}}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -159,7 +162,7 @@ func peerAllowed(c *net.UnixConn) bool {
 func (s *UAPIServer) serve(c net.Conn) {
 	r := bufio.NewReaderSize(io.LimitReader(c, uapiMaxRequest), 512)
 	for {
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = c.SetDeadline(s.clock.Now().Add(10 * time.Second))
 		op, err := r.ReadString('\n')
 		if err != nil {
 			return

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/vipkit/vipkit/transport"
 )
 
 // Server is a running test broker.
@@ -181,8 +183,10 @@ func (s *Server) start(ctx context.Context) error {
 	go func() { done <- cmd.Wait() }()
 	s.broker, s.brokerDone = cmd, done
 	s.mu.Unlock()
-	// Ready once an AMQP connection opens.
-	deadline := time.Now().Add(90 * time.Second)
+	// Ready once an AMQP connection opens. The wait is on a real server,
+	// so on the real clock.
+	clock := transport.RealClock{}
+	deadline := clock.Now().Add(90 * time.Second)
 	for {
 		c, err := amqp.Dial(s.URL())
 		if err == nil {
@@ -195,9 +199,12 @@ func (s *Server) start(ctx context.Context) error {
 			return fmt.Errorf("rmqtest: the broker exited (%v): %s", err, s.Log())
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond): // poll interval
+		default:
 		}
-		if time.Now().After(deadline) {
+		if !transport.Sleep(clock, 100*time.Millisecond, ctx.Done()) { // poll interval
+			return ctx.Err()
+		}
+		if clock.Now().After(deadline) {
 			return fmt.Errorf("rmqtest: the broker did not open its port: %v: %s", err, s.Log())
 		}
 	}
@@ -223,9 +230,12 @@ func (s *Server) stopBroker() error {
 		return nil
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
+	expired := make(chan struct{}) // a real process: the real clock
+	t := transport.RealClock{}.AfterFunc(60*time.Second, func() { close(expired) })
+	defer t.Stop()
 	select {
 	case <-done:
-	case <-time.After(60 * time.Second):
+	case <-expired:
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 		return errors.New("rmqtest: the broker did not stop within 60s; killed")

@@ -242,7 +242,8 @@ type peerTable struct {
 	byAddr map[uint32]flow.PeerID
 	node   map[flow.PeerID]NodeID
 	addr   map[NodeID]netip.Addr
-	name   map[NodeID]string
+	name   map[NodeID]string // members', and departed nodes' former names
+	member map[NodeID]bool
 }
 
 // unknownPeer is the peer id of packets whose source is no member's address.
@@ -559,9 +560,15 @@ func (e *Engine) Apply() error {
 // buildPeers assigns stable compact peer ids to members and maps their
 // overlay addresses. Called with cfgMu held.
 func (e *Engine) buildPeers() *peerTable {
-	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}}
+	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}, member: map[NodeID]bool{}}
+	if e.reg.o.FormerNodes != nil {
+		for _, n := range e.reg.o.FormerNodes() {
+			pt.name[n.ID] = n.Name
+		}
+	}
 	for _, n := range e.reg.Nodes() {
 		pt.name[n.ID] = n.Name
+		pt.member[n.ID] = true
 		if n.ID == e.self {
 			pt.addr[n.ID] = e.selfAddr
 			continue

@@ -138,7 +138,8 @@ type ServiceDoc struct {
 	// network's VIPs route nothing here.
 	NetworkUp bool `json:"network_up"`
 	vip.ServiceView
-	// NodeNames maps the id (hex) of each backend node to its name.
+	// NodeNames maps the id (hex) of each backend node to its name (a
+	// departed node's as this agent knew it).
 	NodeNames map[string]string `json:"node_names,omitempty"`
 	Status    any               `json:"status,omitempty"`
 }
@@ -255,15 +256,13 @@ func (s *APIServer) upNetwork(sel string) (*Network, error) {
 
 func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v}
-	for _, m := range n.Registry.Nodes() {
-		for _, l := range v.Listeners {
-			for _, b := range l.Backends {
-				if b.Node == m.ID && m.Name != "" {
-					if d.NodeNames == nil {
-						d.NodeNames = map[string]string{}
-					}
-					d.NodeNames[m.ID.String()] = m.Name
+	for _, l := range v.Listeners {
+		for _, b := range l.Backends {
+			if name, _ := n.Registry.NodeName(b.Node); name != "" {
+				if d.NodeNames == nil {
+					d.NodeNames = map[string]string{}
 				}
+				d.NodeNames[b.Node.String()] = name
 			}
 		}
 	}

@@ -485,7 +485,11 @@ func (e *Engine) Apply() error {
 					fb = flow.Backend{Peer: e.peerIDs[b.Node], Addr: addr, Port: b.Port}
 					usedPeers[b.Node] = true
 				}
-				pb := probe.Backend{Node: probe.NodeID(b.Node), Local: local, Proto: uint8(l.Proto), Addr: fb.AddrPort()}
+				// A draining backend stays a NAT candidate (configured: its
+				// counters go on), but the selector never picks it for a new
+				// binding; Available ignores the flag, so bindings it has go
+				// on (docs/backend-drain.md).
+				pb := probe.Backend{Node: probe.NodeID(b.Node), Local: local, Proto: uint8(l.Proto), Addr: fb.AddrPort(), Disabled: l.Draining(b)}
 				if l.Proto == TCP && l.Check.Enabled() {
 					cc := probe.CheckConfig{Interval: time.Duration(chk.Interval), Timeout: time.Duration(chk.Timeout), Failures: chk.Failures, Successes: chk.Successes}
 					k := subKey{fl: fl, b: fb, cfg: cc}
@@ -698,6 +702,7 @@ func (s *engineSelector) Select(req flow.SelectRequest) int {
 func (s *engineSelector) Available(l flow.Listener, b flow.Backend, now time.Time) bool {
 	e := (*Engine)(s)
 	pb := e.probeBackend(l, b)
+	pb.Disabled = false // a draining backend keeps the bindings it has
 	return e.sel.Evaluate(&pb, now).Eligible()
 }
 

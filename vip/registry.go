@@ -634,6 +634,30 @@ func (r *Registry) BackendRemove(ctx context.Context, sel string, k PortKey, b B
 			return fmt.Errorf("%w: backend %s on %s of %s", ErrNotFound, b, k, s.Name)
 		}
 		l.Backends = slices.Delete(l.Backends, i, i+1)
+		l.Drain = slices.DeleteFunc(l.Drain, func(d Backend) bool { return d == b })
+		return nil
+	})
+}
+
+// BackendDrain drains a backend of a listener (drain true) or ends its
+// drain (false): a draining backend takes no new bindings on any client,
+// and its existing bindings go on until idle expiry. The flag is the
+// backend field's value, so it costs no field (docs/backend-drain.md).
+// Draining a draining backend, or undraining a serving one, changes
+// nothing and succeeds.
+func (r *Registry) BackendDrain(ctx context.Context, sel string, k PortKey, b Backend, drain bool) (ServiceView, error) {
+	return r.mutate(ctx, sel, func(s *Service) error {
+		l, ok := s.Listener(k)
+		if !ok {
+			return fmt.Errorf("%w: listener %s of %s", ErrNotFound, k, s.Name)
+		}
+		if !slices.Contains(l.Backends, b) {
+			return fmt.Errorf("%w: backend %s on %s of %s", ErrNotFound, b, k, s.Name)
+		}
+		l.Drain = slices.DeleteFunc(l.Drain, func(d Backend) bool { return d == b })
+		if drain {
+			l.Drain = append(l.Drain, b)
+		}
 		return nil
 	})
 }

@@ -146,7 +146,8 @@ type BackendStatus struct {
 	Addr  netip.AddrPort `json:"addr,omitzero"`
 	Local bool           `json:"local,omitempty"`
 	// Reason is probe's health reason ("ok", "no-path", "probe-timeout",
-	// "check-failed", "icmp-unreachable", "rtt-stale", "rtt-unknown"), or
+	// "check-failed", "icmp-unreachable", "rtt-stale", "rtt-unknown"),
+	// "drained" for a backend under drain (see Drain), or
 	// "unknown-node" for a backend whose node is a member without an IPv4
 	// overlay address, or "departed" for one whose node is no member (it
 	// left the member list; the backend stays configured until removed).
@@ -161,6 +162,11 @@ type BackendStatus struct {
 	SampleAgeMillis float64 `json:"sample_age_ms"`
 	// Draining is set for a removed backend whose bindings still drain.
 	Draining bool `json:"draining,omitempty"`
+	// Drain is set for a configured backend under drain: Reason is then
+	// "drained" (it takes no new bindings, Eligible is false) and
+	// PathReason is the health it has for the bindings it still carries.
+	Drain      bool   `json:"drain,omitempty"`
+	PathReason string `json:"path_reason,omitempty"`
 	// Departed is set for a configured backend whose node is no member:
 	// it gets no traffic, and `vip backend remove` takes it by its node id
 	// (or the name this agent knew).
@@ -485,6 +491,13 @@ func (e *Engine) listenerStatus(r *route, draining bool, v *statusView) Listener
 	}
 	for i, b := range r.cfg {
 		bs := backendStatus(BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}, r.pbs[i], statuses[i])
+		if r.pbs[i].Disabled {
+			pb := r.pbs[i]
+			pb.Disabled = false
+			path := backendStatus(bs.BackendRef, pb, e.sel.Evaluate(&pb, now))
+			path.Reason, path.PathReason, path.Drain, path.Eligible = "drained", path.Reason, true, false
+			bs = path
+		}
 		bs.addCounters(v.backends[bindKey{r.fl, r.backends[i]}])
 		ls.Backends = append(ls.Backends, bs)
 	}

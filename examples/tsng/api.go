@@ -171,6 +171,8 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", listenerMutation(s, portRemove))
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends", listenerMutation(s, backendAdd))
 	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}", listenerMutation(s, backendRemove))
+	s.mux.HandleFunc("PUT /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}/drain", listenerMutation(s, backendDrain(true)))
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}/drain", listenerMutation(s, backendDrain(false)))
 	return s
 }
 

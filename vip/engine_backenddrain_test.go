@@ -181,3 +181,39 @@ func TestEngineBackendDrain(t *testing.T) {
 		t.Fatalf("after undrain: a's new UDP flow: reply %q, want a:back", got)
 	}
 }
+
+// TestEngineAllDrainedIsEmpty: a listener whose backends all drain treats
+// a new flow as an empty listener does (dropped as no-backend), while a
+// flow bound before the drain goes on (docs/backend-drain.md).
+func TestEngineAllDrainedIsEmpty(t *testing.T) {
+	checkLeaks(t)
+	u := newUnitEngine(t, 5)
+	ctx := context.Background()
+	k := PortKey{TCP, 443}
+	vip := netip.AddrPortFrom(u.svc.Addr, 443)
+	old := netip.AddrPortFrom(u.self.Addr, 40000)
+	b := newBatch(4, 2048)
+	if n := u.hostBatch(b, ipv4Packet(6, old, vip, tcpSYN, nil)); n != 1 {
+		t.Fatalf("SYN before the drain: %d packets for the overlay, want 1", n)
+	}
+	if _, err := u.reg.BackendDrain(ctx, "api", k, Backend{u.peer.ID, 8443}, true); err != nil {
+		t.Fatal(err)
+	}
+	noBackend := func() uint64 {
+		l := u.e.Status().Services[0].Listeners[0]
+		return l.Drops["no-backend"]
+	}
+	before := noBackend()
+	if n := u.hostBatch(b, ipv4Packet(6, netip.AddrPortFrom(u.self.Addr, 40001), vip, tcpSYN, nil)); n != 0 {
+		t.Fatalf("a new flow with every backend draining: %d packets for the overlay, want 0", n)
+	}
+	if got := noBackend(); got != before+1 {
+		t.Fatalf("no-backend drops %d → %d, want one more", before, got)
+	}
+	if n := u.hostBatch(b, ipv4Packet(6, old, vip, tcpACK, []byte("go on"))); n != 1 {
+		t.Fatal("the flow bound before the drain stopped")
+	}
+	if l := u.e.Status().Services[0].Listeners[0]; l.Next != nil {
+		t.Fatalf("next = %+v with every backend draining", l.Next)
+	}
+}

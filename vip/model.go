@@ -187,7 +187,9 @@ type Listener struct {
 	Backends   []Backend `json:"backends"`
 	// Drain lists the backends of Backends that are draining: no client
 	// makes new bindings to them, existing ones go on until idle expiry
-	// (docs/backend-drain.md). Absent means none.
+	// (docs/backend-drain.md). Absent means none. An entry that names no
+	// backend of the listener means nothing and is not saved: removing a
+	// backend ends its drain.
 	Drain []Backend `json:"drain,omitempty"`
 	Check Check     `json:"check"`
 	// IdleTimeout is how long a flow binding of this listener survives

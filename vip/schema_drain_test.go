@@ -31,8 +31,8 @@ func TestCheckFieldBackendValue(t *testing.T) {
 
 // TestBackendDrainFields: draining and undraining rewrite the backend's
 // own field (no field is added), replicate, and are idempotent; removal
-// of a draining backend ends its drain; the drain list must name
-// backends of the listener.
+// of a draining backend ends its drain, also by a whole-draft save that
+// leaves a stale drain entry.
 func TestBackendDrainFields(t *testing.T) {
 	ctx := context.Background()
 	tn := newTestNet(t, 2, 21)
@@ -82,10 +82,18 @@ func TestBackendDrainFields(t *testing.T) {
 	if l, _ := v.Listener(k); len(l.Drain) != 0 || len(l.Backends) != 1 {
 		t.Fatalf("after removing the draining backend: %+v", l)
 	}
+	// An editor that removes a draining backend but leaves its drain
+	// entry (the web UI keeps the list as it read it) saves the removal.
+	if v, err = r.BackendDrain(ctx, "api", k, b2, true); err != nil {
+		t.Fatal(err)
+	}
 	draft := v.Service.Clone()
-	draft.Listeners[0].Drain = []Backend{b1}
-	if _, err := r.Save(ctx, draft, v.Revision); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("a drain entry that is no backend: %v", err)
+	draft.Listeners[0].Backends = nil
+	if v, err = r.Save(ctx, draft, v.Revision); err != nil {
+		t.Fatalf("removing a draining backend by a whole-draft save: %v", err)
+	}
+	if l, _ := v.Listener(k); len(l.Backends) != 0 || len(l.Drain) != 0 {
+		t.Fatalf("after the save: %+v", l)
 	}
 }
 

@@ -149,17 +149,6 @@ func (s *Service) validate(lim Limits, known func(PortKey, Backend) bool) error 
 			}
 			bseen[b] = true
 		}
-		dseen := map[Backend]bool{}
-		for j, b := range l.Drain {
-			dp := fmt.Sprintf("%s.drain[%d]", path, j)
-			if !bseen[b] {
-				ve.add(dp, "drain lists %s, which is not a backend of the listener", b)
-			}
-			if dseen[b] {
-				ve.add(dp, "duplicate drain entry %s", b)
-			}
-			dseen[b] = true
-		}
 		validateCheck(ve, path, l)
 	}
 	return ve.err()

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/vip"
 )
 
 // TestCLIDepartedNode runs the CLI against a real agent whose config loses
@@ -132,5 +133,40 @@ func TestEditKeepsDepartedNodeID(t *testing.T) {
 	}
 	if _, err := resolveNode(nodes, "abab"); err == nil {
 		t.Fatal("a prefix of no member's id resolved")
+	}
+}
+
+// TestKnownNodesFile: a damaged known-nodes file stops the network from
+// opening with an error naming it, and is left as it was (never reset);
+// a departed node that no backend names any more is dropped from it.
+func TestKnownNodesFile(t *testing.T) {
+	dir := t.TempDir()
+	path := knownNodesPath(dir, "home")
+	for _, bad := range []string{"{not json", `{"version":2,"nodes":[]}`, `{"version":1,"nodes":[{"id":"` + strings.Repeat("ab", 32) + `","name":"Bad\u001b"}]}`} {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadKnownNodes(path); err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("damaged file %q: %v, want an error naming %s", bad, err, path)
+		}
+		if b, _ := os.ReadFile(path); string(b) != bad {
+			t.Fatalf("the damaged file was rewritten: %q", b)
+		}
+	}
+	if got, err := loadKnownNodes(knownNodesPath(dir, "none")); err != nil || got != nil {
+		t.Fatalf("missing file: %v, %v", got, err)
+	}
+	s1, s2, s3 := vip.NodeInfo{ID: vip.NodeID{1}, Name: "server1"}, vip.NodeInfo{ID: vip.NodeID{2}, Name: "server2"}, vip.NodeInfo{ID: vip.NodeID{3}, Name: "server3"}
+	svc := vip.ServiceView{Service: vip.Service{Listeners: []vip.Listener{{Backends: []vip.Backend{{Node: s2.ID, Port: 80}}}}}}
+	former := formerNodes([]vip.NodeInfo{s1, s2, s3}, []vip.NodeInfo{s1}, []vip.ServiceView{svc})
+	if len(former) != 1 || former[0] != s2 {
+		t.Fatalf("former nodes %+v, want server2 only (server3 is no backend)", former)
+	}
+	if err := saveKnownNodes(path, []vip.NodeInfo{s1}, former); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadKnownNodes(path)
+	if err != nil || len(got) != 2 || got[0] != s1 || got[1] != s2 {
+		t.Fatalf("round trip: %+v, %v", got, err)
 	}
 }

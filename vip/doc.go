@@ -22,7 +22,11 @@
 //     Revision; Save replaces a whole draft if the service is still at the
 //     revision the editor was shown (ConflictError otherwise, nothing
 //     written); Create, PortAdd, BackendAdd/Remove, PortSet, PortRemove and
-//     Remove are atomic. Selectors take exact names, full ids and unique id
+//     Remove are atomic; BackendDrain puts a backend into maintenance on
+//     every client (docs/backend-drain.md). A backend whose node left the
+//     member list stays addressable by its node id (and by the name
+//     RegistryOptions.FormerNodes knew) and never blocks other edits.
+//     Selectors take exact names, full ids and unique id
 //     prefixes (AmbiguousError lists candidates). Addresses are allocated
 //     from the overlay range from a seed of the service id (ResolveAddresses
 //     decides collisions the same way on every node); names that collide

@@ -243,7 +243,8 @@ type peerTable struct {
 	byAddr map[uint32]flow.PeerID
 	node   map[flow.PeerID]NodeID
 	addr   map[NodeID]netip.Addr
-	name   map[NodeID]string
+	name   map[NodeID]string // members', and departed nodes' former names
+	member map[NodeID]bool
 }
 
 // unknownPeer is the peer id of packets whose source is no member's address.
@@ -485,7 +486,11 @@ func (e *Engine) Apply() error {
 					fb = flow.Backend{Peer: e.peerIDs[b.Node], Addr: addr, Port: b.Port}
 					usedPeers[b.Node] = true
 				}
-				pb := probe.Backend{Node: probe.NodeID(b.Node), Local: local, Proto: uint8(l.Proto), Addr: fb.AddrPort()}
+				// A draining backend stays a NAT candidate (configured: its
+				// counters go on), but the selector never picks it for a new
+				// binding; Available ignores the flag, so bindings it has go
+				// on (docs/backend-drain.md).
+				pb := probe.Backend{Node: probe.NodeID(b.Node), Local: local, Proto: uint8(l.Proto), Addr: fb.AddrPort(), Disabled: l.Draining(b)}
 				if l.Proto == TCP && l.Check.Enabled() {
 					cc := probe.CheckConfig{Interval: time.Duration(chk.Interval), Timeout: time.Duration(chk.Timeout), Failures: chk.Failures, Successes: chk.Successes}
 					k := subKey{fl: fl, b: fb, cfg: cc}
@@ -560,9 +565,15 @@ func (e *Engine) Apply() error {
 // buildPeers assigns stable compact peer ids to members and maps their
 // overlay addresses. Called with cfgMu held.
 func (e *Engine) buildPeers() *peerTable {
-	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}}
+	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}, member: map[NodeID]bool{}}
+	if e.reg.o.FormerNodes != nil {
+		for _, n := range e.reg.o.FormerNodes() {
+			pt.name[n.ID] = n.Name
+		}
+	}
 	for _, n := range e.reg.Nodes() {
 		pt.name[n.ID] = n.Name
+		pt.member[n.ID] = true
 		if n.ID == e.self {
 			pt.addr[n.ID] = e.selfAddr
 			continue
@@ -692,6 +703,7 @@ func (s *engineSelector) Select(req flow.SelectRequest) int {
 func (s *engineSelector) Available(l flow.Listener, b flow.Backend, now time.Time) bool {
 	e := (*Engine)(s)
 	pb := e.probeBackend(l, b)
+	pb.Disabled = false // a draining backend keeps the bindings it has
 	return e.sel.Evaluate(&pb, now).Eligible()
 }
 

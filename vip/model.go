@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -184,7 +185,13 @@ type Listener struct {
 	Port       uint16    `json:"port"`
 	Generation uint64    `json:"generation"`
 	Backends   []Backend `json:"backends"`
-	Check      Check     `json:"check"`
+	// Drain lists the backends of Backends that are draining: no client
+	// makes new bindings to them, existing ones go on until idle expiry
+	// (docs/backend-drain.md). Absent means none. An entry that names no
+	// backend of the listener means nothing and is not saved: removing a
+	// backend ends its drain.
+	Drain []Backend `json:"drain,omitempty"`
+	Check Check     `json:"check"`
 	// IdleTimeout is how long a flow binding of this listener survives
 	// without traffic; 0 means the protocol's default (7200 s for TCP,
 	// 120 s for UDP).
@@ -193,6 +200,9 @@ type Listener struct {
 
 // Key returns the listener's PortKey.
 func (l Listener) Key() PortKey { return PortKey{l.Proto, l.Port} }
+
+// Draining reports whether backend b of the listener is draining.
+func (l Listener) Draining(b Backend) bool { return slices.Contains(l.Drain, b) }
 
 // EffectiveIdleTimeout returns IdleTimeout or the protocol's default.
 func (l Listener) EffectiveIdleTimeout() time.Duration {
@@ -298,6 +308,7 @@ func (s Service) Clone() Service {
 	c.Listeners = make([]Listener, len(s.Listeners))
 	for i, l := range s.Listeners {
 		l.Backends = append([]Backend(nil), l.Backends...)
+		l.Drain = slices.Clone(l.Drain)
 		if l.Check.PortCheck != nil {
 			on := *l.Check.PortCheck
 			l.Check.PortCheck = &on

@@ -40,6 +40,13 @@ type RegistryOptions struct {
 	// Nodes returns the network's members (names, identities, addresses).
 	// Required; called on every read and mutation.
 	Nodes func() []NodeInfo
+	// FormerNodes, when set, returns nodes this agent knew as members
+	// that may have left (only ID and Name are read). A backend whose
+	// node left the member list (a departed backend) is addressable by
+	// its stored node id on every agent; with FormerNodes it is also
+	// addressable by the name this agent knew. A name of a current
+	// member takes precedence.
+	FormerNodes func() []NodeInfo
 	// Limits bounds the configuration; zero fields take their defaults.
 	Limits Limits
 	// Rand is the source of fresh service ids; nil means crypto/rand.
@@ -288,9 +295,13 @@ func (r *Registry) Get(sel string) (ServiceView, error) {
 }
 
 // ResolveNode resolves a node selector: an exact node name, a full id or a
-// unique id prefix.
+// unique id prefix. Besides the members, it resolves departed nodes: the
+// node of a stored backend that is no member (Addr invalid), named as
+// FormerNodes knew it, so that its backends can be removed. Whether a
+// departed node may be written as a new backend is the save's business
+// (it may not).
 func (r *Registry) ResolveNode(sel string) (NodeInfo, error) {
-	nodes := r.o.Nodes()
+	nodes := r.nodeCandidates()
 	cands := make([]Candidate, len(nodes))
 	for i, n := range nodes {
 		cands[i] = Candidate{ID: n.ID.String(), Name: n.Name}
@@ -305,6 +316,68 @@ func (r *Registry) ResolveNode(sel string) (NodeInfo, error) {
 		}
 	}
 	return NodeInfo{}, fmt.Errorf("%w: node %q", ErrNotFound, sel)
+}
+
+// nodeCandidates returns the members, then the departed nodes: every
+// node of a stored backend that is no member, and every former node,
+// with the former name unless a member holds it.
+func (r *Registry) nodeCandidates() []NodeInfo {
+	nodes := slices.Clone(r.o.Nodes())
+	member := map[NodeID]bool{}
+	names := map[string]bool{}
+	for _, n := range nodes {
+		member[n.ID] = true
+		names[n.Name] = true
+	}
+	add := func(id NodeID) {
+		if member[id] {
+			return
+		}
+		member[id] = true
+		name := r.formerName(id)
+		if names[name] {
+			name = ""
+		}
+		nodes = append(nodes, NodeInfo{ID: id, Name: name})
+	}
+	for _, v := range r.List() {
+		for _, l := range v.Listeners {
+			for _, b := range l.Backends {
+				add(b.Node)
+			}
+		}
+	}
+	if r.o.FormerNodes != nil {
+		for _, n := range r.o.FormerNodes() {
+			add(n.ID)
+		}
+	}
+	return nodes
+}
+
+// formerName is the name FormerNodes gives id, or "".
+func (r *Registry) formerName(id NodeID) string {
+	if r.o.FormerNodes == nil {
+		return ""
+	}
+	for _, n := range r.o.FormerNodes() {
+		if n.ID == id {
+			return n.Name
+		}
+	}
+	return ""
+}
+
+// NodeName returns the name of node id: a member's current name, or the
+// name FormerNodes knew for a departed node; member reports whether id is
+// a member.
+func (r *Registry) NodeName(id NodeID) (name string, member bool) {
+	for _, n := range r.o.Nodes() {
+		if n.ID == id {
+			return n.Name, true
+		}
+	}
+	return r.formerName(id), false
 }
 
 // ResolveBackend parses "NODE:PORT", NODE being a node selector. The
@@ -408,7 +481,36 @@ func (r *Registry) saveLocked(ctx context.Context, draft Service, shown Revision
 	if cur.Revision != shown {
 		return ServiceView{}, &ConflictError{Service: draft.ID, Shown: shown, Current: cur.Revision, Resource: cur.Name}
 	}
-	if err := draft.Validate(r.o.Limits, r.isMember); err != nil {
+	// A backend must be on a member, unless the held service has it
+	// already: a departed node's backends stay until someone removes
+	// them, and never block other edits of the service.
+	// The same listener means the same port and generation (0 in the
+	// draft: the held one, see below).
+	type heldBackend struct {
+		k   PortKey
+		gen uint64
+		b   Backend
+	}
+	heldBs := map[heldBackend]bool{}
+	gens := map[PortKey]uint64{}
+	for _, l := range cur.Listeners {
+		gens[l.Key()] = l.Generation
+		for _, b := range l.Backends {
+			heldBs[heldBackend{l.Key(), l.Generation, b}] = true
+		}
+	}
+	draftGen := map[PortKey]uint64{}
+	for _, l := range draft.Listeners {
+		g := l.Generation
+		if g == 0 {
+			g = gens[l.Key()]
+		}
+		draftGen[l.Key()] = g
+	}
+	known := func(k PortKey, b Backend) bool {
+		return r.isMember(b.Node) || heldBs[heldBackend{k, draftGen[k], b}]
+	}
+	if err := draft.validate(r.o.Limits, known); err != nil {
 		return ServiceView{}, err
 	}
 	for _, v := range r.List() {
@@ -532,6 +634,30 @@ func (r *Registry) BackendRemove(ctx context.Context, sel string, k PortKey, b B
 			return fmt.Errorf("%w: backend %s on %s of %s", ErrNotFound, b, k, s.Name)
 		}
 		l.Backends = slices.Delete(l.Backends, i, i+1)
+		l.Drain = slices.DeleteFunc(l.Drain, func(d Backend) bool { return d == b })
+		return nil
+	})
+}
+
+// BackendDrain drains a backend of a listener (drain true) or ends its
+// drain (false): a draining backend takes no new bindings on any client,
+// and its existing bindings go on until idle expiry. The flag is the
+// backend field's value, so it costs no field (docs/backend-drain.md).
+// Draining a draining backend, or undraining a serving one, changes
+// nothing and succeeds.
+func (r *Registry) BackendDrain(ctx context.Context, sel string, k PortKey, b Backend, drain bool) (ServiceView, error) {
+	return r.mutate(ctx, sel, func(s *Service) error {
+		l, ok := s.Listener(k)
+		if !ok {
+			return fmt.Errorf("%w: listener %s of %s", ErrNotFound, k, s.Name)
+		}
+		if !slices.Contains(l.Backends, b) {
+			return fmt.Errorf("%w: backend %s on %s of %s", ErrNotFound, b, k, s.Name)
+		}
+		l.Drain = slices.DeleteFunc(l.Drain, func(d Backend) bool { return d == b })
+		if drain {
+			l.Drain = append(l.Drain, b)
+		}
 		return nil
 	})
 }

@@ -22,7 +22,8 @@ import (
 //	L/<proto>/<port>                   the listener register (value: listenerValue)
 //	L/<proto>/<port>/<gen>/cfg         the listener's check settings and idle timeout (value: cfgValue)
 //	L/<proto>/<port>/<gen>/b/<node>/<port>  a backend: node id in hex, app port
-//	                                   (a value, empty, when present; cleared when removed)
+//	                                   (a value when present: empty, or backendValue
+//	                                   when draining; cleared when removed)
 //
 // <gen> is the listener's generation in decimal, at most MaxGeneration.
 // Adding a listener writes its register with the next generation of its
@@ -64,6 +65,8 @@ const (
 // Value encodings (version byte first, so a later schema can extend them):
 //
 //	listenerValue: 0x01, generation uvarint, flags byte (bit 0: removed)
+//	backendValue:  empty (serving), or 0x01, flags byte (bit 0: draining;
+//	               0 and other bits are refused: not draining is empty)
 //	cfgValue:      0x01, port-check byte (0 default, 1 on, 2 off),
 //	               interval ms uvarint, timeout ms uvarint, failures uvarint,
 //	               successes uvarint, idle timeout ms uvarint (0 = default)
@@ -134,11 +137,32 @@ func CheckField(f *crdt.Field) error {
 			return err
 		}
 	case 'b':
-		if len(f.Value) != 0 {
-			return fmt.Errorf("%w: backend value of %d bytes", ErrSchema, len(f.Value))
+		if _, err := decodeBackendValue(f.Value); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// backendDrain is the value of a draining backend's field
+// (docs/backend-drain.md); a serving backend's value is empty.
+var backendDrain = []byte{schemaVersion, 1}
+
+func encodeBackendValue(drain bool) []byte {
+	if drain {
+		return slices.Clone(backendDrain)
+	}
+	return []byte{}
+}
+
+func decodeBackendValue(v []byte) (drain bool, err error) {
+	switch {
+	case len(v) == 0:
+		return false, nil
+	case bytes.Equal(v, backendDrain):
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: backend value %x", ErrSchema, v)
 }
 
 // Rank is the schema's precedence for crdt.Config.Rank: a listener
@@ -380,6 +404,7 @@ func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, 
 		cfg     *Check
 		idle    Duration
 		backs   []Backend
+		drain   []Backend
 	}
 	ls := map[PortKey]*lst{}
 	var errs []error
@@ -447,8 +472,17 @@ func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, 
 			}
 			l.cfg, l.idle = &c, idle
 		case 'b':
-			if f.HasValue {
-				l.backs = append(l.backs, pk.backend)
+			if !f.HasValue {
+				continue
+			}
+			drain, err := decodeBackendValue(f.Value)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			l.backs = append(l.backs, pk.backend)
+			if drain {
+				l.drain = append(l.drain, pk.backend)
 			}
 		}
 	}
@@ -461,11 +495,12 @@ func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, 
 	slices.SortFunc(keys, comparePortKey)
 	for _, k := range keys {
 		l := ls[k]
-		out := Listener{Proto: k.Proto, Port: k.Port, Generation: l.gen, Backends: l.backs, IdleTimeout: l.idle}
+		out := Listener{Proto: k.Proto, Port: k.Port, Generation: l.gen, Backends: l.backs, Drain: l.drain, IdleTimeout: l.idle}
 		if l.cfg != nil {
 			out.Check = *l.cfg
 		}
 		slices.SortFunc(out.Backends, compareBackend)
+		slices.SortFunc(out.Drain, compareBackend)
 		d.svc.Listeners = append(d.svc.Listeners, out)
 	}
 	return d, errors.Join(errs...)
@@ -541,7 +576,7 @@ func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
 				edits = append(edits, crdt.Edit{Key: cfgKey(k, gen), Value: encodeCfg(d.Check, d.IdleTimeout)})
 			}
 			for _, b := range dedupBackends(d.Backends) {
-				edits = append(edits, crdt.Edit{Key: backendKey(k, gen, b), Value: []byte{}})
+				edits = append(edits, crdt.Edit{Key: backendKey(k, gen, b), Value: encodeBackendValue(d.Draining(b))})
 			}
 		default: // same incarnation: settings and backends by difference
 			if !sameCheck(c.Check, d.Check) || c.IdleTimeout != d.IdleTimeout {
@@ -551,13 +586,14 @@ func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
 			for _, b := range c.Backends {
 				have[b] = true
 			}
+			// A held backend whose drain flag changes is rewritten.
 			want := map[Backend]bool{}
 			for _, b := range d.Backends {
 				want[b] = true
 			}
 			for _, b := range dedupBackends(d.Backends) {
-				if !have[b] {
-					edits = append(edits, crdt.Edit{Key: backendKey(k, c.Generation, b), Value: []byte{}})
+				if !have[b] || c.Draining(b) != d.Draining(b) {
+					edits = append(edits, crdt.Edit{Key: backendKey(k, c.Generation, b), Value: encodeBackendValue(d.Draining(b))})
 				}
 			}
 			for _, b := range c.Backends {

@@ -152,8 +152,11 @@ type BackendStatus struct {
 	Addr  netip.AddrPort `json:"addr,omitzero"`
 	Local bool           `json:"local,omitempty"`
 	// Reason is probe's health reason ("ok", "no-path", "probe-timeout",
-	// "check-failed", "icmp-unreachable", "rtt-stale", "rtt-unknown"), or
-	// "unknown-node" for a backend whose node has no overlay address.
+	// "check-failed", "icmp-unreachable", "rtt-stale", "rtt-unknown"),
+	// "drained" for a backend under drain (see Drain), or
+	// "unknown-node" for a backend whose node is a member without an IPv4
+	// overlay address, or "departed" for one whose node is no member (it
+	// left the member list; the backend stays configured until removed).
 	Reason           string     `json:"reason"`
 	Eligible         bool       `json:"eligible"`
 	CheckError       string     `json:"check_error,omitempty"`
@@ -165,6 +168,15 @@ type BackendStatus struct {
 	SampleAgeMillis float64 `json:"sample_age_ms"`
 	// Draining is set for a removed backend whose bindings still drain.
 	Draining bool `json:"draining,omitempty"`
+	// Drain is set for a configured backend under drain: Reason is then
+	// "drained" (it takes no new bindings, Eligible is false) and
+	// PathReason is the health it has for the bindings it still carries.
+	Drain      bool   `json:"drain,omitempty"`
+	PathReason string `json:"path_reason,omitempty"`
+	// Departed is set for a configured backend whose node is no member:
+	// it gets no traffic, and `vip backend remove` takes it by its node id
+	// (or the name this agent knew).
+	Departed bool `json:"departed,omitempty"`
 	Active   int  `json:"active_bindings"`
 	// Created counts the bindings made to the backend; Failovers the UDP
 	// bindings that moved away from it. Both and Traffic are cumulative
@@ -494,11 +506,22 @@ func (e *Engine) listenerStatus(r *route, draining bool, v *statusView) Listener
 	}
 	for i, b := range r.cfg {
 		bs := backendStatus(BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}, r.pbs[i], statuses[i])
+		if r.pbs[i].Disabled {
+			pb := r.pbs[i]
+			pb.Disabled = false
+			path := backendStatus(bs.BackendRef, pb, e.sel.Evaluate(&pb, now))
+			path.Reason, path.PathReason, path.Drain, path.Eligible = "drained", path.Reason, true, false
+			bs = path
+		}
 		bs.addCounters(v.backends[bindKey{r.fl, r.backends[i]}])
 		ls.Backends = append(ls.Backends, bs)
 	}
 	for _, b := range r.missing {
-		ls.Backends = append(ls.Backends, BackendStatus{BackendRef: BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}, Reason: "unknown-node", SampleAgeMillis: -1})
+		bs := BackendStatus{BackendRef: BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}, Reason: "unknown-node", SampleAgeMillis: -1}
+		if !pt.member[b.Node] {
+			bs.Reason, bs.Departed = "departed", true
+		}
+		ls.Backends = append(ls.Backends, bs)
 	}
 	for _, fb := range v.draining[r.fl] {
 		if slices.Contains(r.backends, fb.Backend) {

@@ -91,6 +91,16 @@ func ValidName(s string) error {
 // not nil, reports whether a backend's node identity is a member of the
 // network. Empty services and listeners are valid.
 func (s *Service) Validate(lim Limits, knownNode func(NodeID) bool) error {
+	var known func(PortKey, Backend) bool
+	if knownNode != nil {
+		known = func(_ PortKey, b Backend) bool { return knownNode(b.Node) }
+	}
+	return s.validate(lim, known)
+}
+
+// validate is Validate with a membership rule per listener and backend:
+// known, when not nil, reports whether the backend may be on the listener.
+func (s *Service) validate(lim Limits, known func(PortKey, Backend) bool) error {
 	lim = lim.WithDefaults()
 	ve := &ValidationError{}
 	if s.ID.IsZero() {
@@ -128,7 +138,7 @@ func (s *Service) Validate(lim Limits, knownNode func(NodeID) bool) error {
 			bp := fmt.Sprintf("%s.backends[%d]", path, j)
 			if b.Node.IsZero() {
 				ve.add(bp+".node", "missing node identity")
-			} else if knownNode != nil && !knownNode(b.Node) {
+			} else if known != nil && !known(l.Key(), b) {
 				ve.add(bp+".node", "node %s is not a member of network %s", b.Node, s.Network)
 			}
 			if b.Port == 0 {

@@ -144,7 +144,8 @@ type ServiceDoc struct {
 	// network's VIPs route nothing here.
 	NetworkUp bool `json:"network_up"`
 	vip.ServiceView
-	// NodeNames maps the id (hex) of each backend node to its name.
+	// NodeNames maps the id (hex) of each backend node to its name (a
+	// departed node's as this agent knew it).
 	NodeNames map[string]string `json:"node_names,omitempty"`
 	Status    any               `json:"status,omitempty"`
 	// AddrCollision is set when a member's address is the VIP's stored
@@ -183,6 +184,8 @@ func NewAPIServer(m Manager) *APIServer {
 	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}", listenerMutation(s, portRemove))
 	s.mux.HandleFunc("POST /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends", listenerMutation(s, backendAdd))
 	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}", listenerMutation(s, backendRemove))
+	s.mux.HandleFunc("PUT /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}/drain", listenerMutation(s, backendDrain(true)))
+	s.mux.HandleFunc("DELETE /v1/networks/{net}/vips/{vip}/ports/{proto}/{port}/backends/{backend}/drain", listenerMutation(s, backendDrain(false)))
 	return s
 }
 
@@ -268,15 +271,13 @@ func (s *APIServer) upNetwork(sel string) (*Network, error) {
 
 func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v, AddrCollision: collisionOf(n.Registry, v.ID)}
-	for _, m := range n.Registry.Nodes() {
-		for _, l := range v.Listeners {
-			for _, b := range l.Backends {
-				if b.Node == m.ID && m.Name != "" {
-					if d.NodeNames == nil {
-						d.NodeNames = map[string]string{}
-					}
-					d.NodeNames[m.ID.String()] = m.Name
+	for _, l := range v.Listeners {
+		for _, b := range l.Backends {
+			if name, _ := n.Registry.NodeName(b.Node); name != "" {
+				if d.NodeNames == nil {
+					d.NodeNames = map[string]string{}
 				}
+				d.NodeNames[b.Node.String()] = name
 			}
 		}
 	}

@@ -357,7 +357,7 @@ func vipCommand() *command {
 					return mutateDoc(ctx, c, http.MethodDelete, p, nil)
 				}},
 		}},
-		{name: "backend", short: "Add or remove one backend of a listener.", sub: []*command{
+		{name: "backend", short: "Add, remove, drain or undrain one backend of a listener.", sub: []*command{
 			{name: "add", args: "NET VIP PROTO/PORT NODE:PORT", short: "Add a backend.", min: 4, max: 4, flags: jsonFlag,
 				run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 					p, err := listenerPath(a[0], a[1], a[2])
@@ -374,6 +374,7 @@ func vipCommand() *command {
 					}
 					return mutateDoc(ctx, c, http.MethodDelete, p+"/backends/"+url.PathEscape(a[3]), nil)
 				}},
+			backendDrainCommand(true), backendDrainCommand(false),
 		}},
 		{name: "show", args: "NET VIP [--json]", short: "Show a VIP's configuration, revision, address and ids.", min: 2, max: 2, flags: jsonFlag,
 			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
@@ -592,7 +593,7 @@ func printDoc(c *cliCtx, d ServiceDoc) error {
 		}
 		fmt.Fprintf(w, "  %s  gen %d  idle %v  checks %s\n", l.Key(), l.Generation, l.EffectiveIdleTimeout(), checks)
 		for _, b := range l.Backends {
-			fmt.Fprintf(w, "    → %s:%d\n", d.nodeName(b.Node), b.Port)
+			fmt.Fprintf(w, "    → %s:%d%s\n", d.nodeName(b.Node), b.Port, drainMark(l, b))
 		}
 	}
 	fmt.Fprintf(w, "  id %s\n", d.ID)

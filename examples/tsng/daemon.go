@@ -65,6 +65,7 @@ type netRuntime struct {
 	cfg     NetworkConfig
 	id      crdt.NetworkID
 	members []vip.NodeInfo
+	former  []vip.NodeInfo // departed members that stored backends name
 	key     ed25519.PrivateKey
 	replica *crdt.Replica
 	reg     *vip.Registry
@@ -289,12 +290,25 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 		store.Close()
 		return nil, fmt.Errorf("opening state in %s: %w", dir, err)
 	}
-	prefix, _ := netip.ParsePrefix(nc.Overlay)
-	n.reg, err = vip.NewRegistry(vip.RegistryOptions{Network: nc.Name, Prefix: prefix, Replica: n.replica,
-		Nodes: func() []vip.NodeInfo { return n.members }, Limits: nc.Limits, OnChange: n.onChange})
+	knownPath := knownNodesPath(d.cfg.DataDir, nc.Name)
+	known, err := loadKnownNodes(knownPath)
 	if err != nil {
 		n.replica.Close()
 		return nil, err
+	}
+	prefix, _ := netip.ParsePrefix(nc.Overlay)
+	n.reg, err = vip.NewRegistry(vip.RegistryOptions{Network: nc.Name, Prefix: prefix, Replica: n.replica,
+		Nodes: func() []vip.NodeInfo { return n.members }, FormerNodes: func() []vip.NodeInfo { return n.former },
+		Limits: nc.Limits, OnChange: n.onChange})
+	if err != nil {
+		n.replica.Close()
+		return nil, err
+	}
+	n.former = formerNodes(known, n.members, n.reg.List())
+	n.reg.Refresh()
+	if err := saveKnownNodes(knownPath, n.members, n.former); err != nil {
+		n.replica.Close()
+		return nil, fmt.Errorf("tsng: writing %s: %w", knownPath, err)
 	}
 	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince}
 	return n, nil

@@ -9,7 +9,7 @@
 //	tsng vip list [NET] [--json]
 //	tsng vip create NET NAME
 //	tsng vip port add NET VIP tcp/443 --backend server1:6443 --backend server2:7443
-//	tsng vip backend add|remove NET VIP PROTO/PORT NODE:PORT
+//	tsng vip backend add|remove|drain|undrain NET VIP PROTO/PORT NODE:PORT
 //	tsng vip port set NET VIP PROTO/PORT [--port-check on|off] [--check-interval-ms N]
 //	    [--check-timeout-ms N] [--failures N] [--successes N] [--idle-timeout S]
 //	tsng vip show NET VIP [--json]
@@ -31,7 +31,12 @@
 // netstack mode, DNS and `wg show`.
 //
 // Network and VIP selectors accept exact names, full ids and unique id
-// prefixes; backend node selectors also accept node names. An ambiguous
+// prefixes; backend node selectors also accept node names. A backend
+// whose node has left the member list stays configured (status: departed)
+// and is named by its node id, or by the name this agent knew, to remove
+// it; it never blocks other edits. `backend drain` stops new flows to a
+// backend on every member while its existing flows go on
+// (docs/backend-drain.md). An ambiguous
 // selector changes nothing and lists its candidates. Every mutation is
 // atomic; `edit` submits one whole draft checked against the revision it
 // was read at, and keeps a rejected or invalid file, printing its path.

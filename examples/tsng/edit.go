@@ -163,8 +163,13 @@ func runEdit(ctx context.Context, c *cliCtx, _ *opts, a []string) error {
 }
 
 // resolveNode maps a backend node selector (a node name, a full id or a
-// unique id prefix) to the node's id in hex.
+// unique id prefix) to the node's id in hex. A full id is taken as it is,
+// member or not: the backend of a departed node keeps its id in the file,
+// and the agent decides whether it may stay.
 func resolveNode(nodes []NodeDoc, sel string) (string, error) {
+	if id, err := vip.ParseNodeID(strings.ToLower(sel)); err == nil {
+		return id.String(), nil
+	}
 	for _, n := range nodes {
 		if n.Name == sel || n.ID.String() == sel {
 			return n.ID.String(), nil

@@ -11,11 +11,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/buildinfo"
 )
 
 const usage = `usage: keel-vip <command> [flags]
@@ -37,27 +37,12 @@ commands:
 
 func isHelp(a string) bool { return a == "-h" || a == "--help" || a == "-help" || a == "help" }
 
-// Version returns "keel-vip VERSION (REVISION[, modified])" from the build
-// info: the module's version and the VCS revision it was built from.
+// Version returns "keel-vip MODULE VERSION (revision REV, ...; GOVERSION)"
+// from the build info (internal/buildinfo, which tsng's --version uses
+// too): the module's version and the VCS revision it was built from.
 func Version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "keel-vip (no build info)"
-	}
-	v := bi.Main.Version
-	if v == "" {
-		v = "(devel)"
-	}
-	rev, modified := "unknown revision", ""
-	for _, s := range bi.Settings {
-		switch {
-		case s.Key == "vcs.revision":
-			rev = s.Value
-		case s.Key == "vcs.modified" && s.Value == "true":
-			modified = ", modified"
-		}
-	}
-	return fmt.Sprintf("keel-vip %s %s (%s%s, %s)", bi.Main.Path, v, rev, modified, bi.GoVersion)
+	bi := buildinfo.Read()
+	return "keel-vip " + bi.Module + " " + bi.String()
 }
 
 // Exit codes of Main.

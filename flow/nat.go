@@ -185,13 +185,15 @@ type NAT struct {
 	timer     transport.Timer
 	armed     bool
 	scratch   []byte
+	reply     []byte             // a refusal being built (refuse.go)
 	sink      uint64             // keeps the prefetching loads alive
 	reports   [2][]unreachReport // per side, delivered after the lock is released
 
-	created, failovers, retargets, refused   uint64
-	reassembled, fragmented, icmpSent        uint64
-	idleTCP, idleUDP, closedTCP, finTCP, qtn int64
-	fragTimeout                              int64
+	created, failovers, retargets, refused    uint64
+	reassembled, fragmented, icmpSent         uint64
+	idleTCP, idleUDP, closedTCP, finTCP, qtn  int64
+	fragTimeout                               int64
+	replyCost, replyMax, replyCredit, replyAt int64 // refusals' token bucket, ns
 }
 
 // New returns a NAT for one overlay network. It validates the options
@@ -231,6 +233,8 @@ func New(o Options) (*NAT, error) {
 	n.fragTimeout = int64(o.FragTimeout)
 	n.frags.init(&n.o)
 	n.scratch = make([]byte, max(o.MTU, o.HostMTU, 2*packet.IPv4MaxHeaderLen+2*packet.ICMPv4HeaderLen+16))
+	n.reply = make([]byte, 0, 2*packet.IPv4MaxHeaderLen+packet.ICMPv4HeaderLen+packet.ICMPv4MinQuoted)
+	n.initReplies()
 	return n, nil
 }
 
@@ -561,23 +565,29 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 	li, ok := n.lmap[lkey{k.dst(), k.dport(), k.proto()}]
 	if !ok {
-		return n.drop(ReasonNoListener)
+		return n.refuseLocked(pkt, hl, nil, ReasonNoListener, now)
 	}
 	ls := n.lis[li]
 	if ls.removed {
-		return n.dropL(ls, ReasonNoListener)
+		return n.refuseLocked(pkt, hl, ls, ReasonNoListener, now)
 	}
 	var isn uint32
 	var synData bool
 	if k.proto() == ProtoTCP {
 		t := packet.TCP(pkt[hl:])
 		if t.Flags()&(packet.TCPFlagSYN|packet.TCPFlagACK|packet.TCPFlagRST) != packet.TCPFlagSYN {
+			if len(ls.backends) == 0 {
+				return n.refuseLocked(pkt, hl, ls, ReasonNoFlow, now)
+			}
 			return n.dropL(ls, ReasonNoFlow)
 		}
 		isn, synData = t.Seq(), len(t) > t.HeaderLen()
 	}
 	i := n.selectLocked(ls, SelectNew, Backend{}, now)
 	if i < 0 {
+		if len(ls.backends) == 0 {
+			return n.refuseLocked(pkt, hl, ls, ReasonNoBackend, now)
+		}
 		return n.dropL(ls, ReasonNoBackend)
 	}
 	id, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)

@@ -99,7 +99,10 @@ type listenerState struct {
 	bes map[Backend]*backendState
 }
 
-type vipInfo struct{ listeners, bindings int }
+type vipInfo struct {
+	listeners, bindings int
+	claimed             bool // ClaimVIP: claimed without listeners
+}
 
 type unreachReport struct {
 	l Listener
@@ -1156,7 +1159,7 @@ func (n *NAT) vipRefLocked(vip uint32, dl, db int) {
 	}
 	vi.listeners += dl
 	vi.bindings += db
-	if vi.listeners == 0 && vi.bindings == 0 {
+	if vi.listeners == 0 && vi.bindings == 0 && !vi.claimed {
 		delete(n.vipInfo, vip)
 		n.publishVIPsLocked()
 	}
@@ -1347,6 +1350,49 @@ func (n *NAT) RemoveBackend(l Listener, b Backend) bool {
 		}
 	}
 	return false
+}
+
+// ClaimVIP claims vip even while it has no listener: an empty VIP, which
+// resolves but cannot accept traffic. Its packets from the host are then
+// the NAT's and refused like those to a port without a listener (a RST or
+// an ICMP port unreachable, see Options.ReplyRate) instead of passing.
+// It fails with ErrInvalidListener for an address that is not IPv4 or is
+// LocalAddr, and with ErrClosed after Close.
+func (n *NAT) ClaimVIP(vip netip.Addr) error {
+	if !vip.Is4() || vip == n.o.LocalAddr {
+		return fmt.Errorf("%w: VIP %v", ErrInvalidListener, vip)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	a := addr4(vip)
+	if vi := n.vipInfo[a]; vi != nil {
+		vi.claimed = true
+		return nil
+	}
+	n.vipInfo[a] = &vipInfo{claimed: true}
+	n.publishVIPsLocked()
+	return nil
+}
+
+// ReleaseVIP undoes ClaimVIP; the VIP stays claimed while it has
+// listeners or bindings. It reports whether vip was claimed.
+func (n *NAT) ReleaseVIP(vip netip.Addr) bool {
+	if !vip.Is4() {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a := addr4(vip)
+	vi := n.vipInfo[a]
+	if vi == nil || !vi.claimed {
+		return false
+	}
+	vi.claimed = false
+	n.vipRefLocked(a, 0, 0)
+	return true
 }
 
 // RemoveVIP removes every listener of vip (see RemoveListener) and returns

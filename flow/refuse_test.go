@@ -231,3 +231,31 @@ func TestRefuseOnlyEmpty(t *testing.T) {
 	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoBackend}, f.host(syn(1, 1)))
 	require.Empty(t, f.takeOut())
 }
+
+func TestClaimVIPRefuses(t *testing.T) {
+	f := newFixture(t)
+	require.Equal(t, Pass, f.host(syn(1, 1)).Verdict, "an unclaimed address is not the NAT's")
+	require.NoError(t, f.nat.ClaimVIP(vipAddr))
+	require.NoError(t, f.nat.ClaimVIP(vipAddr), "idempotent")
+	require.True(t, f.nat.IsVIP(vipAddr))
+	require.Equal(t, Result{Verdict: Drop, Reason: ReasonRefused}, f.host(syn(1, 1)))
+	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPortUnreachable}, f.host(udpTo(1, "x")))
+	require.Len(t, f.takeOut(), 2)
+	// A listener added and removed leaves the claim; releasing it ends it.
+	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
+	require.True(t, f.nat.RemoveListener(lTCP))
+	require.True(t, f.nat.IsVIP(vipAddr))
+	require.True(t, f.nat.ReleaseVIP(vipAddr))
+	require.False(t, f.nat.ReleaseVIP(vipAddr))
+	require.False(t, f.nat.IsVIP(vipAddr))
+	require.Equal(t, Pass, f.host(syn(1, 1)).Verdict)
+	// Released while a listener holds it: the listener keeps it.
+	require.NoError(t, f.nat.ClaimVIP(vipAddr))
+	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{}))
+	require.True(t, f.nat.ReleaseVIP(vipAddr))
+	require.True(t, f.nat.IsVIP(vipAddr))
+	require.ErrorIs(t, f.nat.ClaimVIP(localAddr), ErrInvalidListener)
+	require.ErrorIs(t, f.nat.ClaimVIP(netip.MustParseAddr("::1")), ErrInvalidListener)
+	require.NoError(t, f.nat.Close())
+	require.ErrorIs(t, f.nat.ClaimVIP(vip2Addr), ErrClosed)
+}

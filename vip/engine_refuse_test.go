@@ -108,3 +108,32 @@ func udpRefused(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe) && oe.Err != nil && oe.Err.Error() == (&tcpip.ErrConnectionRefused{}).String()
 }
+
+// TestEngineEmptyVIPRefuses: a service without any listener has a VIP
+// that resolves; a dial to it is refused at once too.
+func TestEngineEmptyVIPRefuses(t *testing.T) {
+	checkLeaks(t)
+	c := newCluster(t, clusterOptions{n: 2, prober: fastProber})
+	ctx := context.Background()
+	cn := c.nodes[0]
+	if _, err := cn.reg.Create(ctx, "bare"); err != nil {
+		t.Fatal(err)
+	}
+	c.spread()
+	vip, err := c.resolve(cn, "bare.home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	conn, err := cn.host.DialTCP(dctx, netip.AddrPortFrom(vip, 80))
+	took := time.Since(start)
+	if err == nil {
+		conn.Close()
+		t.Fatal("dial succeeded")
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) || took >= refuseBound {
+		t.Fatalf("dial failed after %v with %v, want ECONNREFUSED within %v", took, err, refuseBound)
+	}
+}

@@ -272,6 +272,11 @@ func (n *NAT) IsVIP(a netip.Addr) bool { return a.Is4() && n.vips.Load().has(add
 //   - Fragments to a VIP are reassembled first (Consumed; the translated
 //     datagram, refragmented to the MTU, goes to Options.Emit).
 //   - ICMP errors from the host about a binding are translated.
+//   - A new flow to a VIP port without a listener, or to a listener
+//     without backends, is refused: a TCP RST or an ICMP port unreachable
+//     from the VIP goes to Options.Emit toward the host, rate-limited
+//     (Options.ReplyRate), and the packet is dropped with ReasonRefused
+//     or ReasonPortUnreachable (docs/empty-vips.md).
 //   - Anything else (IPv6, traffic to non-VIP addresses) is Pass, untouched.
 //
 // Bad packets to a VIP are dropped with a reason. FromHost never panics,

@@ -74,7 +74,8 @@ func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b
 type ListenerConfig struct {
 	// Backends are the candidates new bindings may use; the Selector picks
 	// among them. Empty is valid: the listener exists (its VIP is claimed)
-	// but refuses new flows with ReasonNoBackend.
+	// but refuses new flows with a RST or an ICMP port unreachable
+	// (ReasonRefused, ReasonPortUnreachable; see Options.ReplyRate).
 	Backends []Backend
 	// IdleTimeout is the idle expiry of this listener's bindings;
 	// 0 means Options.TCPIdleTimeout or Options.UDPIdleTimeout. A change

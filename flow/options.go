@@ -30,6 +30,11 @@ const (
 	// sends: replies per second, and at most this many at once.
 	DefaultReplyRate  = 100
 	DefaultReplyBurst = 20
+	// MaxReplyRate and MaxReplyBurst bound Options.ReplyRate and
+	// ReplyBurst, so that the bucket's nanosecond arithmetic never
+	// overflows.
+	MaxReplyRate  = 1_000_000
+	MaxReplyBurst = 1_000_000
 )
 
 // Options configures New. Zero fields take the defaults above.
@@ -152,8 +157,8 @@ func (o *Options) normalize() error {
 		return fmt.Errorf("%w: Capacity %d outside 1..%d", ErrInvalidOptions, o.Capacity, MaxCapacity)
 	case o.MaxFragDatagrams < 0 || o.MaxFragDatagramsPerSender < 0 || o.MaxFragBytes < 0 || o.MaxFragments < 1:
 		return fmt.Errorf("%w: negative fragment limit", ErrInvalidOptions)
-	case o.ReplyBurst < 0:
-		return fmt.Errorf("%w: negative ReplyBurst", ErrInvalidOptions)
+	case o.ReplyRate > MaxReplyRate || o.ReplyBurst < 0 || o.ReplyBurst > MaxReplyBurst:
+		return fmt.Errorf("%w: ReplyRate %d / ReplyBurst %d outside ..%d / 0..%d", ErrInvalidOptions, o.ReplyRate, o.ReplyBurst, MaxReplyRate, MaxReplyBurst)
 	case o.MaxBackends < 1 || o.MaxListenersPerVIP < 1:
 		return fmt.Errorf("%w: MaxBackends and MaxListenersPerVIP must be positive", ErrInvalidOptions)
 	case o.TCPIdleTimeout < 0 || o.UDPIdleTimeout < 0 || o.TCPClosedTimeout < 0 || o.TCPFinTimeout < 0 ||

@@ -259,3 +259,33 @@ func TestClaimVIPRefuses(t *testing.T) {
 	require.NoError(t, f.nat.Close())
 	require.ErrorIs(t, f.nat.ClaimVIP(vip2Addr), ErrClosed)
 }
+
+func TestReplyOptionsBounds(t *testing.T) {
+	for _, c := range []struct {
+		rate, burst int
+		ok          bool
+	}{
+		{MaxReplyRate, MaxReplyBurst, true},
+		{MaxReplyRate + 1, 0, false},
+		{0, MaxReplyBurst + 1, false},
+		{0, -1, false},
+		{-1, 0, true},
+	} {
+		_, err := New(Options{LocalAddr: localAddr, Selector: &testSel{}, ReplyRate: c.rate, ReplyBurst: c.burst})
+		if c.ok {
+			require.NoError(t, err, "%+v", c)
+		} else {
+			require.ErrorIs(t, err, ErrInvalidOptions, "%+v", c)
+		}
+	}
+	// At the largest rate and burst the bucket still counts exactly.
+	f := emptyFixture(t, func(o *Options) { o.ReplyRate, o.ReplyBurst = MaxReplyRate, MaxReplyBurst })
+	f.clock.Advance(1 << 62) // a jump far beyond the bucket's size
+	for i := 0; i < MaxReplyBurst; i++ {
+		if f.nat.FromHost(syn(uint16(i), 1), f.clock.Now()).Reason != ReasonRefused {
+			t.Fatalf("refusal %d of the burst not sent", i)
+		}
+	}
+	require.Equal(t, ReasonNoBackend, f.host(syn(1, 1)).Reason)
+	f.out = nil
+}

@@ -93,8 +93,18 @@ func TestEngineEmptyListenerRefuses(t *testing.T) {
 
 	lt, _ := listenerOf(cn, "empty", "tcp/80")
 	lu, _ := listenerOf(cn, "empty", "udp/53")
-	if lt.Drops["refused"] < 1 || lu.Drops["port-unreachable"] < 1 {
-		t.Errorf("listener drops: tcp %v, udp %v", lt.Drops, lu.Drops)
+	if lt.Drops["refused"] != 1 || lu.Drops["port-unreachable"] != 1 {
+		t.Errorf("listener drops: tcp %v, udp %v, want refused 1, port-unreachable 1", lt.Drops, lu.Drops)
+	}
+	// The ports without a listener count in the NAT's totals only.
+	st := cn.engine().Status()
+	if d := st.Flow.Drops; d["refused"] != 2 || d["port-unreachable"] != 2 || d["no-listener"] != 0 || d["no-backend"] != 0 {
+		t.Errorf("flow drops %v, want refused 2, port-unreachable 2", d)
+	}
+	for _, s := range st.Services {
+		if s.Name == "empty" && (s.Totals.Drops["refused"] != 1 || s.Totals.Drops["port-unreachable"] != 1) {
+			t.Errorf("VIP totals drops %v", s.Totals.Drops)
+		}
 	}
 }
 

@@ -346,6 +346,6 @@ type Stats struct {
 	FragBytes   int    // fragment payload bytes held
 	Reassembled uint64
 	Fragmented  uint64 // packets split into fragments
-	ICMPSent    uint64 // ICMP errors generated (fragmentation needed)
+	ICMPSent    uint64 // ICMP errors generated (fragmentation needed, port unreachable)
 	Drops       [NumDropReasons]uint64
 }

@@ -442,7 +442,10 @@ func (e *Engine) isClosed() bool {
 
 // Apply brings routing in line with the Registry: the peer table from
 // Registry.Nodes, and every listener of every Routable service from
-// Registry.List. Listeners, backends and VIP addresses that went away stop
+// Registry.List. Every routed VIP address is claimed in the NAT, so that
+// one without listeners, like a listener without backends, refuses new
+// flows at once (a RST or an ICMP port unreachable, see docs/empty-vips.md)
+// instead of dropping them silently. Listeners, backends and VIP addresses that went away stop
 // taking new bindings; their existing bindings drain until idle expiry with
 // their original VIP address. Connect-check subscriptions and probed peers
 // follow the backends in use. Call it from RegistryOptions.OnChange (it

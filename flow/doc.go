@@ -27,8 +27,16 @@
 // packet; counters and idle deadlines are applied in batches. The result says what to do with the packet: Pass
 // (not ours), Forward, Reflect (into the host), Drop (with a counted
 // DropReason) or Consumed. Packets the NAT creates (fragments of datagrams
-// it reassembled or that exceed the MTU, ICMP fragmentation-needed) go to
-// Options.Emit.
+// it reassembled or that exceed the MTU, ICMP fragmentation-needed, and
+// the refusals below) go to Options.Emit.
+//
+// A VIP port without a listener, a listener without backends and a VIP
+// claimed with ClaimVIP but without listeners cannot accept traffic: a new
+// flow to one is refused from the VIP like a closed port, a TCP RST or an
+// ICMP port unreachable back into the host, rate-limited by a token bucket
+// (Options.ReplyRate, 100/s, burst 20) and counted as ReasonRefused or
+// ReasonPortUnreachable. RSTs, ICMP, non-unicast addresses and later
+// fragments are never answered (docs/empty-vips.md).
 //
 // Bindings follow tsunagi-vip's delivery rules: a TCP flow is pinned to its
 // backend, a retransmitted empty SYN before any SYN-ACK may be retargeted,

@@ -30,7 +30,8 @@ func seedPackets() [][]byte {
 // fuzzNAT builds a NAT with a TCP, a UDP and a hairpin listener and small
 // bounds, so that fuzzing reaches the limits.
 func fuzzNAT(t testing.TB) *fixture {
-	f := newFixture(t, func(o *Options) {
+	var f *fixture
+	f = newFixture(t, func(o *Options) {
 		o.Capacity = 16
 		o.MaxFragDatagrams = 4
 		o.MaxFragBytes = 8000
@@ -39,6 +40,7 @@ func fuzzNAT(t testing.TB) *fixture {
 			if len(p) > 65535 {
 				panic("emitted packet too big")
 			}
+			f.out = append(f.out[:0], emitted{d, append([]byte(nil), p...)})
 		}
 	})
 	setTCP(t, f, be1, be2)
@@ -68,6 +70,17 @@ func FuzzFromHost(f *testing.F) {
 		require.Len(t, b, n)
 		if r.Verdict == Drop {
 			require.NotEqual(t, ReasonNone, r.Reason)
+		}
+		if r.Reason == ReasonRefused || r.Reason == ReasonPortUnreachable {
+			// A refusal is one well-formed packet from the VIP to the sender.
+			out := fx.takeOut()
+			require.Len(t, out, 1)
+			ip := packet.IPv4(out[0].pkt)
+			require.Equal(t, ToHost, out[0].dir)
+			require.NoError(t, ip.Validate())
+			requireSums(t, ip)
+			require.True(t, fx.nat.IsVIP(ip.Src()))
+			require.Equal(t, packet.IPv4(b).Src(), ip.Dst())
 		}
 		fx.peer(be1.Peer, b)
 		checkBounds(t, fx)

@@ -99,7 +99,10 @@ type listenerState struct {
 	bes map[Backend]*backendState
 }
 
-type vipInfo struct{ listeners, bindings int }
+type vipInfo struct {
+	listeners, bindings int
+	claimed             bool // ClaimVIP: claimed without listeners
+}
 
 type unreachReport struct {
 	l Listener
@@ -185,13 +188,15 @@ type NAT struct {
 	timer     transport.Timer
 	armed     bool
 	scratch   []byte
+	reply     []byte             // a refusal being built (refuse.go)
 	sink      uint64             // keeps the prefetching loads alive
 	reports   [2][]unreachReport // per side, delivered after the lock is released
 
-	created, failovers, retargets, refused   uint64
-	reassembled, fragmented, icmpSent        uint64
-	idleTCP, idleUDP, closedTCP, finTCP, qtn int64
-	fragTimeout                              int64
+	created, failovers, retargets, refused    uint64
+	reassembled, fragmented, icmpSent         uint64
+	idleTCP, idleUDP, closedTCP, finTCP, qtn  int64
+	fragTimeout                               int64
+	replyCost, replyMax, replyCredit, replyAt int64 // refusals' token bucket, ns
 }
 
 // New returns a NAT for one overlay network. It validates the options
@@ -231,6 +236,8 @@ func New(o Options) (*NAT, error) {
 	n.fragTimeout = int64(o.FragTimeout)
 	n.frags.init(&n.o)
 	n.scratch = make([]byte, max(o.MTU, o.HostMTU, 2*packet.IPv4MaxHeaderLen+2*packet.ICMPv4HeaderLen+16))
+	n.reply = make([]byte, 0, 2*packet.IPv4MaxHeaderLen+packet.ICMPv4HeaderLen+packet.ICMPv4MinQuoted)
+	n.initReplies()
 	return n, nil
 }
 
@@ -265,6 +272,11 @@ func (n *NAT) IsVIP(a netip.Addr) bool { return a.Is4() && n.vips.Load().has(add
 //   - Fragments to a VIP are reassembled first (Consumed; the translated
 //     datagram, refragmented to the MTU, goes to Options.Emit).
 //   - ICMP errors from the host about a binding are translated.
+//   - A new flow to a VIP port without a listener, or to a listener
+//     without backends, is refused: a TCP RST or an ICMP port unreachable
+//     from the VIP goes to Options.Emit toward the host, rate-limited
+//     (Options.ReplyRate), and the packet is dropped with ReasonRefused
+//     or ReasonPortUnreachable (docs/empty-vips.md).
 //   - Anything else (IPv6, traffic to non-VIP addresses) is Pass, untouched.
 //
 // Bad packets to a VIP are dropped with a reason. FromHost never panics,
@@ -561,23 +573,29 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 	li, ok := n.lmap[lkey{k.dst(), k.dport(), k.proto()}]
 	if !ok {
-		return n.drop(ReasonNoListener)
+		return n.refuseLocked(pkt, hl, nil, ReasonNoListener, now)
 	}
 	ls := n.lis[li]
 	if ls.removed {
-		return n.dropL(ls, ReasonNoListener)
+		return n.refuseLocked(pkt, hl, ls, ReasonNoListener, now)
 	}
 	var isn uint32
 	var synData bool
 	if k.proto() == ProtoTCP {
 		t := packet.TCP(pkt[hl:])
 		if t.Flags()&(packet.TCPFlagSYN|packet.TCPFlagACK|packet.TCPFlagRST) != packet.TCPFlagSYN {
+			if len(ls.backends) == 0 {
+				return n.refuseLocked(pkt, hl, ls, ReasonNoFlow, now)
+			}
 			return n.dropL(ls, ReasonNoFlow)
 		}
 		isn, synData = t.Seq(), len(t) > t.HeaderLen()
 	}
 	i := n.selectLocked(ls, SelectNew, Backend{}, now)
 	if i < 0 {
+		if len(ls.backends) == 0 {
+			return n.refuseLocked(pkt, hl, ls, ReasonNoBackend, now)
+		}
 		return n.dropL(ls, ReasonNoBackend)
 	}
 	id, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)
@@ -1146,7 +1164,7 @@ func (n *NAT) vipRefLocked(vip uint32, dl, db int) {
 	}
 	vi.listeners += dl
 	vi.bindings += db
-	if vi.listeners == 0 && vi.bindings == 0 {
+	if vi.listeners == 0 && vi.bindings == 0 && !vi.claimed {
 		delete(n.vipInfo, vip)
 		n.publishVIPsLocked()
 	}
@@ -1337,6 +1355,49 @@ func (n *NAT) RemoveBackend(l Listener, b Backend) bool {
 		}
 	}
 	return false
+}
+
+// ClaimVIP claims vip even while it has no listener: an empty VIP, which
+// resolves but cannot accept traffic. Its packets from the host are then
+// the NAT's and refused like those to a port without a listener (a RST or
+// an ICMP port unreachable, see Options.ReplyRate) instead of passing.
+// It fails with ErrInvalidListener for an address that is not IPv4 or is
+// LocalAddr, and with ErrClosed after Close.
+func (n *NAT) ClaimVIP(vip netip.Addr) error {
+	if !vip.Is4() || vip == n.o.LocalAddr {
+		return fmt.Errorf("%w: VIP %v", ErrInvalidListener, vip)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	a := addr4(vip)
+	if vi := n.vipInfo[a]; vi != nil {
+		vi.claimed = true
+		return nil
+	}
+	n.vipInfo[a] = &vipInfo{claimed: true}
+	n.publishVIPsLocked()
+	return nil
+}
+
+// ReleaseVIP undoes ClaimVIP; the VIP stays claimed while it has
+// listeners or bindings. It reports whether vip was claimed.
+func (n *NAT) ReleaseVIP(vip netip.Addr) bool {
+	if !vip.Is4() {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a := addr4(vip)
+	vi := n.vipInfo[a]
+	if vi == nil || !vi.claimed {
+		return false
+	}
+	vi.claimed = false
+	n.vipRefLocked(a, 0, 0)
+	return true
 }
 
 // RemoveVIP removes every listener of vip (see RemoveListener) and returns

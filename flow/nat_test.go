@@ -169,7 +169,7 @@ func TestBadInputDropped(t *testing.T) {
 			b[20+12] = 0xf0
 			return b
 		}(), ReasonBadLength},
-		{"no listener", P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 1, Dport: 54}.Build(), ReasonNoListener},
+		{"no listener (answered)", P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 1, Dport: 54}.Build(), ReasonPortUnreachable},
 		{"echo to vip", P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPEchoRequest}.Build(), ReasonUnsupported},
 		{"gre to vip", P{Src: localAddr, Dst: vipAddr, Proto: 47, Payload: []byte{1, 2, 3, 4}}.Build(), ReasonUnsupported},
 	}
@@ -520,7 +520,7 @@ func TestRemoval(t *testing.T) {
 	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
 
 	require.True(t, f.nat.RemoveListener(lUDP))
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoListener}, f.host(udpTo(5002, "x")))
+	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPortUnreachable}, f.host(udpTo(5002, "x")), "a removed listener refuses new flows")
 	require.Equal(t, Forward, f.host(udpTo(5000, "still")).Verdict)
 	ls, ok := f.nat.ListenerStats(lUDP)
 	require.True(t, ok)
@@ -559,8 +559,8 @@ func TestSetListenerValidation(t *testing.T) {
 	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1, be2, be1}}), ErrLimit)
 	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{}))
 	require.ErrorIs(t, f.nat.SetListener(lUDP, ListenerConfig{}), ErrLimit)
-	// An empty listener claims its VIP but refuses flows.
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoBackend}, f.host(syn(1, 1)))
+	// An empty listener claims its VIP but refuses flows (with a RST).
+	require.Equal(t, Result{Verdict: Drop, Reason: ReasonRefused}, f.host(syn(1, 1)))
 	require.NoError(t, f.nat.Close())
 	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{}), ErrClosed)
 	require.Equal(t, Pass, f.host(syn(1, 1)).Verdict)

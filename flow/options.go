@@ -25,6 +25,16 @@ const (
 	DefaultSweepInterval     = time.Second
 	DefaultMaxBackends       = 32
 	DefaultMaxListenersPerIP = 16
+	// DefaultReplyRate and DefaultReplyBurst are the token bucket of the
+	// refusals (RST, ICMP port unreachable) an empty VIP or listener
+	// sends: replies per second, and at most this many at once.
+	DefaultReplyRate  = 100
+	DefaultReplyBurst = 20
+	// MaxReplyRate and MaxReplyBurst bound Options.ReplyRate and
+	// ReplyBurst, so that the bucket's nanosecond arithmetic never
+	// overflows.
+	MaxReplyRate  = 1_000_000
+	MaxReplyBurst = 1_000_000
 )
 
 // Options configures New. Zero fields take the defaults above.
@@ -89,6 +99,17 @@ type Options struct {
 	MaxBackends        int // per listener; 0 means 32
 	MaxListenersPerVIP int // 0 means 16
 
+	// ReplyRate and ReplyBurst bound the refusals sent for traffic to a
+	// VIP port without a listener, or to a listener without backends: a
+	// TCP RST or an ICMP port unreachable, from the VIP, toward the host
+	// (Emit), counted as ReasonRefused and ReasonPortUnreachable. The
+	// token bucket runs on Clock; past it the packet is dropped silently
+	// with its cause (ReasonNoListener, ReasonNoBackend). ReplyRate is in
+	// replies per second: 0 means DefaultReplyRate, negative sends none.
+	// ReplyBurst 0 means DefaultReplyBurst.
+	ReplyRate  int
+	ReplyBurst int
+
 	// SweepInterval is how often the clock-driven sweep expires bindings
 	// and fragments while there are any; 0 means 1 s.
 	SweepInterval time.Duration
@@ -120,6 +141,8 @@ func (o *Options) normalize() error {
 	def(&o.MaxFragments, DefaultMaxFragments)
 	def(&o.MaxBackends, DefaultMaxBackends)
 	def(&o.MaxListenersPerVIP, DefaultMaxListenersPerIP)
+	def(&o.ReplyRate, DefaultReplyRate)
+	def(&o.ReplyBurst, DefaultReplyBurst)
 	defd(&o.TCPIdleTimeout, DefaultTCPIdleTimeout)
 	defd(&o.UDPIdleTimeout, DefaultUDPIdleTimeout)
 	defd(&o.TCPClosedTimeout, DefaultTCPClosedTimeout)
@@ -134,6 +157,8 @@ func (o *Options) normalize() error {
 		return fmt.Errorf("%w: Capacity %d outside 1..%d", ErrInvalidOptions, o.Capacity, MaxCapacity)
 	case o.MaxFragDatagrams < 0 || o.MaxFragDatagramsPerSender < 0 || o.MaxFragBytes < 0 || o.MaxFragments < 1:
 		return fmt.Errorf("%w: negative fragment limit", ErrInvalidOptions)
+	case o.ReplyRate > MaxReplyRate || o.ReplyBurst < 0 || o.ReplyBurst > MaxReplyBurst:
+		return fmt.Errorf("%w: ReplyRate %d / ReplyBurst %d outside ..%d / 0..%d", ErrInvalidOptions, o.ReplyRate, o.ReplyBurst, MaxReplyRate, MaxReplyBurst)
 	case o.MaxBackends < 1 || o.MaxListenersPerVIP < 1:
 		return fmt.Errorf("%w: MaxBackends and MaxListenersPerVIP must be positive", ErrInvalidOptions)
 	case o.TCPIdleTimeout < 0 || o.UDPIdleTimeout < 0 || o.TCPClosedTimeout < 0 || o.TCPFinTimeout < 0 ||

@@ -74,7 +74,8 @@ func (b Backend) AddrPort() netip.AddrPort { return netip.AddrPortFrom(b.Addr, b
 type ListenerConfig struct {
 	// Backends are the candidates new bindings may use; the Selector picks
 	// among them. Empty is valid: the listener exists (its VIP is claimed)
-	// but refuses new flows with ReasonNoBackend.
+	// but refuses new flows with a RST or an ICMP port unreachable
+	// (ReasonRefused, ReasonPortUnreachable; see Options.ReplyRate).
 	Backends []Backend
 	// IdleTimeout is the idle expiry of this listener's bindings;
 	// 0 means Options.TCPIdleTimeout or Options.UDPIdleTimeout. A change
@@ -210,33 +211,35 @@ type DropReason uint8
 
 // The drop reasons.
 const (
-	ReasonNone           DropReason = iota
-	ReasonTruncated                 // a header shorter than its minimum or than its length field
-	ReasonBadIHL                    // IPv4 IHL < 5 or beyond the packet
-	ReasonBadLength                 // IPv4 total length ≠ packet length, bad UDP length, TCP data offset, fragment size
-	ReasonBadChecksum               // IPv4 header checksum does not verify
-	ReasonUnsupported               // a protocol or ICMP type to a VIP that the NAT does not translate
-	ReasonNoListener                // to a VIP port/protocol with no (or a removed) listener
-	ReasonNoBackend                 // the listener has no eligible backend
-	ReasonCapacity                  // the binding capacity (active + quarantined) is full
-	ReasonNoPort                    // the PortReserver has no free port
-	ReasonNoFlow                    // a TCP segment other than SYN, or an ICMP error, with no binding
-	ReasonVIPSource                 // a peer sent a packet with a VIP source
-	ReasonVIPDestination            // a peer sent a packet to a VIP
-	ReasonAdmission                 // Options.Admit refused the packet
-	ReasonPeerMismatch              // a reply from a peer other than the binding's backend peer
-	ReasonQuarantined               // a late reply to a retired (quarantined) shadow port
-	ReasonFragLimit                 // the fragment cache's datagram, per-sender or byte limit
-	ReasonFragOverlap               // overlapping or inconsistent fragments (RFC 5722): the datagram is discarded
-	ReasonFragTooBig                // fragments of a datagram beyond 65535 bytes
-	ReasonFragTooMany               // more fragments in one datagram than Options.MaxFragments
-	ReasonFragDuplicate             // an exact duplicate of a fragment already held
-	ReasonFragTimeout               // an incomplete datagram expired (counted once per datagram)
-	ReasonFragNeeded                // too big for the MTU with DF set; ICMP fragmentation-needed sent
-	ReasonICMPQuote                 // an ICMP error quoting garbage (short, not IPv4, not TCP/UDP, not a first fragment)
-	ReasonNoEmit                    // output needed Options.Emit, which is nil
-	ReasonClosed                    // the NAT is closed
-	NumDropReasons                  // the number of reasons (array size)
+	ReasonNone            DropReason = iota
+	ReasonTruncated                  // a header shorter than its minimum or than its length field
+	ReasonBadIHL                     // IPv4 IHL < 5 or beyond the packet
+	ReasonBadLength                  // IPv4 total length ≠ packet length, bad UDP length, TCP data offset, fragment size
+	ReasonBadChecksum                // IPv4 header checksum does not verify
+	ReasonUnsupported                // a protocol or ICMP type to a VIP that the NAT does not translate
+	ReasonNoListener                 // to a VIP port/protocol with no (or a removed) listener
+	ReasonNoBackend                  // the listener has no eligible backend
+	ReasonCapacity                   // the binding capacity (active + quarantined) is full
+	ReasonNoPort                     // the PortReserver has no free port
+	ReasonNoFlow                     // a TCP segment other than SYN, or an ICMP error, with no binding
+	ReasonVIPSource                  // a peer sent a packet with a VIP source
+	ReasonVIPDestination             // a peer sent a packet to a VIP
+	ReasonAdmission                  // Options.Admit refused the packet
+	ReasonPeerMismatch               // a reply from a peer other than the binding's backend peer
+	ReasonQuarantined                // a late reply to a retired (quarantined) shadow port
+	ReasonFragLimit                  // the fragment cache's datagram, per-sender or byte limit
+	ReasonFragOverlap                // overlapping or inconsistent fragments (RFC 5722): the datagram is discarded
+	ReasonFragTooBig                 // fragments of a datagram beyond 65535 bytes
+	ReasonFragTooMany                // more fragments in one datagram than Options.MaxFragments
+	ReasonFragDuplicate              // an exact duplicate of a fragment already held
+	ReasonFragTimeout                // an incomplete datagram expired (counted once per datagram)
+	ReasonFragNeeded                 // too big for the MTU with DF set; ICMP fragmentation-needed sent
+	ReasonICMPQuote                  // an ICMP error quoting garbage (short, not IPv4, not TCP/UDP, not a first fragment)
+	ReasonNoEmit                     // output needed Options.Emit, which is nil
+	ReasonClosed                     // the NAT is closed
+	ReasonRefused                    // TCP to a VIP port without a listener, or to a listener without backends: answered with a RST
+	ReasonPortUnreachable            // UDP to a VIP port without a listener, or to a listener without backends: answered with ICMP port unreachable
+	NumDropReasons                   // the number of reasons (array size)
 )
 
 var reasonNames = [NumDropReasons]string{
@@ -245,6 +248,7 @@ var reasonNames = [NumDropReasons]string{
 	"vip-destination", "admission", "peer-mismatch", "quarantined", "frag-limit",
 	"frag-overlap", "frag-too-big", "frag-too-many", "frag-duplicate",
 	"frag-timeout", "frag-needed", "icmp-quote", "no-emit", "closed",
+	"refused", "port-unreachable",
 }
 
 // String returns the reason's name, as used in counters.
@@ -342,6 +346,6 @@ type Stats struct {
 	FragBytes   int    // fragment payload bytes held
 	Reassembled uint64
 	Fragmented  uint64 // packets split into fragments
-	ICMPSent    uint64 // ICMP errors generated (fragmentation needed)
+	ICMPSent    uint64 // ICMP errors generated (fragmentation needed, port unreachable)
 	Drops       [NumDropReasons]uint64
 }

@@ -167,6 +167,7 @@ type Engine struct {
 	nextPeer flow.PeerID
 	applied  map[flow.Listener]*route
 	draining map[flow.Listener]*route
+	vips     map[netip.Addr]bool // VIPs claimed in the NAT (flow.NAT.ClaimVIP), listeners or not
 	subs     map[subKey]*probe.Subscription
 	used     map[NodeID]bool // peers of configured backends
 	probed   map[NodeID]bool
@@ -442,7 +443,10 @@ func (e *Engine) isClosed() bool {
 
 // Apply brings routing in line with the Registry: the peer table from
 // Registry.Nodes, and every listener of every Routable service from
-// Registry.List. Listeners, backends and VIP addresses that went away stop
+// Registry.List. Every routed VIP address is claimed in the NAT, so that
+// one without listeners, like a listener without backends, refuses new
+// flows at once (a RST or an ICMP port unreachable, see docs/empty-vips.md)
+// instead of dropping them silently. Listeners, backends and VIP addresses that went away stop
 // taking new bindings; their existing bindings drain until idle expiry with
 // their original VIP address. Connect-check subscriptions and probed peers
 // follow the backends in use. Call it from RegistryOptions.OnChange (it
@@ -464,12 +468,14 @@ func (e *Engine) Apply() error {
 	usedPeers := map[NodeID]bool{}
 	newSubs := map[subKey]*probe.Subscription{}
 	services := map[ServiceID]bool{}
+	vips := map[netip.Addr]bool{}
 	var errs []error
 	for _, v := range e.reg.List() {
 		services[v.ID] = true
 		if !v.Routable || !v.Addr.Is4() {
 			continue
 		}
+		vips[v.Addr] = true
 		for _, l := range v.Listeners {
 			fl := flow.Listener{VIP: v.Addr, Proto: flow.Proto(l.Proto), Port: l.Port}
 			r := &route{svc: v.ID, name: v.Name, key: l.Key(), gen: l.Generation, fl: fl, idle: time.Duration(l.IdleTimeout)}
@@ -547,6 +553,20 @@ func (e *Engine) Apply() error {
 		delete(e.draining, fl)
 	}
 	e.applied = desired
+	// Every routed VIP is claimed, so that an empty one (no listener)
+	// refuses its traffic like a port without a listener.
+	for a := range e.vips {
+		if !vips[a] {
+			e.nat.ReleaseVIP(a)
+		}
+	}
+	for a := range vips {
+		if err := e.nat.ClaimVIP(a); err != nil {
+			errs = append(errs, fmt.Errorf("vip: VIP %v: %w", a, err))
+			delete(vips, a)
+		}
+	}
+	e.vips = vips
 	for k, s := range e.subs {
 		if newSubs[k] != s {
 			s.Release()

@@ -182,10 +182,10 @@ func TestEngineBackendDrain(t *testing.T) {
 	}
 }
 
-// TestEngineAllDrainedIsEmpty: a listener whose backends all drain treats
-// a new flow as an empty listener does (dropped as no-backend), while a
-// flow bound before the drain goes on (docs/backend-drain.md).
-func TestEngineAllDrainedIsEmpty(t *testing.T) {
+// TestEngineAllDrainedTakesNoNewFlows: a listener whose backends all drain
+// drops a new flow (no-backend; it is not refused as an empty listener
+// is), while a flow bound before the drain goes on (docs/backend-drain.md).
+func TestEngineAllDrainedTakesNoNewFlows(t *testing.T) {
 	checkLeaks(t)
 	u := newUnitEngine(t, 5)
 	ctx := context.Background()

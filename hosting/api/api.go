@@ -325,7 +325,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if req.ID != "" && !validUUID(req.ID) {
+	if req.ID != "" && !hosting.ValidUUID(req.ID) {
 		h.fail(w, r, &hosting.ValidationError{Violations: []hosting.Violation{{Field: "id", Message: MsgID}}})
 		return
 	}
@@ -364,26 +364,6 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 
 // MsgID is the message of a create whose id is not a UUID.
 const MsgID = "id must be a lowercase UUID"
-
-func validUUID(id string) bool {
-	if len(id) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		c := id[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-				return false
-			}
-		}
-	}
-	return true
-}
 
 // owned reads share id and checks that it is in the path's account and
 // kind (account and kind never change, so the unlocked read decides). A

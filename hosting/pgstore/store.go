@@ -80,28 +80,6 @@ func storeErr(err error) error {
 	return fmt.Errorf("%w: %w", hosting.ErrStore, err)
 }
 
-// validUUID reports whether id is a canonical lowercase UUID, the only form
-// the share table holds; anything else cannot name a share.
-func validUUID(id string) bool {
-	if len(id) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		c := id[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 const shareCols = "id::text, account_id, name, kind, target_address, target_port, created_at, updated_at, deleted_at, coalesce(created_by, ''), coalesce(updated_by, ''), coalesce(deleted_by, '')"
 
 func scanShare(r pgx.Row) (hosting.Share, error) {
@@ -215,7 +193,7 @@ func (s *Store) PutAgent(ctx context.Context, a hosting.Agent) error {
 
 // Get implements hosting.Store.
 func (s *Store) Get(ctx context.Context, id string) (hosting.Share, error) {
-	if !validUUID(id) {
+	if !hosting.ValidUUID(id) {
 		return hosting.Share{}, fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
 	}
 	ss, err := queryShares(ctx, s.pool, "SELECT "+shareCols+" FROM share WHERE id = $1", id)
@@ -334,7 +312,7 @@ func (t *tx) Lock(ctx context.Context, ids ...string) ([]hosting.Share, error) {
 	sorted := slices.Compact(slices.Sorted(slices.Values(ids)))
 	out := make([]hosting.Share, 0, len(sorted))
 	for _, id := range sorted {
-		if !validUUID(id) {
+		if !hosting.ValidUUID(id) {
 			return nil, fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
 		}
 		row := t.t.QueryRow(ctx, "SELECT "+shareCols+" FROM share WHERE id = $1 FOR UPDATE", id)
@@ -381,7 +359,7 @@ func (t *tx) insertHosts(ctx context.Context, id string, role hosting.Role, agen
 }
 
 func (t *tx) Create(ctx context.Context, s hosting.Share) error {
-	if !validUUID(s.ID) {
+	if !hosting.ValidUUID(s.ID) {
 		return fmt.Errorf("%w: share id %q is not a lowercase UUID", hosting.ErrStore, s.ID)
 	}
 	_, err := t.t.Exec(ctx, `INSERT INTO share (id, account_id, name, kind, target_address, target_port, created_at, updated_at, created_by, updated_by)
@@ -461,7 +439,7 @@ func (t *tx) Delete(ctx context.Context, id string, now time.Time, by string) er
 // table in this transaction.
 func (t *tx) AddEvents(ctx context.Context, msgs []hosting.EventMessage) error {
 	for _, m := range msgs {
-		if !validUUID(m.ID) {
+		if !hosting.ValidUUID(m.ID) {
 			return fmt.Errorf("%w: event id %q is not a lowercase UUID", hosting.ErrStore, m.ID)
 		}
 		if _, err := t.t.Exec(ctx, "INSERT INTO outbox (event_id, routing_key, body, occurred_at) VALUES ($1, $2, $3, $4)",

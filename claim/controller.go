@@ -13,7 +13,7 @@ import (
 	"github.com/vipkit/vipkit/transport"
 )
 
-// Default timings of the controller (the spec's numbers).
+// Default timings of the controller; docs/defaults.md gives their reasons.
 const (
 	DefaultRenewInterval   = 2 * time.Second  // the holder renews its lease this often
 	DefaultLeaseTTL        = 20 * time.Second // the lease's TTL in etcd

@@ -2,8 +2,9 @@ package crdt
 
 import "fmt"
 
-// Defaults of Limits. The first three are the spec's; the byte limits bound
-// a single field and the control frame that carries a whole snapshot.
+// Defaults of Limits (docs/defaults.md gives their reasons). The first
+// three are the configuration's limits; the byte limits bound a single
+// field and the control frame that carries a whole snapshot.
 const (
 	DefaultMaxServices         = 64
 	DefaultMaxTombstones       = 1024

@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// Defaults of CheckConfig and SchedulerConfig: the spec's values.
+// Defaults of CheckConfig and SchedulerConfig (docs/defaults.md gives
+// their reasons).
 const (
 	DefaultCheckInterval  = 3 * time.Second        // between connects to one target
 	DefaultCheckTimeout   = 2 * time.Second        // a connect slower than this fails

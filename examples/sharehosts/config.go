@@ -15,7 +15,7 @@ import (
 
 // Setting keys of the config file besides the hosting ones
 // (hosting.SettingInterval, SettingTimeout, SettingFailures and
-// SettingMaxHosts, under the spec's names). A key may be written dotted
+// SettingMaxHosts, under frontdoor's property names). A key may be written dotted
 // or nested; both read the same.
 const (
 	KeyFrontdoorID = "frontdoor-id"

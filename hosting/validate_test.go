@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/zititest"
 )
 
 func violations(err error) []hosting.Violation {
@@ -149,7 +150,7 @@ func TestHealthCheckSettings(t *testing.T) {
 	if _, err := hosting.NewProjection(nil, hosting.ProjectionOptions{}); !errors.Is(err, hosting.ErrSettings) {
 		t.Fatal(err)
 	}
-	f := startFake(t)
+	f := zititest.StartTest(t, zititest.Options{})
 	if _, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd"}); !errors.Is(err, hosting.ErrSettings) {
 		t.Fatalf("zero health check accepted: %v", err)
 	}

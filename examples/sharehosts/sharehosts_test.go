@@ -134,14 +134,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rmq.Stop()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := zititest.StartTest(t, zititest.Options{})
 	f.AddUser("admin", "secret")
 	dsn, err := pg.NewDatabase(ctx)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,7 +16,6 @@ import (
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/zititest"
-	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -53,19 +51,7 @@ type env struct {
 
 func newEnv(t testing.TB, st hosting.Store) *env {
 	t.Helper()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		for _, err := range f.BadAnswers() {
-			t.Errorf("the fake answered outside the specification: %v", err)
-		}
-	})
+	f := zititest.StartTest(t, zititest.Options{})
 	if st == nil {
 		st = hosting.NewMemStore()
 	}

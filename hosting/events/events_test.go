@@ -3,7 +3,6 @@ package events_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -97,14 +96,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	st := pgstore.New(pool, pgstore.Options{})
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := zititest.StartTest(t, zititest.Options{})
 	p, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd", HealthCheck: hosting.HealthCheck{Interval: time.Second, Timeout: time.Second, Failures: 1}})
 	if err != nil {
 		t.Fatal(err)

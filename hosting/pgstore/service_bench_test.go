@@ -32,14 +32,7 @@ func newStack(b *testing.B) *stack {
 	if server == nil {
 		testenv.Skip(b, "PostgreSQL: %v", startErr)
 	}
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(b, "%v", err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(f.Close)
+	f := zititest.StartTest(b, zititest.Options{})
 	st := pgstore.New(poolTB(b, ""), pgstore.Options{})
 	p, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd", HealthCheck: hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}})
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
-	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -22,14 +21,7 @@ func TestMain(m *testing.M) {
 
 func start(t *testing.T) (*zititest.Fake, *ziti.Client) {
 	t.Helper()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := zititest.StartTest(t, zititest.Options{})
 	return f, f.Client()
 }
 

@@ -2,15 +2,11 @@ package tsng
 
 import (
 	"context"
-	"crypto/ed25519"
-	"encoding/base64"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/vipkit/vipkit/transport/wg"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -20,25 +16,9 @@ import (
 // works, unrelated edits of the service succeed, a departed node cannot be
 // added as a new backend, and status names server2's backends departed.
 func TestCLIDepartedNode(t *testing.T) {
-	dir, err := os.MkdirTemp("", "tsngdep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	seed := make([]byte, 32)
-	seed[0] = 1
-	peer := func(b byte) (PeerConfig, string) {
-		s := make([]byte, 32)
-		s[0] = b
-		id := hexOf(ed25519.NewKeyFromSeed(s).Public().(ed25519.PublicKey))
-		return PeerConfig{Name: "server" + string('0'+b), Address: "100.80.0." + string('0'+b), Identity: id, WireGuardKey: wg.GeneratePrivateKey().PublicKey()}, id
-	}
-	p2, id2 := peer(2)
-	p3, _ := peer(3)
-	nc := NetworkConfig{Name: "home", Overlay: "100.80.0.0/24", DNSPort: 5353,
-		Node:  NodeConfig{Name: "server1", Address: "100.80.0.1", IdentityKey: base64.StdEncoding.EncodeToString(seed), WireGuardKey: wg.GeneratePrivateKey()},
-		Peers: []PeerConfig{p2, p3}}
-	cfg := &Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"), Metrics: "127.0.0.1:0", Networks: []NetworkConfig{nc}}
+	p2, id2 := testPeer(2)
+	p3, _ := testPeer(3)
+	cfg := oneNodeConfig(socketDir(t, "tsngdep"), p2, p3)
 	ctx := context.Background()
 	d, err := NewDaemon(ctx, cfg, DaemonOptions{})
 	if err != nil {

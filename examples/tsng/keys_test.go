@@ -33,11 +33,7 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // then a daemon starting from the file init wrote, with a peer whose
 // identity is in the other (hex) encoding, accepted with a warning.
 func TestKeygenInitCheckDaemon(t *testing.T) {
-	dir, err := os.MkdirTemp("", "tsngkeys")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsngkeys")
 	f := &apiFixture{t: t, socket: filepath.Join(dir, "api.sock")}
 
 	// keygen: four keys, each 32 bytes of base64, the public halves

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -54,11 +53,7 @@ func newRestartableAgent(t *testing.T) *restartableAgent { return newAgentIn(t, 
 // newAgentIn is newRestartableAgent on another overlay range (server1 has
 // its first address, server2 the second).
 func newAgentIn(t *testing.T, overlay string) *restartableAgent {
-	dir, err := os.MkdirTemp("", "tsngwatch")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsngwatch")
 	seed := make([]byte, 32)
 	seed[0] = 5
 	peerSeed := make([]byte, 32)

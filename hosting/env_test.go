@@ -10,6 +10,7 @@ import (
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/zitifake"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -56,7 +57,7 @@ func newEnvWith(t *testing.T, st hosting.Store, opt func(*hosting.Options)) *env
 
 func newEnvWithTB(t testing.TB, st hosting.Store, opt func(*hosting.Options)) *env {
 	t.Helper()
-	f := zititest.StartTest(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	if st == nil {
 		st = hosting.NewMemStore()
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/vipkit/vipkit/hosting/pgstore/pgtest"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
@@ -134,7 +135,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rmq.Stop()
-	f := zititest.StartTest(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	f.AddUser("admin", "secret")
 	dsn, err := pg.NewDatabase(ctx)
 	if err != nil {

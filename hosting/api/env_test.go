@@ -16,6 +16,7 @@ import (
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
@@ -51,7 +52,7 @@ type env struct {
 
 func newEnv(t testing.TB, st hosting.Store) *env {
 	t.Helper()
-	f := zititest.StartTest(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	if st == nil {
 		st = hosting.NewMemStore()
 	}

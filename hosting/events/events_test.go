@@ -22,6 +22,7 @@ import (
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 var (
@@ -96,7 +97,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	st := pgstore.New(pool, pgstore.Options{})
-	f := zititest.StartTest(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	p, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd", HealthCheck: hosting.HealthCheck{Interval: time.Second, Timeout: time.Second, Failures: 1}})
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/zitifake"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -31,7 +32,7 @@ func unauthorized(f *zititest.Fake) int {
 
 func TestPasswordLoginAndRefreshBeforeExpiry(t *testing.T) {
 	clk := transporttest.NewManualClock()
-	f := zititest.StartTest(t, zititest.Options{Clock: clk, SessionTTL: 30 * time.Minute})
+	f := zitifake.Start(t, zititest.Options{Clock: clk, SessionTTL: 30 * time.Minute})
 	f.AddUser("admin", "s3cret")
 	c, err := ziti.New(f.URL(), ziti.Options{HTTPClient: f.HTTPClient(nil), Login: ziti.PasswordLogin("admin", "s3cret"), Clock: clk, RefreshBefore: time.Minute})
 	if err != nil {
@@ -68,7 +69,7 @@ func TestPasswordLoginAndRefreshBeforeExpiry(t *testing.T) {
 }
 
 func TestRefreshOn401(t *testing.T) {
-	f := zititest.StartTest(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	f.AddUser("admin", "s3cret")
 	c, err := ziti.New(f.URL(), ziti.Options{HTTPClient: f.HTTPClient(nil), Login: ziti.PasswordLogin("admin", "s3cret")})
 	if err != nil {
@@ -125,7 +126,7 @@ func clientCert(t *testing.T, cn string) (tls.Certificate, *x509.Certificate) {
 }
 
 func TestCertLogin(t *testing.T) {
-	f := zititest.StartTest(t, zititest.Options{TLS: true})
+	f := zitifake.Start(t, zititest.Options{TLS: true})
 	good, goodX := clientCert(t, "hosting-service")
 	other, _ := clientCert(t, "stranger")
 	f.AddCertIdentity(goodX)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) {
 
 func start(t *testing.T) (*zititest.Fake, *ziti.Client) {
 	t.Helper()
-	f := zititest.StartTest(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	return f, f.Client()
 }
 

@@ -1,10 +1,13 @@
 package tsng
 
 import (
+	"bytes"
+	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/vipkit/vipkit/transport/wg"
@@ -44,4 +47,35 @@ func oneNodeConfig(dir string, peers ...PeerConfig) *Config {
 		Node:  NodeConfig{Name: "server1", Address: "100.80.0.1", IdentityKey: base64.StdEncoding.EncodeToString(seed), WireGuardKey: wg.GeneratePrivateKey()},
 		Peers: peers}
 	return &Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"), Metrics: "127.0.0.1:0", Networks: []NetworkConfig{nc}}
+}
+
+// startDaemon starts the agent of cfg, with default options; the caller
+// closes it.
+func startDaemon(t *testing.T, cfg *Config) *Daemon {
+	t.Helper()
+	d, err := NewDaemon(context.Background(), cfg, DaemonOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// syncBuffer is a bytes.Buffer safe for a daemon's logger and a test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package tsng
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"strings"
@@ -19,11 +18,7 @@ func TestCLIDepartedNode(t *testing.T) {
 	p2, id2 := testPeer(2)
 	p3, _ := testPeer(3)
 	cfg := oneNodeConfig(socketDir(t, "tsngdep"), p2, p3)
-	ctx := context.Background()
-	d, err := NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := startDaemon(t, cfg)
 	f := &apiFixture{t: t, socket: cfg.Socket}
 	f.must("vip", "create", "home", "api")
 	f.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443", "--backend", "server2:7443")
@@ -34,10 +29,7 @@ func TestCLIDepartedNode(t *testing.T) {
 
 	// server2 leaves the member list.
 	cfg.Networks[0].Peers = []PeerConfig{p3}
-	d, err = NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d = startDaemon(t, cfg)
 	defer d.Close()
 
 	// Status names the backends departed, by the name this agent knew.

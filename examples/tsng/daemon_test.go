@@ -1,7 +1,6 @@
 package tsng
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -16,11 +15,7 @@ import (
 func TestCLIAgainstDaemon(t *testing.T) {
 	p2, _ := testPeer(2)
 	cfg := oneNodeConfig(socketDir(t, "tsngd"), p2)
-	ctx := context.Background()
-	d, err := NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := startDaemon(t, cfg)
 	f := &apiFixture{t: t, socket: cfg.Socket}
 	f.must("vip", "create", "home", "api")
 	f.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443", "--backend", "server2:7443")
@@ -72,10 +67,7 @@ func TestCLIAgainstDaemon(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	d, err = NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d = startDaemon(t, cfg)
 	defer d.Close()
 	if err := json.Unmarshal([]byte(f.must("vip", "show", "home", "api", "--json")), &doc); err != nil {
 		t.Fatal(err)

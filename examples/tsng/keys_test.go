@@ -9,25 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vipkit/vipkit/transport/wg"
 )
-
-// syncBuffer is a bytes.Buffer safe for a daemon's logger and a test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 // TestKeygenInitCheckDaemon follows a new user: keygen, init, config check,
 // then a daemon starting from the file init wrote, with a peer whose

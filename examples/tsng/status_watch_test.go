@@ -1,7 +1,6 @@
 package tsng
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -11,7 +10,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,25 +25,7 @@ type restartableAgent struct {
 	cfg  *Config
 	d    *Daemon
 	f    *apiFixture
-	logs lockedBuffer // the agent's log, across restarts
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs syncBuffer // the agent's log, across restarts
 }
 
 func newRestartableAgent(t *testing.T) *restartableAgent { return newAgentIn(t, "100.80.0.0/24") }

@@ -41,19 +41,7 @@ func TestTieBreakResendsOwnInitiation(t *testing.T) {
 	epA := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
 	clock := transporttest.NewManualClock()
 	f := &resendBind{fakeBind: fakeBind{in: make(chan fakeRecv, 8)}}
-	b := newTieBreakBind(f, clock)
-	fns, _, err := b.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bufs, sizes, eps := [][]byte{make([]byte, 256)}, []int{0}, []conn.Endpoint{nil}
-	recv := func(r fakeRecv) int {
-		f.in <- r
-		if n, err := fns[0](bufs, sizes, eps); n != 1 || err != nil {
-			t.Fatalf("receive: %d %v", n, err)
-		}
-		return sizes[0]
-	}
+	b, recv := openTieBreak(t, f, f.in, clock)
 	ours := message(msgInitiation, initiationSize, 5)
 	ours[100] = 0xab // something past the key, to check the copy is whole
 	if err := b.Send([][]byte{ours}, epA); err != nil {

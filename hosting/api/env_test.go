@@ -16,11 +16,12 @@ import (
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 const acct, other = "acct-1", "acct-2"

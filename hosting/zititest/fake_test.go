@@ -13,11 +13,12 @@ import (
 
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func start(t *testing.T) (*zititest.Fake, *ziti.Client) {

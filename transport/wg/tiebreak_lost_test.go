@@ -80,12 +80,12 @@ func TestTieBreakResendsOwnInitiation(t *testing.T) {
 // TestLostInitiationThenCrossing: node a starts first and its initiation to
 // b is lost (b's side is not reachable yet); b then starts and initiates
 // while a's initiation is still inside the tie-break window. When a's lost
-// initiation carries the smaller ephemeral key, a drops b's initiation:
-// before the resend, neither side then had a handshake in flight that could
-// complete, and the leg stayed dead until the 5 s retry (the tsng demo and
-// end-to-end UDP flake). The trial repeats with fresh keys until a has
-// dropped b's initiation several times; each of those trials must still
-// complete the handshake in a few round trips.
+// initiation carries the smaller ephemeral key, a drops b's initiation;
+// without the resend, neither side would then have a handshake in flight
+// that could complete, and the leg would stay dead until wireguard-go's 5 s
+// retry. The trial repeats with fresh keys until a has dropped b's
+// initiation several times; each of those trials must still complete the
+// handshake in a few round trips.
 func TestLostInitiationThenCrossing(t *testing.T) {
 	seed := testenv.Seed(t, 33)
 	const wantDrops = 4

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 )
 
@@ -433,18 +434,8 @@ func (s *service) sortedFields(clone bool) []Field {
 		}
 		out = append(out, f)
 	}
-	slices.SortFunc(out, func(a, b Field) int { return cmpString(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b Field) int { return strings.Compare(a.Key, b.Key) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Snapshot returns the service's snapshot: its fields in key order, or its

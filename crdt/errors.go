@@ -1,6 +1,11 @@
 package crdt
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vipkit/vipkit/transport"
+)
 
 // Decoding errors. Each is returned (wrapped, with the offset or length at
 // fault) by DecodeField, DecodeSnapshot and the stores' record decoders, and
@@ -91,9 +96,15 @@ var (
 	// Opening fails; the store is never reset.
 	ErrCorrupt = errors.New("crdt: corrupt store")
 	// ErrClosed: the replica or store has been closed.
-	ErrClosed = errors.New("crdt: closed")
-	// ErrConfig: invalid configuration.
-	ErrConfig = errors.New("crdt: invalid config")
+	ErrClosed = fmt.Errorf("crdt: closed: %w", transport.ErrClosed)
+	// ErrInvalidOptions means Open was given a Config it cannot use (a
+	// signer key of the wrong size, a limit below its floor).
+	ErrInvalidOptions = errors.New("crdt: invalid options")
+	// ErrConfig is another name for ErrInvalidOptions: the same error
+	// value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrConfig = ErrInvalidOptions
 )
 
 // ErrInvalidField: the schema (Config.Check) refused a field's key or

@@ -1,6 +1,11 @@
 package hosting
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vipkit/vipkit/transport"
+)
 
 // Sentinel errors of package hosting, wrapped with %w and matched with
 // errors.Is.
@@ -36,8 +41,25 @@ var (
 	// (a concurrent cascade made this agent its last host after the
 	// teardown chose); the retry of the whole handler tears it down first.
 	ErrIngressUp = errors.New("hosting: share ingress is still up")
-	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("hosting: store closed")
+	// ErrClosed: the store was closed. It matches transport.ErrClosed (and
+	// so net.ErrClosed).
+	ErrClosed = fmt.Errorf("hosting: store closed: %w", transport.ErrClosed)
+	// ErrInvalidOptions is returned by NewProjection and NewService for
+	// options they cannot use (no Ziti client, no frontdoor id, no store
+	// or projection). It also matches ErrSettings, the error of bad
+	// health-check settings, which NewProjection reports for its options'
+	// HealthCheck.
+	ErrInvalidOptions error = &alsoError{msg: "hosting: invalid options", also: ErrSettings}
 )
+
+// alsoError is a sentinel with its own message that also matches another
+// sentinel.
+type alsoError struct {
+	msg  string
+	also error
+}
+
+func (e *alsoError) Error() string { return e.msg }
+func (e *alsoError) Unwrap() error { return e.also }
 
 func errorsIsBadUpdate(err error) bool { return errors.Is(err, ErrBadUpdate) }

@@ -30,6 +30,11 @@ var (
 	ErrNetworkDown = errors.New("vip: network is not up locally")
 	// ErrDeleted: the service was deleted (its tombstone is permanent).
 	ErrDeleted = errors.New("vip: service deleted")
+	// ErrInvalidOptions is returned by NewEngine for options it cannot use
+	// (no Registry or Host, a Self that is not a member with an IPv4
+	// overlay address, a negative duration). It is not ErrInvalid, which
+	// reports a bad service configuration.
+	ErrInvalidOptions = errors.New("vip: invalid options")
 )
 
 // FieldError is one invalid field of a configuration.

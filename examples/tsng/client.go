@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// ErrAgentUnreachable: the CLI could not reach the agent's local API.
+// ErrAgentUnreachable means the CLI could not reach the agent's local API.
 var ErrAgentUnreachable = errors.New("tsng: agent not reachable")
 
 // Client talks to an agent's local API over its Unix socket.

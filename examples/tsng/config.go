@@ -103,7 +103,7 @@ type PeerConfig struct {
 	Endpoint     string `json:"endpoint,omitempty"`
 }
 
-// ErrConfig: the config file is invalid; the message names the field.
+// ErrConfig means the config file is invalid; the message names the field.
 var ErrConfig = errors.New("tsng: invalid config")
 
 // LoadConfig reads and validates a config file.

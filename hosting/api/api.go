@@ -204,7 +204,7 @@ type Request struct {
 	PortViolation bool
 }
 
-// ErrDecode: a request body cannot be read as a share request.
+// ErrDecode means a request body cannot be read as a share request.
 var ErrDecode = errors.New("api: bad request body")
 
 // DecodeRequest decodes a request body for method m (create decodes as

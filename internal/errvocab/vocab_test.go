@@ -59,33 +59,6 @@ func TestClosedMatchesTransport(t *testing.T) {
 	}
 }
 
-// aliases pairs each deprecated name with the name that replaces it.
-var aliases = []struct {
-	name      string
-	old, want error
-}{
-	{"claim.ErrConfig", claim.ErrConfig, claim.ErrInvalidOptions},
-	{"crdt.ErrConfig", crdt.ErrConfig, crdt.ErrInvalidOptions},
-	{"probe.ErrInvalidConfig", probe.ErrInvalidConfig, probe.ErrInvalidOptions},
-	{"vip.ErrEngineOptions", vip.ErrEngineOptions, vip.ErrInvalidOptions},
-	{"events.ErrOptions", events.ErrOptions, events.ErrInvalidOptions},
-}
-
-// TestDeprecatedAliases: an importer that matches a deprecated name
-// matches every error of the new one, and the other way round.
-func TestDeprecatedAliases(t *testing.T) {
-	for _, a := range aliases {
-		if a.old != a.want {
-			t.Errorf("%s is not the same value as its replacement", a.name)
-		}
-		w := errors.Join(errors.New("detail"), a.want)
-		o := errors.Join(errors.New("detail"), a.old)
-		if !errors.Is(w, a.old) || !errors.Is(o, a.want) {
-			t.Errorf("%s: errors.Is does not match both ways", a.name)
-		}
-	}
-}
-
 // TestOptionsErrors: each constructor reports bad options with its
 // package's ErrInvalidOptions, whose message says "invalid options".
 func TestOptionsErrors(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // ErrAgentUnreachable means the CLI could not reach the agent's local API.
@@ -56,7 +58,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("%w at %s: %v (is `tsng daemon` running?)", ErrAgentUnreachable, c.Socket, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	data, err := jsonx.ReadAll(resp.Body, 16<<20)
 	if err != nil {
 		return err
 	}

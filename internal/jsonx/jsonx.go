@@ -1,7 +1,7 @@
 // Package jsonx reads JSON that comes from outside the process (files,
-// request bodies) strictly and within a size limit, and writes JSON
-// answers of HTTP handlers. It is the one place vipkit's packages and
-// daemons do either.
+// request bodies) strictly and within a size limit, and writes the JSON
+// answers of HTTP handlers. vipkit's packages and daemons do both through
+// it; docs/errors.md says what a strict read refuses.
 //
 // Reading is two steps, so that each caller keeps its own error texts and
 // HTTP status codes: ReadAll (or ReadBody for a server's request body)

@@ -119,7 +119,7 @@ type Handler struct {
 // New returns the API handler.
 func New(o Options) (*Handler, error) {
 	if o.Service == nil {
-		return nil, errors.New("api: no service")
+		return nil, fmt.Errorf("%w: no service", ErrInvalidOptions)
 	}
 	h := &Handler{svc: o.Service, base: strings.TrimSuffix(o.BasePath, "/"), max: o.MaxBodyBytes, agent: o.AgentHref, mux: http.NewServeMux()}
 	if h.max <= 0 {
@@ -204,8 +204,13 @@ type Request struct {
 	PortViolation bool
 }
 
-// ErrDecode means a request body cannot be read as a share request.
-var ErrDecode = errors.New("api: bad request body")
+var (
+	// ErrDecode means a request body cannot be read as a share request.
+	ErrDecode = errors.New("api: bad request body")
+	// ErrInvalidOptions is returned by New for options it cannot use (no
+	// Service).
+	ErrInvalidOptions = errors.New("api: invalid options")
+)
 
 // DecodeRequest decodes a request body for method m (create decodes as
 // Put plus an id). It refuses unknown fields, trailing data, a targetPort

@@ -12,6 +12,7 @@ import (
 	"github.com/vipkit/vipkit/crdt"
 	"github.com/vipkit/vipkit/flow"
 	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/events"
 	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
@@ -72,6 +73,8 @@ func TestOptionsErrors(t *testing.T) {
 	_, svcErr := hosting.NewService(hosting.Options{})
 	_, flowErr := flow.New(flow.Options{})
 	_, netstackErr := netstack.New(netstack.Options{MTU: -1})
+	_, wgErr := wg.NewDevice(nil, wg.Config{}, wg.Options{})
+	_, apiErr := api.New(api.Options{})
 	for _, c := range []struct {
 		name     string
 		err      error
@@ -88,6 +91,8 @@ func TestOptionsErrors(t *testing.T) {
 		{"hosting.NewService", svcErr, hosting.ErrInvalidOptions, "hosting: "},
 		{"flow.New", flowErr, flow.ErrInvalidOptions, "flow: "},
 		{"netstack.New", netstackErr, netstack.ErrInvalidOptions, "netstack: "},
+		{"wg.NewDevice", wgErr, wg.ErrInvalidOptions, "wg: "},
+		{"api.New", apiErr, api.ErrInvalidOptions, "api: "},
 	} {
 		if !errors.Is(c.err, c.sentinel) {
 			t.Errorf("%s: %v, want %v", c.name, c.err, c.sentinel)

@@ -16,6 +16,10 @@ var (
 	// ErrBadKey means a key's text is not 32 bytes of base64 (ParseKey) or hex
 	// (the UAPI).
 	ErrBadKey = errors.New("wg: bad key")
+	// ErrInvalidOptions is returned by NewDevice for arguments it cannot
+	// use (no PacketIO). A bad Config is bad input instead: its errors are
+	// the others of this block.
+	ErrInvalidOptions = errors.New("wg: invalid options")
 	// ErrZeroKey means a private key or a peer's public key is the zero key,
 	// or a preshared key is given as a pointer to the zero key (use nil).
 	ErrZeroKey = errors.New("wg: zero key")

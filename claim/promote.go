@@ -181,7 +181,7 @@ type PromoteResult struct {
 // changes.
 func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
 	if c.cfg.Key == nil {
-		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrConfig)
+		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrInvalidOptions)
 	}
 	c.mu.Lock()
 	if c.closed {

@@ -181,7 +181,7 @@ func Open(ctx context.Context, cfg Config) (*Replica, error) {
 		return nil, err
 	}
 	if cfg.Signer != nil && len(cfg.Signer) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("%w: signer key of %d bytes", ErrConfig, len(cfg.Signer))
+		return nil, fmt.Errorf("%w: signer key of %d bytes", ErrInvalidOptions, len(cfg.Signer))
 	}
 	st := cfg.Store
 	if st == nil {

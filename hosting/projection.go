@@ -167,10 +167,10 @@ type Projection struct {
 // NewProjection checks the options and returns a projection over z.
 func NewProjection(z Ziti, o ProjectionOptions) (*Projection, error) {
 	if z == nil {
-		return nil, fmt.Errorf("%w: no Ziti client", ErrSettings)
+		return nil, fmt.Errorf("%w: no Ziti client", ErrInvalidOptions)
 	}
 	if o.FrontdoorID == "" {
-		return nil, fmt.Errorf("%w: no frontdoor id", ErrSettings)
+		return nil, fmt.Errorf("%w: no frontdoor id", ErrInvalidOptions)
 	}
 	if err := o.HealthCheck.Validate(); err != nil {
 		return nil, err

@@ -91,7 +91,7 @@ type Service struct {
 // NewService returns a service. It fails when Store or Projection is nil.
 func NewService(o Options) (*Service, error) {
 	if o.Store == nil || o.Projection == nil {
-		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrSettings)
+		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrInvalidOptions)
 	}
 	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox, kick: o.OnOutbox}, nil
 }

@@ -211,7 +211,7 @@ type Subscription struct {
 
 // Acquire subscribes to the check for key with cfg's thresholds, creating
 // the check (first due at now) when no listener uses the target yet. It
-// fails with ErrInvalidConfig, or with ErrCheckLimit when a new target would
+// fails with ErrInvalidOptions, or with ErrCheckLimit when a new target would
 // exceed MaxChecks.
 func (s *Scheduler) Acquire(key CheckKey, cfg CheckConfig, now time.Time) (*Subscription, error) {
 	cfg, err := cfg.withDefaults()

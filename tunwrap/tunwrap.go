@@ -53,17 +53,19 @@ import (
 
 	"github.com/vipkit/vipkit/flow"
 	"github.com/vipkit/vipkit/packet"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // Errors.
 var (
-	// ErrClosed: the Wrapper is closed. It matches os.ErrClosed, which
+	// ErrClosed means the Wrapper is closed. It matches transport.ErrClosed,
+	// like every package's ErrClosed, and os.ErrClosed, which
 	// wireguard-go checks to stop its TUN goroutines.
-	ErrClosed = fmt.Errorf("tunwrap: closed: %w", os.ErrClosed)
-	// ErrQueueFull: an injection queue is full; the packet was dropped and
+	ErrClosed = fmt.Errorf("tunwrap: closed: %w: %w", transport.ErrClosed, os.ErrClosed)
+	// ErrQueueFull means an injection queue is full; the packet was dropped and
 	// counted.
 	ErrQueueFull = errors.New("tunwrap: injection queue full")
-	// ErrPacketSize: an injected packet is empty or longer than the TUN's
+	// ErrPacketSize means an injected packet is empty or longer than the TUN's
 	// buffers.
 	ErrPacketSize = errors.New("tunwrap: bad injected packet size")
 )

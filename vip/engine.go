@@ -19,10 +19,11 @@ import (
 
 // Engine errors.
 var (
-	// ErrEngineOptions: NewEngine was given options it cannot use (no
-	// Registry or Host, a Self that is not a member with an IPv4 overlay
-	// address, a negative duration).
-	ErrEngineOptions = errors.New("vip: invalid engine options")
+	// ErrEngineOptions is another name for ErrInvalidOptions: the same
+	// error value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrEngineOptions = ErrInvalidOptions
 	// ErrEngineClosed is returned by the engine's methods after Close. It
 	// matches transport.ErrClosed (and so net.ErrClosed).
 	ErrEngineClosed = fmt.Errorf("vip: engine closed: %w", transport.ErrClosed)

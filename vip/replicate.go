@@ -46,10 +46,10 @@ const (
 
 // Replication errors.
 var (
-	// ErrFrame: a control frame is malformed (bad magic, version, type or
+	// ErrFrame means a control frame is malformed (bad magic, version, type or
 	// length); it is dropped and counted.
 	ErrFrame = errors.New("vip: malformed control frame")
-	// ErrFrameTooLarge: a control frame exceeds the control frame limit.
+	// ErrFrameTooLarge means a control frame exceeds the control frame limit.
 	ErrFrameTooLarge = errors.New("vip: control frame exceeds the limit")
 )
 

@@ -31,7 +31,7 @@ const (
 	KeyZitiCA      = "ziti.ca-file" // PEM CA bundle of the controller
 )
 
-// ErrConfig: the config file is missing a setting, has one out of range,
+// ErrConfig means the config file is missing a setting, has one out of range,
 // or has a key this program does not know.
 var ErrConfig = errors.New("sharehosts: bad config")
 

@@ -18,7 +18,7 @@ import (
 	"github.com/vipkit/vipkit/transport"
 )
 
-// ErrNoTerminator: a dial found no terminator for the service.
+// ErrNoTerminator means a dial found no terminator for the service.
 var ErrNoTerminator = errors.New("zititest: service has no terminator")
 
 // AgentOptions configure a simulated hosting agent (a tunneler in

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vipkit/vipkit/transport"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -33,8 +34,9 @@ const maxNameLen = 64
 
 var (
 	// ErrClosed is returned by operations on a Host (or a Switch, a Link, a
-	// WireGuard) after its Close.
-	ErrClosed = errors.New("netns: host closed")
+	// WireGuard) after its Close. It matches transport.ErrClosed (and so
+	// net.ErrClosed).
+	ErrClosed = fmt.Errorf("netns: host closed: %w", transport.ErrClosed)
 
 	// ErrInvalidName is returned by NewHost and UniqueName for a name or label
 	// that is empty where one is needed, too long, or has characters other

@@ -2,7 +2,6 @@ package wg
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -62,7 +61,7 @@ type Device struct {
 // ErrDevice.
 func NewDevice(io transport.PacketIO, cfg Config, o Options) (*Device, error) {
 	if io == nil {
-		return nil, errors.New("wg: NewDevice needs a PacketIO")
+		return nil, fmt.Errorf("%w: NewDevice needs a PacketIO", ErrInvalidOptions)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err

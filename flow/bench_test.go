@@ -273,7 +273,7 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 	}
 	if bt.flows > prefetchMinCapacity {
 		x := &bt.nat.idx
-		b.ReportMetric(100*hugeShare(unsafe.Pointer(unsafe.SliceData(x.ents)), uintptr(len(x.ents))*unsafe.Sizeof(ient{})), "idx-huge-%")
+		b.ReportMetric(100*hugeShare(unsafe.Pointer(unsafe.SliceData(x.entries)), uintptr(len(x.entries))*unsafe.Sizeof(indexEntry{})), "idx-huge-%")
 	}
 }
 

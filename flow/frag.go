@@ -117,7 +117,7 @@ func (fc *fragCache) poison(e *fragEntry, r DropReason) {
 // datagram, the datagram is translated and emitted.
 func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	ip := packet.IPv4(pkt)
-	if s == sidePeer && n.beRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 {
+	if s == sidePeer && n.backendAddrRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 {
 		// Not from a backend address with bindings: not NAT traffic, left
 		// for the host to reassemble.
 		return pass

@@ -5,7 +5,7 @@ func (n *NAT) selectLocked(ls *listenerState, why SelectReason, prev Backend, no
 		return -1
 	}
 	i := n.o.Selector.Select(SelectRequest{
-		Listener:   ls.l,
+		Listener:   ls.listener,
 		Candidates: ls.backends,
 		Reason:     why,
 		Prev:       prev,
@@ -20,11 +20,11 @@ func (n *NAT) selectLocked(ls *listenerState, why SelectReason, prev Backend, no
 // hasRoomLocked reports whether one more binding fits, expiring what is due
 // first when the table is full.
 func (n *NAT) hasRoomLocked(now int64) bool {
-	if n.used < n.o.Capacity {
+	if n.inUse < n.o.Capacity {
 		return true
 	}
 	n.expireLocked(now)
-	return n.used < n.o.Capacity
+	return n.inUse < n.o.Capacity
 }
 
 // bindLocked creates a binding for client tuple k (which must have no
@@ -50,7 +50,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 	var rk tuple
 	found := false
 	for nheld < len(held) {
-		p, err := n.res.Reserve(proto, bap)
+		p, err := n.reserver.Reserve(proto, bap)
 		if err != nil {
 			break
 		}
@@ -63,19 +63,19 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 		nheld++
 	}
 	for _, p := range held[:nheld] {
-		n.res.Release(proto, bap, p)
+		n.reserver.Release(proto, bap, p)
 	}
 	if !found {
 		return noID, ReasonNoPort
 	}
 	if n.idx.find(k) != nil { // cannot happen: callers retire k first
-		n.res.Release(proto, bap, rk.dport())
+		n.reserver.Release(proto, bap, rk.dport())
 		return noID, ReasonNoFlow
 	}
 	var id uint32
 	if n.freeHead != noID {
 		id = n.freeHead
-		n.freeHead = n.cold[id].wnext
+		n.freeHead = n.cold[id].wheelNext
 	} else {
 		id = n.fresh
 		n.fresh++
@@ -85,33 +85,33 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 
 	b := &n.slots[id]
 	*b = binding{
-		idle: ls.idle,
-		cls:  n.classRefLocked(ls, be),
-		isn:  isn,
-		gen:  n.gen.Load(),
-		st:   stActive,
+		idle:  ls.idle,
+		class: n.classRefLocked(ls, be),
+		isn:   isn,
+		gen:   n.gen.Load(),
+		state: stActive,
 	}
-	n.cold[id] = bcold{
-		client: k.src(), cport: k.sport(), shadow: rk.dport(),
-		wprev: noID, wnext: noID, wbucket: noID,
+	n.cold[id] = bindingCold{
+		client: k.src(), clientPort: k.sport(), shadow: rk.dport(),
+		wheelPrev: noID, wheelNext: noID, wheelBucket: noID,
 	}
 	if hairpin {
-		b.st |= stHairpin
+		b.state |= stHairpin
 	}
 	if synData {
-		b.st |= stSynData
+		b.state |= stSynData
 	}
 	b.deadline = now + b.idle
 	ls.refs++
 	ls.active++
 	ls.created++
-	bs := n.classes[b.cls].bs
+	bs := n.classes[b.class].bs
 	bs.active++
 	bs.created++
-	n.used++
+	n.inUse++
 	n.created++
 	n.vipRefLocked(k.dst(), 0, +1)
-	n.beRefs[baddr]++
+	n.backendAddrRefs[baddr]++
 	n.wheelLink(id)
 	n.syncLocked(id, now)
 	n.armLocked()
@@ -123,7 +123,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 // flow anew. It reports the binding to use.
 func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool) {
 	b := &n.slots[id]
-	ls := n.classes[b.cls].ls
+	ls := n.classes[b.class].ls
 	cur := n.backendOf(b)
 	i := n.selectLocked(ls, why, cur, now)
 	if i < 0 || ls.backends[i] == cur {
@@ -131,18 +131,18 @@ func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool
 	}
 	if !n.hasRoomLocked(now) {
 		n.refused++
-		ls.c.Drops[ReasonCapacity]++
+		ls.counters.Drops[ReasonCapacity]++
 		n.drops[ReasonCapacity].Add(1)
 		return id, false
 	}
 	k, _ := n.tuples(id)
-	isn, synData := b.isn, b.st&stSynData != 0
+	isn, synData := b.isn, b.state&stSynData != 0
 	n.retireLocked(id, now)
 	nid, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)
 	if r != ReasonNone {
 		// The reserver failed; the old binding is already retired. Count it;
 		// the packet goes out on nothing: the caller re-looks up.
-		ls.c.Drops[r]++
+		ls.counters.Drops[r]++
 		n.drops[r].Add(1)
 		return noID, true
 	}
@@ -150,6 +150,6 @@ func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool
 }
 
 func (n *NAT) backendOf(b *binding) Backend {
-	c := &n.classes[b.cls]
+	c := &n.classes[b.class]
 	return Backend{Peer: c.peer, Addr: addrFrom(c.addr), Port: c.port}
 }

@@ -55,11 +55,11 @@ func (n *NAT) SetListener(l Listener, cfg ListenerConfig) error {
 	if n.closed {
 		return ErrClosed
 	}
-	k := lkey{addr4(l.VIP), l.Port, l.Proto}
-	li, ok := n.lmap[k]
+	k := listenerKey{addr4(l.VIP), l.Port, l.Proto}
+	li, ok := n.listenerByKey[k]
 	var ls *listenerState
 	if ok {
-		ls = n.lis[li]
+		ls = n.listeners[li]
 		if ls.removed {
 			if vi := n.vipInfo[k.vip]; vi != nil && vi.listeners >= n.o.MaxListenersPerVIP {
 				return fmt.Errorf("%w: %v: more than %d listeners on the VIP", ErrLimit, l, n.o.MaxListenersPerVIP)
@@ -71,16 +71,16 @@ func (n *NAT) SetListener(l Listener, cfg ListenerConfig) error {
 		if vi := n.vipInfo[k.vip]; vi != nil && vi.listeners >= n.o.MaxListenersPerVIP {
 			return fmt.Errorf("%w: %v: more than %d listeners on the VIP", ErrLimit, l, n.o.MaxListenersPerVIP)
 		}
-		ls = &listenerState{l: l, key: k}
-		if len(n.lisFree) > 0 {
-			ls.idx = n.lisFree[len(n.lisFree)-1]
-			n.lisFree = n.lisFree[:len(n.lisFree)-1]
-			n.lis[ls.idx] = ls
+		ls = &listenerState{listener: l, key: k}
+		if len(n.freeListeners) > 0 {
+			ls.slot = n.freeListeners[len(n.freeListeners)-1]
+			n.freeListeners = n.freeListeners[:len(n.freeListeners)-1]
+			n.listeners[ls.slot] = ls
 		} else {
-			ls.idx = uint32(len(n.lis))
-			n.lis = append(n.lis, ls)
+			ls.slot = uint32(len(n.listeners))
+			n.listeners = append(n.listeners, ls)
 		}
-		n.lmap[k] = ls.idx
+		n.listenerByKey[k] = ls.slot
 		n.vipRefLocked(k.vip, +1, 0)
 	}
 	ls.backends = append(ls.backends[:0:0], cfg.Backends...)
@@ -114,32 +114,32 @@ func (n *NAT) RemoveListener(l Listener) bool {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.removeListenerLocked(lkey{addr4(l.VIP), l.Port, l.Proto})
+	return n.removeListenerLocked(listenerKey{addr4(l.VIP), l.Port, l.Proto})
 }
 
-func (n *NAT) removeListenerLocked(k lkey) bool {
-	li, ok := n.lmap[k]
-	if !ok || n.lis[li].removed {
+func (n *NAT) removeListenerLocked(k listenerKey) bool {
+	li, ok := n.listenerByKey[k]
+	if !ok || n.listeners[li].removed {
 		return false
 	}
-	ls := n.lis[li]
+	ls := n.listeners[li]
 	ls.removed = true
 	ls.backends = nil
 	n.configureBackendsLocked(ls)
 	n.vipRefLocked(k.vip, -1, 0)
 	if ls.refs == 0 {
-		n.dropListenerLocked(ls)
+		n.forgetListenerLocked(ls)
 	}
 	return true
 }
 
-func (n *NAT) dropListenerLocked(ls *listenerState) {
+func (n *NAT) forgetListenerLocked(ls *listenerState) {
 	if n.o.OnListenerGone != nil {
 		n.o.OnListenerGone(ls.stats())
 	}
-	delete(n.lmap, ls.key)
-	n.lis[ls.idx] = nil
-	n.lisFree = append(n.lisFree, ls.idx)
+	delete(n.listenerByKey, ls.key)
+	n.listeners[ls.slot] = nil
+	n.freeListeners = append(n.freeListeners, ls.slot)
 }
 
 // RemoveBackend stops new bindings of l to b; existing bindings continue
@@ -150,11 +150,11 @@ func (n *NAT) RemoveBackend(l Listener, b Backend) bool {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	li, ok := n.lmap[lkey{addr4(l.VIP), l.Port, l.Proto}]
+	li, ok := n.listenerByKey[listenerKey{addr4(l.VIP), l.Port, l.Proto}]
 	if !ok {
 		return false
 	}
-	ls := n.lis[li]
+	ls := n.listeners[li]
 	for i, c := range ls.backends {
 		if c == b {
 			ls.backends = append(ls.backends[:i:i], ls.backends[i+1:]...)
@@ -217,8 +217,8 @@ func (n *NAT) RemoveVIP(vip netip.Addr) int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	a := addr4(vip)
-	var keys []lkey
-	for k := range n.lmap {
+	var keys []listenerKey
+	for k := range n.listenerByKey {
 		if k.vip == a {
 			keys = append(keys, k)
 		}
@@ -250,23 +250,23 @@ func (n *NAT) Close() error {
 	if n.timer != nil {
 		n.timer.Stop()
 	}
-	n.nlog = 0
+	n.logLen = 0
 	for id := range n.slots[:n.fresh] {
 		b := &n.slots[id]
-		if b.st == 0 {
+		if b.state == 0 {
 			continue
 		}
 		orig, reply := n.tuples(uint32(id))
-		n.res.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
+		n.reserver.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
 	}
 	// Drop the table itself: a million-flow table is ~230 MB.
 	n.idx = index{}
 	n.slots, n.cold, n.fresh, n.freeHead = nil, nil, 0, noID
 	n.classes, n.classMap, n.classFree = nil, map[classKey]uint32{}, nil
 	n.wheel = nil
-	n.used, n.nquar = 0, 0
+	n.inUse, n.quarantined = 0, 0
 	n.frags.reset()
-	n.lis, n.lmap, n.vipInfo, n.beRefs = nil, map[lkey]uint32{}, map[uint32]*vipInfo{}, map[uint32]int{}
+	n.listeners, n.listenerByKey, n.vipInfo, n.backendAddrRefs = nil, map[listenerKey]uint32{}, map[uint32]*vipInfo{}, map[uint32]int{}
 	n.vips.Store(nil)
 	return nil
 }

@@ -10,20 +10,20 @@ import (
 // replies are dropped until at + Quarantine.
 func (n *NAT) retireLocked(id uint32, at int64) {
 	b := &n.slots[id]
-	if b.st&stActive == 0 {
+	if b.state&stActive == 0 {
 		return
 	}
 	orig, _ := n.tuples(id)
 	n.idx.remove(orig)
-	b.st = b.st&^stActive | stQuarantined
-	b.deadline = at + n.qtn
-	ls := n.classes[b.cls].ls
+	b.state = b.state&^stActive | stQuarantined
+	b.deadline = at + n.quarantine
+	ls := n.classes[b.class].ls
 	ls.active--
 	ls.quarantined++
-	bs := n.classes[b.cls].bs
+	bs := n.classes[b.class].bs
 	bs.active--
 	bs.quarantined++
-	n.nquar++
+	n.quarantined++
 	n.wheelUnlink(id)
 	n.wheelLink(id)
 	n.syncLocked(id, at)
@@ -33,10 +33,10 @@ func (n *NAT) retireLocked(id uint32, at int64) {
 // now, as the sweep would, and reports whether the binding is gone.
 func (n *NAT) expireOneLocked(id uint32, now int64) bool {
 	b := &n.slots[id]
-	if b.st&stActive != 0 && now >= b.deadline {
+	if b.state&stActive != 0 && now >= b.deadline {
 		n.retireLocked(id, b.deadline)
 	}
-	if b.st&stQuarantined != 0 && now >= b.deadline {
+	if b.state&stQuarantined != 0 && now >= b.deadline {
 		n.freeLocked(id)
 		return true
 	}
@@ -49,23 +49,23 @@ func (n *NAT) freeLocked(id uint32) {
 	orig, reply := n.tuples(id)
 	n.idx.remove(reply)
 	n.wheelUnlink(id)
-	n.res.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
-	ls := n.classes[b.cls].ls
-	n.backendFreedLocked(n.classes[b.cls].bs, n.countersOf(id))
-	n.classUnrefLocked(b.cls)
+	n.reserver.Release(orig.proto(), netip.AddrPortFrom(addrFrom(reply.src()), reply.sport()), reply.dport())
+	ls := n.classes[b.class].ls
+	n.backendFreedLocked(n.classes[b.class].bs, n.countersOf(id))
+	n.classUnrefLocked(b.class)
 	ls.quarantined--
 	ls.refs--
-	n.nquar--
-	n.used--
+	n.quarantined--
+	n.inUse--
 	n.vipRefLocked(orig.dst(), 0, -1)
-	if n.beRefs[reply.src()]--; n.beRefs[reply.src()] <= 0 {
-		delete(n.beRefs, reply.src())
+	if n.backendAddrRefs[reply.src()]--; n.backendAddrRefs[reply.src()] <= 0 {
+		delete(n.backendAddrRefs, reply.src())
 	}
 	if ls.removed && ls.refs == 0 {
-		n.dropListenerLocked(ls)
+		n.forgetListenerLocked(ls)
 	}
 	*b = binding{}
-	n.cold[id] = bcold{wprev: noID, wnext: n.freeHead, wbucket: noID}
+	n.cold[id] = bindingCold{wheelPrev: noID, wheelNext: n.freeHead, wheelBucket: noID}
 	n.freeHead = id
 }
 
@@ -80,7 +80,7 @@ const (
 )
 
 func (n *NAT) bucketFor(deadline int64) uint32 {
-	t := deadline / n.gran
+	t := deadline / n.tickLen
 	if t < n.wheelTick {
 		t = n.wheelTick
 	}
@@ -93,39 +93,39 @@ func (n *NAT) bucketFor(deadline int64) uint32 {
 func (n *NAT) wheelLink(id uint32) {
 	b := &n.cold[id]
 	bk := n.bucketFor(n.slots[id].deadline)
-	b.wbucket = bk
-	b.wprev = noID
-	b.wnext = n.wheel[bk]
-	if b.wnext != noID {
-		n.cold[b.wnext].wprev = id
+	b.wheelBucket = bk
+	b.wheelPrev = noID
+	b.wheelNext = n.wheel[bk]
+	if b.wheelNext != noID {
+		n.cold[b.wheelNext].wheelPrev = id
 	}
 	n.wheel[bk] = id
 }
 
 func (n *NAT) wheelUnlink(id uint32) {
 	b := &n.cold[id]
-	if b.wbucket == noID {
+	if b.wheelBucket == noID {
 		return
 	}
-	if b.wprev != noID {
-		n.cold[b.wprev].wnext = b.wnext
+	if b.wheelPrev != noID {
+		n.cold[b.wheelPrev].wheelNext = b.wheelNext
 	} else {
-		n.wheel[b.wbucket] = b.wnext
+		n.wheel[b.wheelBucket] = b.wheelNext
 	}
-	if b.wnext != noID {
-		n.cold[b.wnext].wprev = b.wprev
+	if b.wheelNext != noID {
+		n.cold[b.wheelNext].wheelPrev = b.wheelPrev
 	}
-	b.wprev, b.wnext, b.wbucket = noID, noID, noID
+	b.wheelPrev, b.wheelNext, b.wheelBucket = noID, noID, noID
 }
 
 // expireLocked retires active bindings and frees quarantined ones whose
 // deadline is at or before now.
 func (n *NAT) expireLocked(now int64) {
 	n.flushLocked()
-	if u := uint32(now >> untilShift); int32(u-n.sweptU) > 0 {
-		n.sweptU = u
+	if u := uint32(now >> untilShift); int32(u-n.sweptUntil) > 0 {
+		n.sweptUntil = u
 	}
-	nowTick := now / n.gran
+	nowTick := now / n.tickLen
 	if nowTick < n.wheelTick {
 		nowTick = n.wheelTick
 	}
@@ -138,16 +138,16 @@ func (n *NAT) expireLocked(now int64) {
 		id := n.wheel[bk]
 		for id != noID {
 			b := &n.slots[id]
-			next := n.cold[id].wnext
-			if b.deadline <= now && b.st&stActive != 0 {
+			next := n.cold[id].wheelNext
+			if b.deadline <= now && b.state&stActive != 0 {
 				n.retireLocked(id, b.deadline)
 			}
 			if b.deadline <= now {
 				n.freeLocked(id)
-			} else if nb := n.bucketFor(b.deadline); nb != n.cold[id].wbucket {
+			} else if nb := n.bucketFor(b.deadline); nb != n.cold[id].wheelBucket {
 				n.wheelUnlink(id)
 				n.wheelLink(id)
-				if b.st&stActive != 0 {
+				if b.state&stActive != 0 {
 					n.syncLocked(id, now) // the deadline moved on: so does until
 				}
 			}
@@ -158,7 +158,7 @@ func (n *NAT) expireLocked(now int64) {
 }
 
 func (n *NAT) armLocked() {
-	if n.armed || n.closed || (n.used == 0 && n.frags.count() == 0) {
+	if n.armed || n.closed || (n.inUse == 0 && n.frags.count() == 0) {
 		return
 	}
 	n.armed = true

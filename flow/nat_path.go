@@ -208,7 +208,7 @@ func (n *NAT) prefetchLocked(chunk [][]byte, out []Result) {
 			continue
 		}
 		k := packetTuple(p, p[hl:])
-		sink += n.idx.ents[n.idx.home(k.k0, k.k1)].k1
+		sink += n.idx.entries[n.idx.home(k.k0, k.k1)].k1
 	}
 	n.sink += sink
 }
@@ -218,7 +218,7 @@ func (n *NAT) prefetchLocked(chunk [][]byte, out []Result) {
 func (n *NAT) flushReports(s side) {
 	for _, rp := range n.reports[s] {
 		if n.o.OnPortUnreachable != nil {
-			n.o.OnPortUnreachable(rp.l, rp.b)
+			n.o.OnPortUnreachable(rp.listener, rp.backend)
 		}
 	}
 	clear(n.reports[s])
@@ -231,18 +231,18 @@ func (n *NAT) drop(r DropReason) Result {
 	return Result{Verdict: Drop, Reason: r}
 }
 
-func (n *NAT) dropL(ls *listenerState, r DropReason) Result {
+func (n *NAT) dropOnListener(ls *listenerState, r DropReason) Result {
 	if ls != nil {
-		ls.c.Drops[r]++
+		ls.counters.Drops[r]++
 	}
 	return n.drop(r)
 }
 
-func (n *NAT) dropB(b *binding, r DropReason) Result {
+func (n *NAT) dropOnBinding(b *binding, r DropReason) Result {
 	if s := bindingDropSlot[r]; s > 0 {
 		n.cold[n.idOf(b)].drops[s-1]++
 	}
-	return n.dropL(n.classes[b.cls].ls, r)
+	return n.dropOnListener(n.classes[b.class].ls, r)
 }
 
 // idOf returns the slot index of b, a pointer into n.slots.
@@ -308,12 +308,12 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 			return n.newFlowLocked(pkt, hl, k, now)
 		case dir == dirFwd:
 			return n.outLocked(pkt, hl, k, id, now)
-		case n.slots[id].st&stHairpin != 0:
+		case n.slots[id].state&stHairpin != 0:
 			return n.inLocked(pkt, hl, id, s, peer, now)
 		}
 		return n.drop(ReasonNoFlow)
 	}
-	if e == nil || dir == dirFwd || n.slots[id].st&stHairpin != 0 {
+	if e == nil || dir == dirFwd || n.slots[id].state&stHairpin != 0 {
 		return pass
 	}
 	return n.inLocked(pkt, hl, id, s, peer, now)
@@ -321,11 +321,11 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 
 // newFlowLocked creates a binding for a packet to a VIP that has none.
 func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
-	li, ok := n.lmap[lkey{k.dst(), k.dport(), k.proto()}]
+	li, ok := n.listenerByKey[listenerKey{k.dst(), k.dport(), k.proto()}]
 	if !ok {
 		return n.refuseLocked(pkt, hl, nil, ReasonNoListener, now)
 	}
-	ls := n.lis[li]
+	ls := n.listeners[li]
 	if ls.removed {
 		return n.refuseLocked(pkt, hl, ls, ReasonNoListener, now)
 	}
@@ -337,7 +337,7 @@ func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 			if len(ls.backends) == 0 {
 				return n.refuseLocked(pkt, hl, ls, ReasonNoFlow, now)
 			}
-			return n.dropL(ls, ReasonNoFlow)
+			return n.dropOnListener(ls, ReasonNoFlow)
 		}
 		isn, synData = t.Seq(), len(t) > t.HeaderLen()
 	}
@@ -346,11 +346,11 @@ func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 		if len(ls.backends) == 0 {
 			return n.refuseLocked(pkt, hl, ls, ReasonNoBackend, now)
 		}
-		return n.dropL(ls, ReasonNoBackend)
+		return n.dropOnListener(ls, ReasonNoBackend)
 	}
 	id, r := n.bindLocked(k, ls, ls.backends[i], now, isn, synData)
 	if r != ReasonNone {
-		return n.dropL(ls, r)
+		return n.dropOnListener(ls, r)
 	}
 	return n.applyOutLocked(pkt, hl, id, now)
 }
@@ -372,14 +372,14 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 				n.retireLocked(id, now)
 				return n.newFlowLocked(pkt, hl, k, now)
 			}
-			if b.st&(stSynAck|stSynData) == 0 && len(l4) == packet.TCP(l4).HeaderLen() {
-				from := n.classes[b.cls].bs
+			if b.state&(stSynAck|stSynData) == 0 && len(l4) == packet.TCP(l4).HeaderLen() {
+				from := n.classes[b.class].bs
 				if nid, moved := n.rebindLocked(id, SelectSYNRetry, now); moved {
 					if nid == noID {
 						return Result{Verdict: Drop, Reason: ReasonNoPort}
 					}
 					id = nid
-					n.classes[n.slots[id].cls].ls.retargets++
+					n.classes[n.slots[id].class].ls.retargets++
 					from.retargets++
 					n.retargets++
 				}
@@ -389,15 +389,15 @@ func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Resul
 	case ProtoUDP:
 		if b.gen != n.gen.Load() {
 			b.gen = n.gen.Load()
-			ls := n.classes[b.cls].ls
-			if !n.o.Selector.Available(ls.l, n.backendOf(b), n.timeOf(now)) {
-				from := n.classes[b.cls].bs
+			ls := n.classes[b.class].ls
+			if !n.o.Selector.Available(ls.listener, n.backendOf(b), n.timeOf(now)) {
+				from := n.classes[b.class].bs
 				if nid, moved := n.rebindLocked(id, SelectFailover, now); moved {
 					if nid == noID {
 						return Result{Verdict: Drop, Reason: ReasonNoPort}
 					}
 					id = nid
-					n.classes[n.slots[id].cls].ls.failovers++
+					n.classes[n.slots[id].class].ls.failovers++
 					from.failovers++
 					n.failovers++
 				}
@@ -414,16 +414,16 @@ func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
 	}
 	if fl&packet.TCPFlagFIN != 0 {
 		if out {
-			b.st |= stFinOut
+			b.state |= stFinOut
 		} else {
-			b.st |= stFinIn
+			b.state |= stFinIn
 		}
-		if b.st&(stFinOut|stFinIn) == stFinOut|stFinIn {
+		if b.state&(stFinOut|stFinIn) == stFinOut|stFinIn {
 			b.idle = min(b.idle, n.finTCP)
 		}
 	}
 	if !out && fl&(packet.TCPFlagSYN|packet.TCPFlagACK) == packet.TCPFlagSYN|packet.TCPFlagACK {
-		b.st |= stSynAck
+		b.state |= stSynAck
 	}
 }
 
@@ -432,7 +432,7 @@ func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
 func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 	b := &n.slots[id]
 	n.touchLocked(id, now)
-	hairpin := b.st&stHairpin != 0
+	hairpin := b.state&stHairpin != 0
 	dir, mtu := ToOverlay, n.o.MTU
 	if hairpin {
 		dir, mtu = ToHost, n.o.HostMTU
@@ -440,10 +440,10 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 	if len(pkt) > mtu {
 		if packet.IPv4(pkt).DF() {
 			n.fragNeededLocked(pkt, hl, mtu, ToHost)
-			return n.dropB(b, ReasonFragNeeded)
+			return n.dropOnBinding(b, ReasonFragNeeded)
 		}
 	}
-	c := &n.classes[b.cls]
+	c := &n.classes[b.class]
 	if r, done := n.rewriteCountLocked(b, id, pkt, hl, true, dir, mtu); done {
 		return r
 	}
@@ -460,7 +460,7 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 // the result is final (fragmented, or dropped); otherwise the caller
 // decides where the packet goes.
 func (n *NAT) rewriteCountLocked(b *binding, id uint32, pkt []byte, hl int, out bool, dir Direction, mtu int) (r Result, done bool) {
-	ls := n.classes[b.cls].ls
+	ls := n.classes[b.class].ls
 	from, to := n.tuples(id)
 	if !out {
 		from, to = to, from
@@ -471,19 +471,19 @@ func (n *NAT) rewriteCountLocked(b *binding, id uint32, pkt []byte, hl int, out 
 	if out {
 		b.pktsOut++
 		b.bytesOut += sz
-		ls.c.PacketsOut++
-		ls.c.BytesOut += sz
+		ls.counters.PacketsOut++
+		ls.counters.BytesOut += sz
 	} else {
 		b.pktsIn++
 		b.bytesIn += sz
-		ls.c.PacketsIn++
-		ls.c.BytesIn += sz
+		ls.counters.PacketsIn++
+		ls.counters.BytesIn += sz
 	}
 	if len(pkt) <= mtu {
 		return Result{}, false
 	}
 	if !n.emitFragmentsLocked(dir, pkt, mtu) {
-		return n.dropB(b, ReasonNoEmit), true
+		return n.dropOnBinding(b, ReasonNoEmit), true
 	}
 	return Result{Verdict: Consumed}, true
 }
@@ -497,12 +497,12 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 		}
 		return pass
 	}
-	if b.st&stQuarantined != 0 {
-		return n.dropB(b, ReasonQuarantined)
+	if b.state&stQuarantined != 0 {
+		return n.dropOnBinding(b, ReasonQuarantined)
 	}
-	c := &n.classes[b.cls]
+	c := &n.classes[b.class]
 	if peer != c.peer {
-		return n.dropB(b, ReasonPeerMismatch)
+		return n.dropOnBinding(b, ReasonPeerMismatch)
 	}
 	if c.ls.key.proto == ProtoTCP {
 		n.tcpFlags(b, pkt[hl+packet.TCPFlagsOff], false)
@@ -515,7 +515,7 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 			back = ToHost
 		}
 		n.fragNeededLocked(pkt, hl, mtu, back)
-		return n.dropB(b, ReasonFragNeeded)
+		return n.dropOnBinding(b, ReasonFragNeeded)
 	}
 	if r, done := n.rewriteCountLocked(b, id, pkt, hl, false, ToHost, mtu); done {
 		return r

@@ -20,24 +20,24 @@ func (n *NAT) Bindings() []BindingInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.flushLocked()
-	out := make([]BindingInfo, 0, n.used)
+	out := make([]BindingInfo, 0, n.inUse)
 	for id := range n.slots[:n.fresh] {
 		b := &n.slots[id]
-		if b.st == 0 {
+		if b.state == 0 {
 			continue
 		}
 		orig, reply := n.tuples(uint32(id))
 		st := Active
-		if b.st&stQuarantined != 0 {
+		if b.state&stQuarantined != 0 {
 			st = Quarantined
 		}
 		out = append(out, BindingInfo{
-			Listener: n.classes[b.cls].ls.l,
+			Listener: n.classes[b.class].ls.listener,
 			Backend:  n.backendOf(b),
 			Client:   netip.AddrPortFrom(addrFrom(orig.src()), orig.sport()),
 			Shadow:   netip.AddrPortFrom(addrFrom(reply.dst()), reply.dport()),
 			State:    st,
-			Hairpin:  b.st&stHairpin != 0,
+			Hairpin:  b.state&stHairpin != 0,
 			Expires:  n.timeOf(b.deadline),
 			Counters: n.countersOf(uint32(id)),
 		})
@@ -53,19 +53,19 @@ func (n *NAT) ListenerStats(l Listener) (ListenerStats, bool) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	li, ok := n.lmap[lkey{addr4(l.VIP), l.Port, l.Proto}]
+	li, ok := n.listenerByKey[listenerKey{addr4(l.VIP), l.Port, l.Proto}]
 	if !ok {
 		return ListenerStats{}, false
 	}
-	return n.lis[li].stats(), true
+	return n.listeners[li].stats(), true
 }
 
 func (ls *listenerState) stats() ListenerStats {
 	return ListenerStats{
-		Listener: ls.l, Removed: ls.removed, Backends: len(ls.backends),
+		Listener: ls.listener, Removed: ls.removed, Backends: len(ls.backends),
 		Active: ls.active, Quarantined: ls.quarantined,
 		Created: ls.created, Retargets: ls.retargets, Failovers: ls.failovers,
-		Counters: ls.c,
+		Counters: ls.counters,
 	}
 }
 
@@ -73,7 +73,7 @@ func (ls *listenerState) stats() ListenerStats {
 func (n *NAT) Stats() Stats {
 	n.mu.Lock()
 	s := Stats{
-		Capacity: n.o.Capacity, Active: n.used - n.nquar, Quarantined: n.nquar,
+		Capacity: n.o.Capacity, Active: n.inUse - n.quarantined, Quarantined: n.quarantined,
 		Created: n.created, Failovers: n.failovers, Retargets: n.retargets, Refused: n.refused,
 		FragPending: n.frags.count(), FragBytes: n.frags.bytes,
 		Reassembled: n.reassembled, Fragmented: n.fragmented, ICMPSent: n.icmpSent,

@@ -2,8 +2,8 @@ package flow
 
 // vipSet is an immutable open-addressing set of IPv4 addresses.
 type vipSet struct {
-	ents []uint32
-	mask uint32
+	entries []uint32
+	mask    uint32
 }
 
 func newVIPSet(addrs []uint32) *vipSet {
@@ -14,13 +14,13 @@ func newVIPSet(addrs []uint32) *vipSet {
 	for size < 4*len(addrs) {
 		size <<= 1
 	}
-	s := &vipSet{ents: make([]uint32, size), mask: uint32(size - 1)}
+	s := &vipSet{entries: make([]uint32, size), mask: uint32(size - 1)}
 	for _, a := range addrs {
 		i := vipHash(a) & s.mask
-		for s.ents[i] != 0 {
+		for s.entries[i] != 0 {
 			i = (i + 1) & s.mask
 		}
-		s.ents[i] = a
+		s.entries[i] = a
 	}
 	return s
 }
@@ -33,7 +33,7 @@ func (s *vipSet) has(a uint32) bool {
 	}
 	i := vipHash(a) & s.mask
 	for {
-		e := s.ents[i]
+		e := s.entries[i]
 		if e == a {
 			return true
 		}

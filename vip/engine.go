@@ -151,7 +151,7 @@ type Engine struct {
 	responder probe.Responder
 	unreach   *probe.Unreachable
 	checker   *probe.Checker
-	sel       probe.Selector
+	selector  probe.Selector
 
 	peers  atomic.Pointer[peerTable]
 	routes atomic.Pointer[routeTable]
@@ -174,38 +174,38 @@ type Engine struct {
 	closed   bool
 
 	// Packet path.
-	mtu      int
-	free     chan *batch
-	full     chan *batch
-	cur      *batch
-	curPos   int
-	inject   chan []byte   // engine-made packets toward the overlay
-	hostQ    chan []byte   // engine-made packets toward the host (flow's Emit)
-	hostMu   sync.Mutex    // serializes Host.Write
-	wout     [][]byte      // Write's scratch
-	wrun     [][]byte      // Write's run of one peer's packets (views)
-	wrunBufs [][]byte      // the same run's whole buffers
-	wres     []flow.Result // the NAT's results for a run
-	reflect  [][]byte      // the pump's scratch
-	done     chan struct{}
-	pumpDone chan struct{}
-	hostErr  atomic.Pointer[error]
-	hostDead chan struct{}
-	deadOnce sync.Once
-	once     sync.Once
+	mtu          int
+	free         chan *batch
+	full         chan *batch
+	readBatch    *batch
+	readPos      int
+	inject       chan []byte   // engine-made packets toward the overlay
+	hostQ        chan []byte   // engine-made packets toward the host (flow's Emit)
+	hostMu       sync.Mutex    // serializes Host.Write
+	writeOut     [][]byte      // Write's scratch
+	writeRun     [][]byte      // Write's run of one peer's packets (views)
+	writeRunBufs [][]byte      // the same run's whole buffers
+	writeResults []flow.Result // the NAT's results for a run
+	reflect      [][]byte      // the pump's scratch
+	done         chan struct{}
+	pumpDone     chan struct{}
+	hostErr      atomic.Pointer[error]
+	hostDead     chan struct{}
+	deadOnce     sync.Once
+	once         sync.Once
 
 	pathMu    sync.Mutex
 	pathTimer transport.Timer
 
-	// Per-VIP totals (status.go). totMu is a leaf lock: it is taken inside
+	// Per-VIP totals (status.go). totalsMu is a leaf lock: it is taken inside
 	// the NAT's lock (listenerGone), so nothing holding it calls the NAT.
-	totMu    sync.Mutex
-	flSvc    map[flow.Listener]ServiceID // the service of every listener the NAT has
-	carried  map[ServiceID]*vipCarry     // counts of the services' listeners the NAT forgot
-	services map[ServiceID]bool          // the services of the last Apply
-	totGen   atomic.Uint64               // counts listenerGone calls: Status retries across one
+	totalsMu        sync.Mutex
+	listenerService map[flow.Listener]ServiceID // the service of every listener the NAT has
+	carried         map[ServiceID]*vipCarry     // counts of the services' listeners the NAT forgot
+	services        map[ServiceID]bool          // the services of the last Apply
+	totalsGen       atomic.Uint64               // counts listenerGone calls: Status retries across one
 
-	c engineCounters
+	counters engineCounters
 }
 
 var (
@@ -214,16 +214,16 @@ var (
 )
 
 type engineCounters struct {
-	passOutPkts, passOutBytes atomic.Uint64 // host → overlay, not NAT traffic
-	passInPkts, passInBytes   atomic.Uint64 // overlay → host, not NAT traffic
-	probeOutPkts, probeOutB   atomic.Uint64 // probe requests and replies this engine sent
-	probeInPkts, probeInB     atomic.Uint64 // probe packets received
-	probeBad                  atomic.Uint64 // probe packets refused (malformed, unknown peer, late)
-	queueFull                 atomic.Uint64 // engine-made packets dropped: queue full
-	tooBig                    atomic.Uint64 // packets larger than wireguard-go's buffer
-	unknownPeer               atomic.Uint64 // packets from a source that is no member's address
-	hostWriteErr              atomic.Uint64 // host writes that failed
-	malformed                 atomic.Uint64 // packets from peers that are neither IPv4 nor IPv6
+	passOutPkts, passOutBytes   atomic.Uint64 // host → overlay, not NAT traffic
+	passInPkts, passInBytes     atomic.Uint64 // overlay → host, not NAT traffic
+	probeOutPkts, probeOutBytes atomic.Uint64 // probe requests and replies this engine sent
+	probeInPkts, probeInBytes   atomic.Uint64 // probe packets received
+	probeBad                    atomic.Uint64 // probe packets refused (malformed, unknown peer, late)
+	queueFull                   atomic.Uint64 // engine-made packets dropped: queue full
+	tooBig                      atomic.Uint64 // packets larger than wireguard-go's buffer
+	unknownPeer                 atomic.Uint64 // packets from a source that is no member's address
+	hostWriteErr                atomic.Uint64 // host writes that failed
+	malformed                   atomic.Uint64 // packets from peers that are neither IPv4 nor IPv6
 }
 
 // batch is one read from the host.
@@ -306,7 +306,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		peerIDs: map[NodeID]flow.PeerID{}, nextPeer: 1,
 		applied: map[flow.Listener]*route{}, draining: map[flow.Listener]*route{},
 		subs: map[subKey]*probe.Subscription{}, probed: map[NodeID]bool{}, eligible: map[NodeID]bool{},
-		flSvc: map[flow.Listener]ServiceID{}, carried: map[ServiceID]*vipCarry{}, services: map[ServiceID]bool{},
+		listenerService: map[flow.Listener]ServiceID{}, carried: map[ServiceID]*vipCarry{}, services: map[ServiceID]bool{},
 		mtu:    o.Host.MTU(),
 		inject: make(chan []byte, o.Queue), hostQ: make(chan []byte, o.Queue),
 		done: make(chan struct{}), pumpDone: make(chan struct{}), hostDead: make(chan struct{}),
@@ -328,7 +328,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	if e.unreach, err = probe.NewUnreachable(probe.UnreachableConfig{Hold: o.UnreachableHold, MaxEntries: o.Registry.Limits().FlowReservations}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
 	}
-	e.sel = probe.Selector{Prober: e.prober, Unreachable: e.unreach}
+	e.selector = probe.Selector{Prober: e.prober, Unreachable: e.unreach}
 	lim := o.Registry.Limits()
 	fo := flow.Options{
 		LocalAddr:          selfAddr,
@@ -370,7 +370,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		}
 		e.free <- b
 	}
-	e.wout = make([][]byte, 0, bsize)
+	e.writeOut = make([][]byte, 0, bsize)
 	e.reflect = make([][]byte, 0, bsize)
 
 	e.Apply()

@@ -96,12 +96,12 @@ func (e *Engine) Apply() error {
 	// The totals' listener → service map gains the new listeners before
 	// the NAT has them (a removed listener keeps its entry until the NAT
 	// forgets it: listenerGone).
-	e.totMu.Lock()
+	e.totalsMu.Lock()
 	for fl, r := range desired {
-		e.flSvc[fl] = r.svc
+		e.listenerService[fl] = r.svc
 	}
 	e.services = services
-	e.totMu.Unlock()
+	e.totalsMu.Unlock()
 	// Publish the new selection state first, so that the NAT's next Select
 	// sees the new backends' health inputs, then the listeners.
 	e.routes.Store(&routeTable{m: desired})

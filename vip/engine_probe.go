@@ -49,7 +49,7 @@ func (s *engineSelector) Select(req flow.SelectRequest) int {
 	e := (*Engine)(s)
 	bs := e.backendsFor(req.Listener, req.Candidates)
 	var i int
-	e.selStatus, i = e.sel.Select(bs, req.Now, e.selStatus[:0])
+	e.selStatus, i = e.selector.Select(bs, req.Now, e.selStatus[:0])
 	return i
 }
 
@@ -57,7 +57,7 @@ func (s *engineSelector) Available(l flow.Listener, b flow.Backend, now time.Tim
 	e := (*Engine)(s)
 	pb := e.probeBackend(l, b)
 	pb.Disabled = false // a draining backend keeps the bindings it has
-	return e.sel.Evaluate(&pb, now).Eligible()
+	return e.selector.Evaluate(&pb, now).Eligible()
 }
 
 // backendsFor returns the probe view of cands: the route's own slice when
@@ -112,46 +112,46 @@ func (e *Engine) sendProbe(p probe.Probe) {
 		return
 	}
 	if e.injectOverlay(pkt) {
-		e.c.probeOutPkts.Add(1)
-		e.c.probeOutB.Add(uint64(len(pkt)))
+		e.counters.probeOutPkts.Add(1)
+		e.counters.probeOutBytes.Add(uint64(len(pkt)))
 	}
 }
 
 // handleProbe answers a probe request or measures a probe reply; probes
 // never reach the host and never count as user traffic.
 func (e *Engine) handleProbe(pkt []byte, pt *peerTable, peer flow.PeerID, now time.Time) {
-	e.c.probeInPkts.Add(1)
-	e.c.probeInB.Add(uint64(len(pkt)))
+	e.counters.probeInPkts.Add(1)
+	e.counters.probeInBytes.Add(uint64(len(pkt)))
 	_, dst, payload, err := probe.ParseIPv4UDP(pkt)
 	if err != nil || len(payload) < 4 || dst.Port() != e.probePort {
-		e.c.probeBad.Add(1)
+		e.counters.probeBad.Add(1)
 		return
 	}
 	switch probe.MessageType(payload[3]) {
 	case probe.TypeRequest:
 		if peer == unknownPeer { // only members are answered
-			e.c.probeBad.Add(1)
+			e.counters.probeBad.Add(1)
 			return
 		}
 		reply, err := e.responder.RespondIPv4(pkt, make([]byte, 0, probe.PacketLen))
 		if err != nil {
-			e.c.probeBad.Add(1)
+			e.counters.probeBad.Add(1)
 			return
 		}
 		if e.injectOverlay(reply) {
-			e.c.probeOutPkts.Add(1)
-			e.c.probeOutB.Add(uint64(len(reply)))
+			e.counters.probeOutPkts.Add(1)
+			e.counters.probeOutBytes.Add(uint64(len(reply)))
 		}
 	case probe.TypeReply:
 		node, ok := pt.node[peer]
 		if !ok {
-			e.c.probeBad.Add(1)
+			e.counters.probeBad.Add(1)
 			return
 		}
 		if e.prober.HandleReply(probe.NodeID(node), payload, now) != nil {
-			e.c.probeBad.Add(1)
+			e.counters.probeBad.Add(1)
 		}
 	default:
-		e.c.probeBad.Add(1)
+		e.counters.probeBad.Add(1)
 	}
 }

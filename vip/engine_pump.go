@@ -30,7 +30,7 @@ func (e *Engine) emit(dir flow.Direction, pkt []byte) {
 	select {
 	case q <- append([]byte(nil), pkt...):
 	default:
-		e.c.queueFull.Add(1)
+		e.counters.queueFull.Add(1)
 	}
 }
 
@@ -40,7 +40,7 @@ func (e *Engine) injectOverlay(pkt []byte) bool {
 	case e.inject <- pkt:
 		return true
 	default:
-		e.c.queueFull.Add(1)
+		e.counters.queueFull.Add(1)
 		return false
 	}
 }
@@ -114,8 +114,8 @@ func (e *Engine) fromHost(b *batch, n int) {
 	}
 	b.n = k
 	if passPkts > 0 {
-		e.c.passOutPkts.Add(passPkts)
-		e.c.passOutBytes.Add(passBytes)
+		e.counters.passOutPkts.Add(passPkts)
+		e.counters.passOutBytes.Add(passBytes)
 	}
 	if len(e.reflect) > 0 {
 		e.writeHost(e.reflect, 0)
@@ -142,7 +142,7 @@ func (e *Engine) writeHost(bufs [][]byte, offset int) {
 	_, err := e.host.Write(bufs, offset)
 	e.hostMu.Unlock()
 	if err != nil {
-		e.c.hostWriteErr.Add(1)
+		e.counters.hostWriteErr.Add(1)
 	}
 }
 
@@ -153,10 +153,10 @@ func (e *Engine) writeHost(bufs [][]byte, offset int) {
 func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	n := 0
 	for n == 0 {
-		if e.cur == nil {
+		if e.readBatch == nil {
 			select {
 			case b := <-e.full:
-				e.cur, e.curPos = b, 0
+				e.readBatch, e.readPos = b, 0
 			case p := <-e.inject:
 				n = e.put(bufs, sizes, offset, n, p)
 			case <-e.done:
@@ -168,13 +168,13 @@ func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 				return 0, ErrEngineClosed
 			}
 		}
-		if b := e.cur; b != nil {
-			for e.curPos < b.n && n < len(bufs) {
-				n = e.put(bufs, sizes, offset, n, b.bufs[e.curPos][:b.sizes[e.curPos]])
-				e.curPos++
+		if b := e.readBatch; b != nil {
+			for e.readPos < b.n && n < len(bufs) {
+				n = e.put(bufs, sizes, offset, n, b.bufs[e.readPos][:b.sizes[e.readPos]])
+				e.readPos++
 			}
-			if e.curPos >= b.n {
-				e.cur = nil
+			if e.readPos >= b.n {
+				e.readBatch = nil
 				e.free <- b
 			}
 		}
@@ -195,7 +195,7 @@ func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 // the new count.
 func (e *Engine) put(bufs [][]byte, sizes []int, offset, n int, pkt []byte) int {
 	if len(bufs[n])-offset < len(pkt) {
-		e.c.tooBig.Add(1)
+		e.counters.tooBig.Add(1)
 		return n
 	}
 	sizes[n] = copy(bufs[n][offset:], pkt)
@@ -212,16 +212,16 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 	}
 	now := e.clock.Now()
 	pt := e.peers.Load()
-	out := e.wout[:0]
-	if cap(e.wrun) < len(bufs) {
-		e.wrun = make([][]byte, 0, len(bufs))
-		e.wrunBufs = make([][]byte, 0, len(bufs))
-		e.wres = make([]flow.Result, len(bufs))
+	out := e.writeOut[:0]
+	if cap(e.writeRun) < len(bufs) {
+		e.writeRun = make([][]byte, 0, len(bufs))
+		e.writeRunBufs = make([][]byte, 0, len(bufs))
+		e.writeResults = make([]flow.Result, len(bufs))
 	}
 	// Packets go to the NAT in runs from one peer (a wireguard-go Write
 	// carries one peer's packets), one batch call per run: at large flow
 	// tables the NAT overlaps the runs' cache misses.
-	run, runBufs := e.wrun[:0], e.wrunBufs[:0]
+	run, runBufs := e.writeRun[:0], e.writeRunBufs[:0]
 	runPeer := unknownPeer
 	var passPkts, passBytes uint64
 	for i := 0; i <= len(bufs); i++ {
@@ -235,14 +235,14 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 			pkt = buf[offset:]
 			v := packet.Version(pkt)
 			if v != 4 && v != 6 {
-				e.c.malformed.Add(1) // wireguard-go drops these too; never hand them on
+				e.counters.malformed.Add(1) // wireguard-go drops these too; never hand them on
 				continue
 			}
 			if ip := packet.IPv4(pkt); v == 4 && len(pkt) >= packet.IPv4MinHeaderLen {
 				if id, ok := pt.byAddr[ip.Src32()]; ok {
 					peer = id
 				} else {
-					e.c.unknownPeer.Add(1)
+					e.counters.unknownPeer.Add(1)
 				}
 				if ip.Dst32() == e.local4 && probe.IsProbePacket(pkt, e.probePort) {
 					e.handleProbe(pkt, pt, peer, now)
@@ -251,7 +251,7 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 			}
 		}
 		if len(run) > 0 && (i == len(bufs) || peer != runPeer) {
-			res := e.wres[:len(run)]
+			res := e.writeResults[:len(run)]
 			e.nat.FromPeerBatch(run, runPeer, now, res)
 			for j := range run {
 				switch res[j].Verdict {
@@ -271,16 +271,16 @@ func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
 			run, runBufs, runPeer = append(run, pkt), append(runBufs, bufs[i]), peer
 		}
 	}
-	e.wrun, e.wrunBufs = run, runBufs
+	e.writeRun, e.writeRunBufs = run, runBufs
 	if passPkts > 0 {
-		e.c.passInPkts.Add(passPkts)
-		e.c.passInBytes.Add(passBytes)
+		e.counters.passInPkts.Add(passPkts)
+		e.counters.passInBytes.Add(passBytes)
 	}
 	if len(out) > 0 {
 		e.writeHost(out, offset)
 	}
 	clear(out)
-	e.wout = out[:0]
+	e.writeOut = out[:0]
 	e.flushHostQ()
 	return len(bufs), nil
 }

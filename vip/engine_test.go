@@ -162,7 +162,7 @@ func backendEligible(e *Engine, id probe.NodeID) bool {
 	now := e.clock.Now()
 	for _, r := range e.routes.Load().m {
 		for i := range r.pbs {
-			if r.pbs[i].Node == id && !e.sel.Evaluate(&r.pbs[i], now).Eligible() {
+			if r.pbs[i].Node == id && !e.selector.Evaluate(&r.pbs[i], now).Eligible() {
 				return false
 			}
 		}

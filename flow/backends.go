@@ -32,7 +32,8 @@ type BackendStats struct {
 	Counters
 }
 
-// backendState is the NAT's state of one backend of a listener.
+// backendState is the NAT's state of one backend of a listener, guarded
+// by the NAT's mu.
 type backendState struct {
 	ls                            *listenerState
 	be                            Backend
@@ -54,6 +55,7 @@ func (c *Counters) add(o *Counters) {
 
 // backendStateLocked returns ls's state of be, creating it (as not
 // configured) when there is none.
+// +checklocks:n.mu
 func (n *NAT) backendStateLocked(ls *listenerState, be Backend) *backendState {
 	if bs := ls.byBackend[be]; bs != nil {
 		return bs
@@ -68,6 +70,7 @@ func (n *NAT) backendStateLocked(ls *listenerState, be Backend) *backendState {
 
 // configureBackendsLocked marks exactly ls.backends as configured and
 // forgets removed backends without bindings.
+// +checklocks:n.mu
 func (n *NAT) configureBackendsLocked(ls *listenerState) {
 	for _, bs := range ls.byBackend {
 		bs.configured = false
@@ -84,6 +87,7 @@ func (n *NAT) configureBackendsLocked(ls *listenerState) {
 
 // backendFreedLocked folds the counters c of a freed (quarantined) binding
 // into its backend's state.
+// +checklocks:n.mu
 func (n *NAT) backendFreedLocked(bs *backendState, c Counters) {
 	bs.gone.add(&c)
 	bs.quarantined--

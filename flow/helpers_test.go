@@ -143,9 +143,13 @@ var (
 // testSel picks backends by a function (default: the first candidate) and
 // reports availability from a set of down backends.
 type testSel struct {
-	mu    sync.Mutex
-	pick  func(req SelectRequest) int
-	down  map[Backend]bool
+	// pick is set by the test's goroutine, between packets.
+	pick func(req SelectRequest) int
+
+	mu sync.Mutex
+	// +checklocks:mu
+	down map[Backend]bool
+	// +checklocks:mu
 	calls []SelectRequest
 }
 

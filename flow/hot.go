@@ -53,7 +53,8 @@ const (
 	logSize = 64 // per-packet log entries applied at once
 )
 
-// bindingClass is a (listener, backend) pair that bindings share.
+// bindingClass is a (listener, backend) pair that bindings share, guarded,
+// like NAT.classes, by the NAT's mu.
 type bindingClass struct {
 	ls   *listenerState
 	bs   *backendState // the backend's cumulative state in ls
@@ -80,6 +81,7 @@ type logEntry struct {
 // fastLocked translates an established packet from its index entry e alone
 // when nothing but the rewrite and the counters is due. It reports false,
 // having changed nothing, when the packet needs the full path.
+// +checklocks:n.mu
 func (n *NAT) fastLocked(pkt []byte, hl int, e *indexEntry, s side, peer PeerID, now int64) (Result, bool) {
 	v0, v1 := e.v0, e.v1
 	nowU := uint32(now >> untilShift)
@@ -145,6 +147,7 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *indexEntry, s side, peer PeerID,
 // flushLocked applies the fast path's log to the bindings: counters, and
 // idle deadlines extended as touchLocked would have. Everything that reads
 // or changes bindings beyond the fast path calls it first.
+// +checklocks:n.mu
 func (n *NAT) flushLocked() {
 	if n.logLen > 8 && n.o.Capacity > prefetchMinCapacity {
 		// Load every binding first: the misses overlap.
@@ -183,6 +186,7 @@ func untilOf(deadline, now int64) uint32 {
 // syncLocked refreshes the index entries of binding id from the binding:
 // it must run after anything changes the binding's deadline, generation or
 // state.
+// +checklocks:n.mu
 func (n *NAT) syncLocked(id uint32, now int64) {
 	b := &n.slots[id]
 	orig, reply := n.tuples(id)
@@ -213,6 +217,7 @@ func deltas(from, to tuple) (dIP, dL4 uint16) {
 
 // tuples returns binding id's client tuple (C:cport → VIP:vport) and reply
 // tuple (B:bport → L:shadow, where L is the VIP for hairpin).
+// +checklocks:n.mu
 func (n *NAT) tuples(id uint32) (orig, reply tuple) {
 	c := &n.classes[n.slots[id].class]
 	d := &n.cold[id]
@@ -226,6 +231,7 @@ func (n *NAT) tuples(id uint32) (orig, reply tuple) {
 
 // classRefLocked returns the class of (ls, be), creating it, with one more
 // reference.
+// +checklocks:n.mu
 func (n *NAT) classRefLocked(ls *listenerState, be Backend) uint32 {
 	k := classKey{ls.slot, be.Peer, addr4(be.Addr), be.Port}
 	if ci, ok := n.classMap[k]; ok {
@@ -245,6 +251,7 @@ func (n *NAT) classRefLocked(ls *listenerState, be Backend) uint32 {
 	return ci
 }
 
+// +checklocks:n.mu
 func (n *NAT) classUnrefLocked(ci uint32) {
 	c := &n.classes[ci]
 	if c.refs--; c.refs > 0 {

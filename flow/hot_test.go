@@ -30,7 +30,9 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 			o.SweepInterval = 7 * time.Second
 		})
 		if !fast {
+			f.nat.mu.Lock()
 			f.nat.hotLimit = 0
+			f.nat.mu.Unlock()
 		}
 		setTCP(t, f, be1, be2)
 		setUDP(t, f, be1, be2)
@@ -110,9 +112,11 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 		if host && (res[1].Verdict == Forward || res[1].Verdict == Reflect) && packet.IPv4(pkt).Dst() != localAddr {
 			last[sport] = bufs[1]
 		}
+		fast.nat.mu.Lock()
 		if e := fast.nat.idx.find(packetTuple(pkt, pkt[packet.IPv4(pkt).HeaderLen():])); e != nil && e.v1>>48 != classNone {
 			hits++
 		}
+		fast.nat.mu.Unlock()
 	}
 	requireSameState(t, fast, full, -1)
 	require.Greater(t, hits, 500, "the fast path was hardly used")

@@ -11,6 +11,7 @@ import (
 // the quoted headers are put back into the form the error's recipient sent
 // (RFC 5508 §4.2, RFC 3022 §4.3), with their checksums and the ICMP
 // checksum updated incrementally.
+// +checklocks:n.mu
 func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64) Result {
 	q := pkt[hl+packet.ICMPv4HeaderLen:]
 	if len(q) < packet.IPv4MinHeaderLen || packet.Version(q) != 4 {

@@ -36,7 +36,7 @@ const noID = ^uint32(0)
 
 // Per-binding drop reasons (a compact subset; the listener and NAT count
 // every reason).
-var bindingDropSlot = [NumDropReasons]int8{
+var bindingDropSlot = [NumDropReasons]int8{ // +checklocksignore: never written
 	ReasonQuarantined:  1,
 	ReasonPeerMismatch: 2,
 	ReasonFragNeeded:   3,
@@ -84,6 +84,9 @@ type listenerKey struct {
 	proto Proto
 }
 
+// listenerState is one listener's configuration and counters. Everything
+// in it is guarded by the owning NAT's mu (checklocks cannot name a lock
+// in another struct, so its fields carry no annotation).
 type listenerState struct {
 	listener Listener
 	key      listenerKey
@@ -153,53 +156,121 @@ type unreachReport struct {
 //
 // Close releases all state and every reserved port.
 type NAT struct {
-	o        Options
-	local    uint32
-	clock    transport.Clock
-	reserver PortReserver
-	base     time.Time
-	tickLen  int64 // wheel granularity, ns
+	// Set by New and not written again: read without the lock. The
+	// analyzer cannot tell immutable fields from guarded ones, so those it
+	// would infer a guard for say +checklocksignore.
+	o        Options         // +checklocksignore: immutable after New
+	local    uint32          // +checklocksignore: immutable after New
+	clock    transport.Clock // +checklocksignore: immutable after New
+	reserver PortReserver    // +checklocksignore: immutable after New; safe for concurrent use
+	base     time.Time       // +checklocksignore: immutable after New
+	tickLen  int64           // +checklocksignore: immutable after New; wheel tick, ns
 
-	vips  atomic.Pointer[vipSet]
+	// Lock-free: read by the prechecks of both sides without mu.
+	vips  atomic.Pointer[vipSet] // replaced whole under mu
 	gen   atomic.Uint32
 	drops [NumDropReasons]atomic.Uint64
 
-	mu              sync.Mutex
-	closed          bool
-	idx             index
-	slots           []binding
-	cold            []bindingCold
-	freeHead        uint32 // free list of binding ids through bindingCold.wheelNext
-	fresh           uint32 // ids from here on were never used
-	classes         []bindingClass
-	classMap        map[classKey]uint32
-	classFree       []uint32
-	log             [logSize]logEntry // fast-path packets not yet applied to bindings
-	logLen          int
-	sweptUntil      uint32 // time of the last sweep, in until units
-	hotLimit        uint32 // classes below it use the fast path (classNone; tests lower it)
-	inUse           int    // active + quarantined
-	quarantined     int
-	wheel           []uint32
-	wheelTick       int64
-	listeners       []*listenerState
-	freeListeners   []uint32
-	listenerByKey   map[listenerKey]uint32
-	vipInfo         map[uint32]*vipInfo
+	// mu guards the table and the fields annotated with it. Both packet
+	// sides and the control methods take it; the sweep takes it on the
+	// clock's goroutine.
+	mu sync.Mutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	idx index
+	// +checklocks:mu
+	slots []binding
+	// +checklocks:mu
+	cold []bindingCold
+	// +checklocks:mu
+	freeHead uint32 // free list of binding ids through bindingCold.wheelNext
+	// +checklocks:mu
+	fresh uint32 // ids from here on were never used
+	// +checklocks:mu
+	classes []bindingClass
+	// +checklocks:mu
+	classMap map[classKey]uint32
+	// +checklocks:mu
+	classFree []uint32
+	// +checklocks:mu
+	log [logSize]logEntry // fast-path packets not yet applied to bindings
+	// +checklocks:mu
+	logLen int
+	// +checklocks:mu
+	sweptUntil uint32 // time of the last sweep, in until units
+	// +checklocks:mu
+	hotLimit uint32 // classes below it use the fast path (classNone; tests lower it)
+	// +checklocks:mu
+	inUse int // active + quarantined
+	// +checklocks:mu
+	quarantined int
+	// +checklocks:mu
+	wheel []uint32
+	// +checklocks:mu
+	wheelTick int64
+	// +checklocks:mu
+	listeners []*listenerState
+	// +checklocks:mu
+	freeListeners []uint32
+	// +checklocks:mu
+	listenerByKey map[listenerKey]uint32
+	// +checklocks:mu
+	vipInfo map[uint32]*vipInfo
+	// +checklocks:mu
 	backendAddrRefs map[uint32]int // bindings per backend address: which peers' fragments to reassemble
-	frags           fragCache
-	timer           transport.Timer
-	armed           bool
-	scratch         []byte
-	reply           []byte             // a refusal being built (refuse.go)
-	sink            uint64             // keeps the prefetching loads alive
-	reports         [2][]unreachReport // per side, delivered after the lock is released
+	// +checklocks:mu
+	frags fragCache
+	// +checklocks:mu
+	timer transport.Timer
+	// +checklocks:mu
+	armed bool
+	// +checklocks:mu
+	scratch []byte
+	// +checklocks:mu
+	reply []byte // a refusal being built (refuse.go)
+	// +checklocks:mu
+	sink uint64 // keeps the prefetching loads alive
 
-	created, failovers, retargets, refused          uint64
-	reassembled, fragmented, icmpSent               uint64
-	idleTCP, idleUDP, closedTCP, finTCP, quarantine int64
-	fragTimeout                                     int64
-	replyCost, replyMax, replyCredit, replyAt       int64 // refusals' token bucket, ns
+	// reports[s] is owned by the goroutine driving side s: it appends
+	// under mu (an ICMP port unreachable it translated) and delivers
+	// them after releasing mu (flushReports), so that the callback never
+	// runs under the lock. Neither side touches the other's queue.
+	reports [2][]unreachReport
+
+	// Totals, under mu.
+	// +checklocks:mu
+	created uint64
+	// +checklocks:mu
+	failovers uint64
+	// +checklocks:mu
+	retargets uint64
+	// +checklocks:mu
+	refused uint64
+	// +checklocks:mu
+	reassembled uint64
+	// +checklocks:mu
+	fragmented uint64
+	// +checklocks:mu
+	icmpSent uint64
+
+	// Timeouts (ns), set by New and not written again.
+	idleTCP     int64 // +checklocksignore: immutable after New
+	idleUDP     int64 // +checklocksignore: immutable after New
+	closedTCP   int64 // +checklocksignore: immutable after New
+	finTCP      int64 // +checklocksignore: immutable after New
+	quarantine  int64 // +checklocksignore: immutable after New
+	fragTimeout int64 // +checklocksignore: immutable after New
+
+	// The refusals' token bucket (refuse.go), in ns: the cost of one reply
+	// and the burst are set by New; the credit and the time of the last
+	// refill change under mu.
+	replyCost int64 // +checklocksignore: immutable after New
+	replyMax  int64 // +checklocksignore: immutable after New
+	// +checklocks:mu
+	replyCredit int64
+	// +checklocks:mu
+	replyAt int64
 }
 
 // New returns a NAT for one overlay network. It validates the options
@@ -240,7 +311,7 @@ func New(o Options) (*NAT, error) {
 	n.frags.init(&n.o)
 	n.scratch = make([]byte, max(o.MTU, o.HostMTU, 2*packet.IPv4MaxHeaderLen+2*packet.ICMPv4HeaderLen+16))
 	n.reply = make([]byte, 0, 2*packet.IPv4MaxHeaderLen+packet.ICMPv4HeaderLen+packet.ICMPv4MinQuoted)
-	n.initReplies()
+	n.initReplies() // +checklocksignore: n is not shared yet
 	return n, nil
 }
 

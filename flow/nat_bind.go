@@ -1,5 +1,6 @@
 package flow
 
+// +checklocks:n.mu
 func (n *NAT) selectLocked(ls *listenerState, why SelectReason, prev Backend, now int64) int {
 	if len(ls.backends) == 0 || ls.removed {
 		return -1
@@ -19,6 +20,7 @@ func (n *NAT) selectLocked(ls *listenerState, why SelectReason, prev Backend, no
 
 // hasRoomLocked reports whether one more binding fits, expiring what is due
 // first when the table is full.
+// +checklocks:n.mu
 func (n *NAT) hasRoomLocked(now int64) bool {
 	if n.inUse < n.o.Capacity {
 		return true
@@ -29,6 +31,7 @@ func (n *NAT) hasRoomLocked(now int64) bool {
 
 // bindLocked creates a binding for client tuple k (which must have no
 // forward entry) to backend be.
+// +checklocks:n.mu
 func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn uint32, synData bool) (uint32, DropReason) {
 	if !n.hasRoomLocked(now) {
 		n.refused++
@@ -121,6 +124,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 // rebindLocked asks the selector for another backend for binding id and,
 // when it names a different one and there is room, retires id and binds the
 // flow anew. It reports the binding to use.
+// +checklocks:n.mu
 func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool) {
 	b := &n.slots[id]
 	ls := n.classes[b.class].ls
@@ -149,6 +153,7 @@ func (n *NAT) rebindLocked(id uint32, why SelectReason, now int64) (uint32, bool
 	return nid, true
 }
 
+// +checklocks:n.mu
 func (n *NAT) backendOf(b *binding) Backend {
 	c := &n.classes[b.class]
 	return Backend{Peer: c.peer, Addr: addrFrom(c.addr), Port: c.port}

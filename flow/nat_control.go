@@ -7,6 +7,7 @@ import (
 
 // vipRefLocked counts listeners and bindings per VIP and republishes the
 // lock-free VIP set when one appears or disappears.
+// +checklocks:n.mu
 func (n *NAT) vipRefLocked(vip uint32, dl, db int) {
 	vi := n.vipInfo[vip]
 	if vi == nil {
@@ -22,6 +23,7 @@ func (n *NAT) vipRefLocked(vip uint32, dl, db int) {
 	}
 }
 
+// +checklocks:n.mu
 func (n *NAT) publishVIPsLocked() {
 	addrs := make([]uint32, 0, len(n.vipInfo))
 	for a := range n.vipInfo {
@@ -117,6 +119,7 @@ func (n *NAT) RemoveListener(l Listener) bool {
 	return n.removeListenerLocked(listenerKey{addr4(l.VIP), l.Port, l.Proto})
 }
 
+// +checklocks:n.mu
 func (n *NAT) removeListenerLocked(k listenerKey) bool {
 	li, ok := n.listenerByKey[k]
 	if !ok || n.listeners[li].removed {
@@ -133,6 +136,7 @@ func (n *NAT) removeListenerLocked(k listenerKey) bool {
 	return true
 }
 
+// +checklocks:n.mu
 func (n *NAT) forgetListenerLocked(ls *listenerState) {
 	if n.o.OnListenerGone != nil {
 		n.o.OnListenerGone(ls.stats())

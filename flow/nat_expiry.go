@@ -8,6 +8,7 @@ import (
 // retireLocked moves an active binding to quarantine, from time at: its
 // client tuple no longer matches; its shadow port stays reserved and late
 // replies are dropped until at + Quarantine.
+// +checklocks:n.mu
 func (n *NAT) retireLocked(id uint32, at int64) {
 	b := &n.slots[id]
 	if b.state&stActive == 0 {
@@ -31,6 +32,7 @@ func (n *NAT) retireLocked(id uint32, at int64) {
 
 // expireOneLocked applies idle expiry and quarantine end to binding id at
 // now, as the sweep would, and reports whether the binding is gone.
+// +checklocks:n.mu
 func (n *NAT) expireOneLocked(id uint32, now int64) bool {
 	b := &n.slots[id]
 	if b.state&stActive != 0 && now >= b.deadline {
@@ -44,6 +46,7 @@ func (n *NAT) expireOneLocked(id uint32, now int64) bool {
 }
 
 // freeLocked ends a quarantined binding and releases its port.
+// +checklocks:n.mu
 func (n *NAT) freeLocked(id uint32) {
 	b := &n.slots[id]
 	orig, reply := n.tuples(id)
@@ -79,6 +82,7 @@ const (
 	wheelMask = wheelSize - 1
 )
 
+// +checklocks:n.mu
 func (n *NAT) bucketFor(deadline int64) uint32 {
 	t := deadline / n.tickLen
 	if t < n.wheelTick {
@@ -90,6 +94,7 @@ func (n *NAT) bucketFor(deadline int64) uint32 {
 	return uint32(t & wheelMask)
 }
 
+// +checklocks:n.mu
 func (n *NAT) wheelLink(id uint32) {
 	b := &n.cold[id]
 	bk := n.bucketFor(n.slots[id].deadline)
@@ -102,6 +107,7 @@ func (n *NAT) wheelLink(id uint32) {
 	n.wheel[bk] = id
 }
 
+// +checklocks:n.mu
 func (n *NAT) wheelUnlink(id uint32) {
 	b := &n.cold[id]
 	if b.wheelBucket == noID {
@@ -120,6 +126,7 @@ func (n *NAT) wheelUnlink(id uint32) {
 
 // expireLocked retires active bindings and frees quarantined ones whose
 // deadline is at or before now.
+// +checklocks:n.mu
 func (n *NAT) expireLocked(now int64) {
 	n.flushLocked()
 	if u := uint32(now >> untilShift); int32(u-n.sweptUntil) > 0 {
@@ -157,6 +164,7 @@ func (n *NAT) expireLocked(now int64) {
 	n.wheelTick = nowTick
 }
 
+// +checklocks:n.mu
 func (n *NAT) armLocked() {
 	if n.armed || n.closed || (n.inUse == 0 && n.frags.count() == 0) {
 		return

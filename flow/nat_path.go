@@ -194,6 +194,7 @@ func (n *NAT) FromPeerBatch(pkts [][]byte, peer PeerID, now time.Time, res []Res
 // cache line of its hash index home: all an established packet needs. The
 // loads do not depend on each other, so the CPU overlaps their misses; the
 // translation that follows then finds them in cache.
+// +checklocks:n.mu
 func (n *NAT) prefetchLocked(chunk [][]byte, out []Result) {
 	if n.o.Capacity <= prefetchMinCapacity || n.closed {
 		return // the table fits in cache: prefetching would only cost
@@ -238,6 +239,7 @@ func (n *NAT) dropOnListener(ls *listenerState, r DropReason) Result {
 	return n.drop(r)
 }
 
+// +checklocks:n.mu
 func (n *NAT) dropOnBinding(b *binding, r DropReason) Result {
 	if s := bindingDropSlot[r]; s > 0 {
 		n.cold[n.idOf(b)].drops[s-1]++
@@ -246,13 +248,15 @@ func (n *NAT) dropOnBinding(b *binding, r DropReason) Result {
 }
 
 // idOf returns the slot index of b, a pointer into n.slots.
+// +checklocks:n.mu
 func (n *NAT) idOf(b *binding) uint32 {
 	return uint32((uintptr(unsafe.Pointer(b)) - uintptr(unsafe.Pointer(&n.slots[0]))) / unsafe.Sizeof(binding{}))
 }
 
-var pass = Result{}
+var pass = Result{} // +checklocksignore: never written
 
 // handleLocked dispatches a validated IPv4 packet.
+// +checklocks:n.mu
 func (n *NAT) handleLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	if n.closed {
 		return n.drop(ReasonClosed)
@@ -264,6 +268,7 @@ func (n *NAT) handleLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 }
 
 // translateLocked handles a whole (unfragmented), validated IPv4 packet.
+// +checklocks:n.mu
 func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	hl := packet.IPv4(pkt).HeaderLen()
 	l4 := pkt[hl:]
@@ -320,6 +325,7 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 }
 
 // newFlowLocked creates a binding for a packet to a VIP that has none.
+// +checklocks:n.mu
 func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 	li, ok := n.listenerByKey[listenerKey{k.dst(), k.dport(), k.proto()}]
 	if !ok {
@@ -356,6 +362,7 @@ func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
 }
 
 // outLocked handles a client packet of an existing binding.
+// +checklocks:n.mu
 func (n *NAT) outLocked(pkt []byte, hl int, k tuple, id uint32, now int64) Result {
 	b := &n.slots[id]
 	if now >= b.deadline {
@@ -429,6 +436,7 @@ func (n *NAT) tcpFlags(b *binding, fl uint8, out bool) {
 
 // applyOutLocked rewrites a client packet for binding id and decides where
 // it goes.
+// +checklocks:n.mu
 func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 	b := &n.slots[id]
 	n.touchLocked(id, now)
@@ -459,6 +467,7 @@ func (n *NAT) applyOutLocked(pkt []byte, hl int, id uint32, now int64) Result {
 // packet larger than mtu out in fragments towards dir. done reports that
 // the result is final (fragmented, or dropped); otherwise the caller
 // decides where the packet goes.
+// +checklocks:n.mu
 func (n *NAT) rewriteCountLocked(b *binding, id uint32, pkt []byte, hl int, out bool, dir Direction, mtu int) (r Result, done bool) {
 	ls := n.classes[b.class].ls
 	from, to := n.tuples(id)
@@ -489,6 +498,7 @@ func (n *NAT) rewriteCountLocked(b *binding, id uint32, pkt []byte, hl int, out 
 }
 
 // inLocked handles a backend's reply for binding id.
+// +checklocks:n.mu
 func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now int64) Result {
 	b := &n.slots[id]
 	if n.expireOneLocked(id, now) {
@@ -529,6 +539,7 @@ func (n *NAT) inLocked(pkt []byte, hl int, id uint32, s side, peer PeerID, now i
 // touchLocked extends binding id's idle deadline to now + its retention.
 // Extensions leave the wheel entry where it is (the sweep moves it later);
 // a shortened retention (RST, FIN) moves it now.
+// +checklocks:n.mu
 func (n *NAT) touchLocked(id uint32, now int64) {
 	b := &n.slots[id]
 	d := now + b.idle

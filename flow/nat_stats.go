@@ -4,6 +4,7 @@ import (
 	"net/netip"
 )
 
+// +checklocks:n.mu
 func (n *NAT) countersOf(id uint32) Counters {
 	b := &n.slots[id]
 	c := Counters{PacketsOut: b.pktsOut, BytesOut: b.bytesOut, PacketsIn: b.pktsIn, BytesIn: b.bytesIn}

@@ -40,6 +40,7 @@ func unicast4(a uint32) bool {
 }
 
 // initReplies fills the token bucket.
+// +checklocks:n.mu
 func (n *NAT) initReplies() {
 	if n.o.ReplyRate > 0 {
 		n.replyCost = int64(time.Second) / int64(n.o.ReplyRate)
@@ -49,6 +50,7 @@ func (n *NAT) initReplies() {
 }
 
 // replyTokenLocked takes one reply's token at now, if there is one.
+// +checklocks:n.mu
 func (n *NAT) replyTokenLocked(now int64) bool {
 	if n.o.ReplyRate < 0 {
 		return false
@@ -75,6 +77,7 @@ func (n *NAT) replyTokenLocked(now int64) bool {
 // ReasonPortUnreachable; a packet that gets no answer is dropped with
 // cause. pkt is a validated, whole IPv4 TCP or UDP packet with a
 // validated L4 header.
+// +checklocks:n.mu
 func (n *NAT) refuseLocked(pkt []byte, hl int, ls *listenerState, cause DropReason, now int64) Result {
 	ip := packet.IPv4(pkt)
 	src, dst := binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:]), binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:])

@@ -39,7 +39,8 @@ type DNSServer struct {
 	o      DNSOptions
 	suffix string // ".home."
 
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	srv *dns.Server
 }
 

@@ -143,7 +143,7 @@ type Engine struct {
 	prefix    netip.Prefix
 	local4    uint32
 	probePort uint16
-	pathEvery time.Duration
+	pathEvery time.Duration // +checklocksignore: immutable after NewEngine
 
 	nat       *flow.NAT
 	prober    *probe.Prober
@@ -156,37 +156,58 @@ type Engine struct {
 	peers  atomic.Pointer[peerTable]
 	routes atomic.Pointer[routeTable]
 
-	// Selector scratch, used only under the NAT's lock.
+	// Selector scratch. flow calls the selector with the NAT's lock held,
+	// which serializes its use (a lock of another package, which
+	// checklocks cannot name).
 	selStatus   []probe.Status
 	selBackends []probe.Backend
 
-	cfgMu    sync.Mutex
-	peerIDs  map[NodeID]flow.PeerID
+	// cfgMu guards the applied configuration: Apply, the path poll and
+	// Close take it.
+	cfgMu sync.Mutex
+	// +checklocks:cfgMu
+	peerIDs map[NodeID]flow.PeerID
+	// +checklocks:cfgMu
 	nextPeer flow.PeerID
-	applied  map[flow.Listener]*route
+	// +checklocks:cfgMu
+	applied map[flow.Listener]*route
+	// +checklocks:cfgMu
 	draining map[flow.Listener]*route
-	vips     map[netip.Addr]bool // VIPs claimed in the NAT (flow.NAT.ClaimVIP), listeners or not
-	subs     map[subKey]*probe.Subscription
-	used     map[NodeID]bool // peers of configured backends
-	probed   map[NodeID]bool
+	// +checklocks:cfgMu
+	vips map[netip.Addr]bool // VIPs claimed in the NAT (flow.NAT.ClaimVIP), listeners or not
+	// +checklocks:cfgMu
+	subs map[subKey]*probe.Subscription
+	// +checklocks:cfgMu
+	used map[NodeID]bool // peers of configured backends
+	// +checklocks:cfgMu
+	probed map[NodeID]bool
+	// +checklocks:cfgMu
 	eligible map[NodeID]bool
+	// +checklocks:cfgMu
 	applyErr error
-	closed   bool
+	// +checklocks:cfgMu
+	closed bool
 
-	// Packet path.
+	// Packet path. Three goroutines drive it, each owning its scratch:
+	// the pump (reflect; it fills batches from free into full), the
+	// caller of Read (readBatch, readPos; wireguard-go's one TUN reader)
+	// and the caller of Write (writeOut, writeRun, writeRunBufs,
+	// writeResults; wireguard-go serializes its writes). The channels
+	// hand batches and engine-made packets between them; hostMu is taken
+	// by the pump and Write around every Host.Write.
 	mtu          int
 	free         chan *batch
 	full         chan *batch
-	readBatch    *batch
-	readPos      int
+	readBatch    *batch        // Read's goroutine
+	readPos      int           // Read's goroutine
 	inject       chan []byte   // engine-made packets toward the overlay
 	hostQ        chan []byte   // engine-made packets toward the host (flow's Emit)
-	hostMu       sync.Mutex    // serializes Host.Write
-	writeOut     [][]byte      // Write's scratch
-	writeRun     [][]byte      // Write's run of one peer's packets (views)
-	writeRunBufs [][]byte      // the same run's whole buffers
-	writeResults []flow.Result // the NAT's results for a run
-	reflect      [][]byte      // the pump's scratch
+	hostMu       sync.Mutex    // serializes Host.Write; guards no field
+	writeOut     [][]byte      // Write's goroutine: its scratch
+	writeRun     [][]byte      // Write's goroutine: a run of one peer's packets (views)
+	writeRunBufs [][]byte      // Write's goroutine: the same run's whole buffers
+	writeResults []flow.Result // Write's goroutine: the NAT's results for a run
+	reflect      [][]byte      // the pump's goroutine: hairpinned packets of a batch
 	done         chan struct{}
 	pumpDone     chan struct{}
 	hostErr      atomic.Pointer[error]
@@ -194,16 +215,22 @@ type Engine struct {
 	deadOnce     sync.Once
 	once         sync.Once
 
-	pathMu    sync.Mutex
+	pathMu sync.Mutex
+	// +checklocks:pathMu
 	pathTimer transport.Timer
 
 	// Per-VIP totals (status.go). totalsMu is a leaf lock: it is taken inside
 	// the NAT's lock (listenerGone), so nothing holding it calls the NAT.
-	totalsMu        sync.Mutex
+	totalsMu sync.Mutex
+	// +checklocks:totalsMu
 	listenerService map[flow.Listener]ServiceID // the service of every listener the NAT has
-	carried         map[ServiceID]*vipCarry     // counts of the services' listeners the NAT forgot
-	services        map[ServiceID]bool          // the services of the last Apply
-	totalsGen       atomic.Uint64               // counts listenerGone calls: Status retries across one
+	// +checklocks:totalsMu
+	carried map[ServiceID]*vipCarry // counts of the services' listeners the NAT forgot
+	// services is only touched with both cfgMu and totalsMu held.
+	// +checklocks:cfgMu
+	// +checklocks:totalsMu
+	services  map[ServiceID]bool // the services of the last Apply
+	totalsGen atomic.Uint64      // counts listenerGone calls: Status retries across one
 
 	counters engineCounters
 }

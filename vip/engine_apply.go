@@ -154,6 +154,7 @@ func (e *Engine) Apply() error {
 
 // buildPeers assigns stable compact peer ids to members and maps their
 // overlay addresses. Called with cfgMu held.
+// +checklocks:e.cfgMu
 func (e *Engine) buildPeers() *peerTable {
 	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}, member: map[NodeID]bool{}}
 	if e.reg.o.FormerNodes != nil {
@@ -188,6 +189,7 @@ func (e *Engine) buildPeers() *peerTable {
 // backends and the peers that removed backends' active bindings still
 // use: a draining UDP binding keeps its backend while the backend's path is
 // healthy, which only probing tells. Called with cfgMu held.
+// +checklocks:e.cfgMu
 func (e *Engine) syncProbedLocked(now time.Time) []error {
 	want := make(map[NodeID]bool, len(e.used))
 	for id := range e.used {
@@ -223,6 +225,7 @@ func (e *Engine) syncProbedLocked(now time.Time) []error {
 }
 
 // pruneDrainingLocked forgets removed listeners whose bindings are gone.
+// +checklocks:e.cfgMu
 func (e *Engine) pruneDrainingLocked() {
 	for fl := range e.draining {
 		if _, ok := e.nat.ListenerStats(fl); !ok {

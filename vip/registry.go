@@ -94,9 +94,12 @@ type Registry struct {
 	o  RegistryOptions
 	mu sync.Mutex // serializes mutations (read, validate, edit)
 
+	// viewMu guards the derived state, rebuilt after every change.
 	viewMu sync.RWMutex
-	views  []ServiceView // derived state, rebuilt after every change
-	byID   map[ServiceID]int
+	// +checklocks:viewMu
+	views []ServiceView
+	// +checklocks:viewMu
+	byID map[ServiceID]int
 }
 
 // NewRegistry returns a Registry over o.Replica.

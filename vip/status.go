@@ -265,6 +265,7 @@ func (e *Engine) listenerGone(ls flow.ListenerStats) {
 // reaches listenerGone) and the carried totals of services that are gone
 // from the configuration and have no listener left. Called with cfgMu
 // held, after pruneDrainingLocked.
+// +checklocks:e.cfgMu
 func (e *Engine) pruneTotals() {
 	e.totalsMu.Lock()
 	defer e.totalsMu.Unlock()

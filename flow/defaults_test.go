@@ -10,7 +10,7 @@ import (
 	"github.com/vipkit/vipkit/packet"
 )
 
-// The defaults tests pin each of the spec's numbers by behaviour, with
+// The defaults tests pin each number of docs/defaults.md by behaviour, with
 // literal values: a test that used the Default constants would pass with
 // any value of them.
 

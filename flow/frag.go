@@ -18,8 +18,8 @@ import (
 // bounded in datagrams (total and per sender), bytes and fragments per
 // datagram; when a bound would be exceeded the fragment is dropped with
 // ReasonFragLimit (nothing held is evicted). Overlapping fragments discard
-// the whole datagram (RFC 5722 for IPv6, applied to IPv4 as the issue
-// asks); exact duplicates are dropped alone. An incomplete datagram expires
+// the whole datagram (RFC 5722 for IPv6, applied to IPv4 too); exact
+// duplicates are dropped alone. An incomplete datagram expires
 // FragTimeout after its last fragment, by the clock-driven sweep.
 
 const fragHeadroom = packet.IPv4MaxHeaderLen

@@ -12,7 +12,7 @@ import (
 	"github.com/miekg/dns"
 )
 
-// DNSTTL is the TTL of every answer: 30 s, as the spec sets. DNS does not
+// DNSTTL is the TTL of every answer: 30 s (docs/defaults.md). DNS does not
 // migrate established connections or make applications drop cached
 // addresses; existing NAT bindings keep their VIP address while they drain.
 const DNSTTL = 30 * time.Second

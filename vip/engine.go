@@ -63,8 +63,8 @@ type EngineOptions struct {
 	// PathInterval is how often PathUp is asked and health changes are
 	// passed on to UDP bindings; 0 means the prober's interval.
 	PathInterval time.Duration
-	// Prober tunes the RTT prober (zero: the spec's 1 s / 3 s / 2 misses /
-	// 10 s).
+	// Prober tunes the RTT prober (zero: 1 s / 3 s / 2 misses / 10 s,
+	// docs/defaults.md).
 	Prober probe.ProberConfig
 	// ProbePort is the reserved UDP probe port; 0 means probe.DefaultPort.
 	ProbePort uint16

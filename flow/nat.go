@@ -157,8 +157,8 @@ type unreachReport struct {
 // Close releases all state and every reserved port.
 type NAT struct {
 	// Set by New and not written again: read without the lock. The
-	// analyzer cannot tell immutable fields from guarded ones, so those it
-	// would infer a guard for say +checklocksignore.
+	// checklocks analyzer cannot tell immutable fields from guarded ones, so
+	// those it would infer a guard for say +checklocksignore.
 	o        Options         // +checklocksignore: immutable after New
 	local    uint32          // +checklocksignore: immutable after New
 	clock    transport.Clock // +checklocksignore: immutable after New

@@ -97,12 +97,15 @@ type ReplicationStats struct {
 // It is safe for concurrent use.
 type Replicator struct {
 	o     ReplicatorOptions
-	clock transport.Clock
+	clock transport.Clock // +checklocksignore: immutable after NewReplicator
 	limit int
 
-	mu      sync.Mutex
-	rng     *rand.Rand
-	timer   transport.Timer
+	mu sync.Mutex
+	// +checklocks:mu
+	rng *rand.Rand
+	// +checklocks:mu
+	timer transport.Timer
+	// +checklocks:mu
 	stopped bool
 
 	framesSent, bytesSent, framesRecv, bytesRecv, merged, rejected, rotations atomic.Uint64

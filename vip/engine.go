@@ -2,7 +2,6 @@ package vip
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -308,10 +307,10 @@ type subKey struct {
 // PacketIO.
 func NewEngine(o EngineOptions) (*Engine, error) {
 	if o.Registry == nil || o.Host == nil {
-		return nil, fmt.Errorf("%w: Registry and Host are required", ErrEngineOptions)
+		return nil, fmt.Errorf("%w: Registry and Host are required", ErrInvalidOptions)
 	}
 	if o.PathInterval < 0 || o.UnreachableHold < 0 || o.CheckTick < 0 || o.Queue < 0 {
-		return nil, fmt.Errorf("%w: negative duration or queue", ErrEngineOptions)
+		return nil, fmt.Errorf("%w: negative duration or queue", ErrInvalidOptions)
 	}
 	var selfAddr netip.Addr
 	for _, n := range o.Registry.Nodes() {
@@ -320,7 +319,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		}
 	}
 	if !selfAddr.Is4() {
-		return nil, fmt.Errorf("%w: self %s is not a member with an IPv4 overlay address", ErrEngineOptions, o.Self.String()[:12])
+		return nil, fmt.Errorf("%w: self %s is not a member with an IPv4 overlay address", ErrInvalidOptions, o.Self.String()[:12])
 	}
 	if o.ProbePort == 0 {
 		o.ProbePort = probe.DefaultPort
@@ -347,14 +346,14 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 
 	var err error
 	if e.prober, err = probe.NewProber(o.Prober); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	e.pathEvery = o.PathInterval
 	if e.pathEvery == 0 {
 		e.pathEvery = e.prober.Config().Interval
 	}
 	if e.unreach, err = probe.NewUnreachable(probe.UnreachableConfig{Hold: o.UnreachableHold, MaxEntries: o.Registry.Limits().FlowReservations}); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	e.selector = probe.Selector{Prober: e.prober, Unreachable: e.unreach}
 	lim := o.Registry.Limits()
@@ -377,7 +376,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		o.Flow(&fo)
 	}
 	if e.nat, err = flow.New(fo); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	dialer := o.Dialer
 	if dialer == nil {
@@ -385,7 +384,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	}
 	if e.checker, err = probe.NewChecker(probe.CheckerConfig{Clock: e.clock, Dialer: dialer, MaxChecks: lim.ActiveTCPChecks, Tick: o.CheckTick}); err != nil {
 		e.nat.Close()
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 
 	bsize := o.Host.BatchSize()

@@ -211,3 +211,30 @@ func TestInnerCloseFailsEveryRead(t *testing.T) {
 		}
 	}
 }
+
+// A packet longer than the buffer wireguard-go offers is dropped and
+// counted, never cut short: host traffic and outbound injections alike.
+func TestOversizedPacketDroppedNotTruncated(t *testing.T) {
+	host, dev := transporttest.NewChanPair(transporttest.ChanPairOptions{MTU: 4000})
+	w := tunwrap.Wrap(wg.TUNFromPacketIO(dev), tunwrap.Options{})
+	t.Cleanup(func() { w.Close(); host.Close() })
+	big := udp(t, cliAddr, 1, string(make([]byte, 3000)))
+	if _, err := host.Write([][]byte{big, udp(t, cliAddr, 2, "small")}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(readN(t, w, 1)); got != "[small]" { // readN offers 2048-byte buffers
+		t.Fatalf("wireguard-go read %s, want [small]", got)
+	}
+	if err := w.InjectOutbound(big); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.InjectOutbound(udp(t, cliAddr, 3, "injected")); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(readN(t, w, 1)); got != "[injected]" {
+		t.Fatalf("wireguard-go read %s, want [injected]", got)
+	}
+	if st := w.Stats(); st.Oversized != 2 || st.InjectedOutbound != 1 {
+		t.Fatalf("stats %+v, want 2 oversized and 1 injection delivered", st)
+	}
+}

@@ -130,6 +130,7 @@ type Stats struct {
 	OutboundReflected, InboundReflected uint64 // hairpins
 	InjectedOutbound, InjectedInbound   uint64 // packets injected and delivered
 	InjectDropped                       uint64 // injections refused: queue full
+	Oversized                           uint64 // longer than wireguard-go's buffer: dropped
 }
 
 // Offset is the headroom the Wrapper leaves in front of injected inbound
@@ -173,7 +174,7 @@ type Wrapper struct {
 	done      chan struct{} // the reader goroutine has returned
 
 	st struct {
-		outDrop, inDrop, outRefl, inRefl, injOut, injIn, injDrop atomic.Uint64
+		outDrop, inDrop, outRefl, inRefl, injOut, injIn, injDrop, oversized atomic.Uint64
 	}
 }
 
@@ -260,8 +261,9 @@ func (w *Wrapper) BatchSize() int { return w.bs }
 // outbound packets come first; then the oldest batch read from the inner
 // TUN (and any later ones already read, while bufs has room), of which
 // only the packets the Filter accepts are copied into bufs (a reflected
-// one is written back into the host). It may return 0 packets when the
-// Filter dropped a whole batch. Calls are serialized.
+// one is written back into the host). A packet longer than its buffer in
+// bufs is dropped and counted in Stats.Oversized. Read may return 0
+// packets when all of them were dropped. Calls are serialized.
 func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
@@ -279,9 +281,7 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 		case <-w.closed:
 			return 0, ErrClosed
 		case p := <-w.outQ:
-			sizes[0] = copy(bufs[0][offset:], p)
-			w.st.injOut.Add(1)
-			return w.readInjected(bufs, sizes, offset, 1), nil
+			return w.readInjected(bufs, sizes, offset, w.put(bufs, sizes, offset, 0, p, &w.st.injOut)), nil
 		case b = <-w.full:
 		case <-w.done:
 			// The reader stopped (the inner TUN closed); it sent its
@@ -305,8 +305,7 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 			}
 			switch v {
 			case Accept:
-				sizes[n] = copy(bufs[n][offset:], pkt)
-				n++
+				n = w.put(bufs, sizes, offset, n, pkt, nil)
 			case Reflect:
 				w.st.outRefl.Add(1)
 				reflected = w.injectInbound(pkt) || reflected
@@ -340,15 +339,28 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	return n, err
 }
 
+// put copies pkt into bufs[n] and returns the new count, counting it in
+// delivered if that is not nil; a packet longer than the buffer is dropped
+// and counted (Stats.Oversized), never cut short.
+func (w *Wrapper) put(bufs [][]byte, sizes []int, offset, n int, pkt []byte, delivered *atomic.Uint64) int {
+	if len(pkt) > len(bufs[n])-offset {
+		w.st.oversized.Add(1)
+		return n
+	}
+	sizes[n] = copy(bufs[n][offset:], pkt)
+	if delivered != nil {
+		delivered.Add(1)
+	}
+	return n + 1
+}
+
 // readInjected moves queued outbound injections into bufs[n:] without
 // blocking and returns the new count.
 func (w *Wrapper) readInjected(bufs [][]byte, sizes []int, offset, n int) int {
 	for n < len(bufs) {
 		select {
 		case p := <-w.outQ:
-			sizes[n] = copy(bufs[n][offset:], p)
-			w.st.injOut.Add(1)
-			n++
+			n = w.put(bufs, sizes, offset, n, p, &w.st.injOut)
 		default:
 			return n
 		}
@@ -502,7 +514,7 @@ func (w *Wrapper) Stats() Stats {
 		OutboundDropped: w.st.outDrop.Load(), InboundDropped: w.st.inDrop.Load(),
 		OutboundReflected: w.st.outRefl.Load(), InboundReflected: w.st.inRefl.Load(),
 		InjectedOutbound: w.st.injOut.Load(), InjectedInbound: w.st.injIn.Load(),
-		InjectDropped: w.st.injDrop.Load(),
+		InjectDropped: w.st.injDrop.Load(), Oversized: w.st.oversized.Load(),
 	}
 }
 

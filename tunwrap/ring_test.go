@@ -238,3 +238,138 @@ func TestOversizedPacketDroppedNotTruncated(t *testing.T) {
 		t.Fatalf("stats %+v, want 2 oversized and 1 injection delivered", st)
 	}
 }
+
+// Inbound injections racing with Writes are never stranded in the queue:
+// whichever of the injector and the writer comes last writes them, so the
+// host gets every packet with no later traffic to push them.
+func TestInjectInboundRacingWrites(t *testing.T) {
+	// Queues large enough for every packet: nothing may be dropped.
+	host, dev := transporttest.NewChanPair(transporttest.ChanPairOptions{Queue: 4096})
+	w := tunwrap.Wrap(wg.TUNFromPacketIO(dev), tunwrap.Options{QueueLen: 4096})
+	t.Cleanup(func() { w.Close(); host.Close() })
+	const injectors, writers, each = 4, 2, 200
+	want := (injectors + writers) * each
+	got := make(chan int, 1)
+	go func() {
+		n := 0
+		bufs, sizes := batch(64)
+		for n < want {
+			k, err := host.Read(bufs, sizes, 0)
+			if err != nil {
+				break
+			}
+			n += k
+		}
+		got <- n
+	}()
+	errs := make(chan error, injectors+writers)
+	for g := range injectors {
+		go func() {
+			p := udp(t, vipAddr, uint16(g), "inj")
+			for range each {
+				if err := w.InjectInbound(p); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for g := range writers {
+		go func() {
+			b := append(make([]byte, tunwrap.Offset), udp(t, beAddr, uint16(g), "w")...)
+			for range each {
+				if _, err := w.Write([][]byte{b}, tunwrap.Offset); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range injectors + writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case n := <-got:
+		if n != want {
+			t.Fatalf("the host got %d packets, want %d (channel drops %d)", n, want, dev.Drops())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the host got fewer than %d packets: an injection was stranded (stats %+v, channel drops %d)", want, w.Stats(), dev.Drops())
+	}
+}
+
+// gatedTUN blocks the inner Write of a packet tagged "slow" until release
+// is closed, so a test can hold the Wrapper's write lock in the middle of
+// a write.
+type gatedTUN struct {
+	tun.Device
+	entered, release chan struct{}
+}
+
+func (g *gatedTUN) Write(bufs [][]byte, offset int) (int, error) {
+	for _, b := range bufs {
+		if tag(b[offset:]) == "slow" {
+			close(g.entered)
+			<-g.release
+		}
+	}
+	return g.Device.Write(bufs, offset)
+}
+
+// An inbound injection made while another goroutine holds the write lock
+// (here: writing an earlier injection) is written by that goroutine once
+// it lets go, not left for later traffic.
+func TestInjectInboundWhileLockHeld(t *testing.T) {
+	for _, holder := range []string{"injection", "write"} {
+		t.Run(holder, func(t *testing.T) {
+			host, dev := transporttest.NewChanPair(transporttest.ChanPairOptions{})
+			g := &gatedTUN{Device: wg.TUNFromPacketIO(dev), entered: make(chan struct{}), release: make(chan struct{})}
+			w := tunwrap.Wrap(g, tunwrap.Options{})
+			t.Cleanup(func() { w.Close(); host.Close() })
+			held := make(chan error, 1)
+			go func() {
+				if holder == "write" {
+					_, err := w.Write([][]byte{append(make([]byte, tunwrap.Offset), udp(t, beAddr, 1, "slow")...)}, tunwrap.Offset)
+					held <- err
+					return
+				}
+				held <- w.InjectInbound(udp(t, vipAddr, 1, "slow"))
+			}()
+			<-g.entered
+			if err := w.InjectInbound(udp(t, vipAddr, 2, "late")); err != nil {
+				t.Fatal(err)
+			}
+			close(g.release)
+			if err := <-held; err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan []string, 1)
+			go func() {
+				var tags []string
+				bufs, sizes := batch(64)
+				for len(tags) < 2 {
+					k, err := host.Read(bufs, sizes, 0)
+					if err != nil {
+						break
+					}
+					for i := range k {
+						tags = append(tags, tag(bufs[i][:sizes[i]]))
+					}
+				}
+				got <- tags
+			}()
+			select {
+			case tags := <-got:
+				if fmt.Sprint(tags) != "[slow late]" {
+					t.Fatalf("the host got %v, want [slow late]", tags)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the injection made while the lock was held never reached the host")
+			}
+		})
+	}
+}

@@ -48,7 +48,9 @@ type Device struct {
 	tiebreak *tieBreakBind // nil for wireguard-go's own StdNetBind
 	log      *slog.Logger
 
-	mu     sync.Mutex // serializes configuration changes and Close
+	// mu serializes configuration changes and Close, and guards closed.
+	mu sync.Mutex
+	// +checklocks:mu
 	closed bool
 }
 
@@ -354,6 +356,7 @@ func (d *Device) Close() error {
 	return nil
 }
 
+// +checklocks:d.mu
 func (d *Device) readLocked() (Config, map[Key]PeerStats, error) {
 	text, err := d.dev.IpcGet()
 	if err != nil {
@@ -366,6 +369,7 @@ func (d *Device) readLocked() (Config, map[Key]PeerStats, error) {
 	return c.Normalize(), st, nil
 }
 
+// +checklocks:d.mu
 func (d *Device) setLocked(text string) error {
 	if text == "" {
 		return nil

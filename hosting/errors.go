@@ -37,7 +37,7 @@ var (
 	// teardown chose); the retry of the whole handler tears it down first.
 	ErrIngressUp = errors.New("hosting: share ingress is still up")
 	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("hosting: store closed")
+	ErrClosed = errors.New("hosting: store closed") // +checklocksignore: read-only
 )
 
 func errorsIsBadUpdate(err error) bool { return errors.Is(err, ErrBadUpdate) }

@@ -71,27 +71,48 @@ type netRuntime struct {
 	reg     *vip.Registry
 	api     *Network
 
-	mu      sync.Mutex // guards the running parts below and up
-	up      atomic.Bool
-	host    *netstack.Host
-	engine  *vip.Engine
-	dev     *wg.Device
-	started time.Time // when engine started: its counters' zero
+	// mu serializes starting and stopping the network (with up) and
+	// guards its running parts, every field below up to collMu, and uapi.
+	mu sync.Mutex
+	up atomic.Bool
+	// +checklocks:mu
+	host *netstack.Host
+	// +checklocks:mu
+	engine *vip.Engine
+	// +checklocks:mu
+	dev *wg.Device
+	// started is when engine started: its counters' zero.
+	// +checklocks:mu
+	started time.Time
+	// +checklocks:mu
 	control *Control
-	repl    *vip.Replicator
-	dns     *dnsServers
-	res     flow.PortReserver
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// +checklocks:mu
+	repl *vip.Replicator
+	// +checklocks:mu
+	dns *dnsServers
+	// +checklocks:mu
+	res flow.PortReserver
+	// +checklocks:mu
+	cancel context.CancelFunc
+	// +checklocks:mu
+	done chan struct{}
 	// proxies and forwards carry host applications into the netstack
 	// overlay (netstack mode only).
-	proxies  []io.Closer
+	// +checklocks:mu
+	proxies []io.Closer
+	// +checklocks:mu
 	forwards []*forwarder
-	tunName  string // the TUN interface in tun mode
-	// collisions are the address collisions already logged.
-	collMu     sync.Mutex
+	// tunName is the TUN interface in tun mode.
+	// +checklocks:mu
+	tunName string
+	// uapi is `wg show`'s socket, when served.
+	// +checklocks:mu
+	uapi *wg.UAPIServer
+
+	// collMu guards collisions, the address collisions already logged.
+	collMu sync.Mutex
+	// +checklocks:collMu
 	collisions map[string]bool
-	uapi       *wg.UAPIServer // `wg show`'s socket, when served
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -418,6 +439,12 @@ func (n *netRuntime) start(ctx context.Context) (err error) {
 }
 
 // startOnLocked starts everything on a host stack.
+//
+// +checklocks:n.mu
+// +checklocksignore: its body is not checked. The cleanups, closures kept
+// in a slice and run on failure by the deferred unwinding with n.mu held,
+// touch guarded fields, and the analyzer does not follow a lock into a
+// closure that is not called where it is made.
 func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO, dialer probe.Dialer, cn ControlNet, res flow.PortReserver, listenUDP func(netip.AddrPort) (net.PacketConn, error)) (err error) {
 	self := n.self()
 	cleanup := []func(){}
@@ -593,6 +620,7 @@ func (n *netRuntime) stop() {
 	n.stopLocked()
 }
 
+// +checklocks:n.mu
 func (n *netRuntime) stopLocked() {
 	if !n.up.Load() {
 		return

@@ -116,8 +116,11 @@ type e2eNode struct {
 	appTCP  uint16 // its HTTP server's port
 	appUDP  uint16 // its UDP server's port
 
-	mu   sync.Mutex
+	// mu guards proc and logf.
+	mu sync.Mutex
+	// +checklocks:mu
 	proc *netns.Process
+	// +checklocks:mu
 	logf *os.File
 }
 
@@ -1260,9 +1263,12 @@ func (u *udpClient) close(t *testing.T) {
 
 // lineWriter calls f with each whole line written to it.
 type lineWriter struct {
-	mu  sync.Mutex
+	// mu guards buf, a partial line, and serialises the calls to f.
+	mu sync.Mutex
+	// +checklocks:mu
 	buf []byte
-	f   func(string)
+	// +checklocks:mu
+	f func(string)
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {

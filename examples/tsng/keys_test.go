@@ -18,8 +18,10 @@ import (
 
 // syncBuffer is a bytes.Buffer safe for a daemon's logger and a test.
 type syncBuffer struct {
+	// mu guards b.
 	mu sync.Mutex
-	b  bytes.Buffer
+	// +checklocks:mu
+	b bytes.Buffer
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {

@@ -33,8 +33,10 @@ type restartableAgent struct {
 
 // lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
 type lockedBuffer struct {
+	// mu guards b.
 	mu sync.Mutex
-	b  bytes.Buffer
+	// +checklocks:mu
+	b bytes.Buffer
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {

@@ -75,6 +75,10 @@ type netRuntime struct {
 	// guards its running parts, every field below up to collMu, and uapi.
 	mu sync.Mutex
 	up atomic.Bool
+	// live holds the engine and the replicator while the network runs,
+	// for onChange. onChange must not take mu: it runs on the control
+	// carrier's handlers, which stopLocked waits for with mu held.
+	live atomic.Pointer[liveParts]
 	// +checklocks:mu
 	host *netstack.Host
 	// +checklocks:mu
@@ -335,19 +339,24 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 	return n, nil
 }
 
+// liveParts are the parts of a running network that onChange uses.
+type liveParts struct {
+	eng  *vip.Engine
+	repl *vip.Replicator
+}
+
 // onChange runs after every committed change: routing follows, and local
-// changes are published at once.
+// changes are published at once. While the network is down, starting or
+// stopping it does neither: a start applies the whole state, and the
+// replicator's rotation carries a change made meanwhile to the peers.
 func (n *netRuntime) onChange(ids []vip.ServiceID, local bool) {
-	n.mu.Lock()
-	eng, repl := n.engine, n.repl
-	n.mu.Unlock()
-	if eng != nil {
-		if err := eng.Apply(); err != nil {
+	if p := n.live.Load(); p != nil {
+		if err := p.eng.Apply(); err != nil {
 			n.d.log.Warn("routing update failed", "network", n.cfg.Name, "err", err)
 		}
-	}
-	if local && repl != nil {
-		repl.Publish(context.Background(), ids)
+		if local {
+			p.repl.Publish(context.Background(), ids)
+		}
 	}
 	n.d.log.Info("configuration changed", "network", n.cfg.Name, "services", len(ids), "local", local)
 	n.reportCollisions()
@@ -551,6 +560,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	}
 	close(n.done)
 	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
+	n.live.Store(&liveParts{eng: eng, repl: repl})
 	n.started = time.Now()
 	repl.Start()
 	if err := eng.Apply(); err != nil {
@@ -626,6 +636,7 @@ func (n *netRuntime) stopLocked() {
 		return
 	}
 	n.up.Store(false)
+	n.live.Store(nil)
 	for _, p := range n.proxies {
 		p.Close()
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/vipkit/vipkit/transport"
 )
 
-// Default timings of the controller (the spec's numbers).
+// Default timings of the controller; docs/defaults.md gives their reasons.
 const (
 	DefaultRenewInterval   = 2 * time.Second  // the holder renews its lease this often
 	DefaultLeaseTTL        = 20 * time.Second // the lease's TTL in etcd
@@ -183,22 +183,22 @@ func NewController(cfg Config) (*Controller, error) {
 	}
 	switch {
 	case cfg.Policy == nil || cfg.Policy.Trust == nil:
-		return nil, fmt.Errorf("%w: no policy or trust store", ErrConfig)
+		return nil, fmt.Errorf("%w: no policy or trust store", ErrInvalidOptions)
 	case !validAddr(cfg.Self) || !validAddr(cfg.VIP):
-		return nil, fmt.Errorf("%w: self %v vip %v", ErrConfig, cfg.Self, cfg.VIP)
+		return nil, fmt.Errorf("%w: self %v vip %v", ErrInvalidOptions, cfg.Self, cfg.VIP)
 	case cfg.Carrier == nil || cfg.Store == nil:
-		return nil, fmt.Errorf("%w: no carrier or state store", ErrConfig)
+		return nil, fmt.Errorf("%w: no carrier or state store", ErrInvalidOptions)
 	case !(0 < cfg.RenewInterval && cfg.RenewInterval < cfg.DropAfter && cfg.DropAfter < cfg.LeaseTTL):
-		return nil, fmt.Errorf("%w: need 0 < renew %v < drop %v < ttl %v", ErrConfig, cfg.RenewInterval, cfg.DropAfter, cfg.LeaseTTL)
+		return nil, fmt.Errorf("%w: need 0 < renew %v < drop %v < ttl %v", ErrInvalidOptions, cfg.RenewInterval, cfg.DropAfter, cfg.LeaseTTL)
 	case cfg.Key != nil && cfg.Pair == nil:
-		return nil, fmt.Errorf("%w: a member needs its pair record", ErrConfig)
+		return nil, fmt.Errorf("%w: a member needs its pair record", ErrInvalidOptions)
 	}
 	if cfg.Key != nil {
 		if err := cfg.Policy.CheckPair(nil, cfg.Pair); err != nil {
-			return nil, fmt.Errorf("%w: pair record: %w", ErrConfig, err)
+			return nil, fmt.Errorf("%w: pair record: %w", ErrInvalidOptions, err)
 		}
 		if cfg.Pair.VIP != cfg.VIP || !cfg.Pair.HasMember(cfg.Self, KeyOf(cfg.Key)) {
-			return nil, fmt.Errorf("%w: pair record is not for this node and vip", ErrConfig)
+			return nil, fmt.Errorf("%w: pair record is not for this node and vip", ErrInvalidOptions)
 		}
 	}
 	st, err := cfg.Store.Load()

@@ -1,6 +1,11 @@
 package claim
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vipkit/vipkit/transport"
+)
 
 // Encoding and signature errors.
 var (
@@ -119,10 +124,17 @@ var (
 	ErrNoToken = errors.New("claim: no fencing token")
 	// ErrStarted is returned by Controller.Start when it already started.
 	ErrStarted = errors.New("claim: controller already started")
-	// ErrClosed is returned by a closed Controller.
-	ErrClosed = errors.New("claim: closed")
-	// ErrConfig is returned for an invalid Config.
-	ErrConfig = errors.New("claim: invalid config")
+	// ErrClosed is returned by a closed Controller. It matches
+	// transport.ErrClosed (and so net.ErrClosed).
+	ErrClosed = fmt.Errorf("claim: closed: %w", transport.ErrClosed)
+	// ErrInvalidOptions is returned by NewController for a Config it
+	// cannot use, and by Promote for an observer's.
+	ErrInvalidOptions = errors.New("claim: invalid options")
+	// ErrConfig is another name for ErrInvalidOptions: the same error
+	// value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrConfig = ErrInvalidOptions
 	// ErrDeadlinePassed is returned by a LeasedCarrier asked to carry a VIP
 	// with less than MinCarryLeft before its deadline: it dropped the
 	// address instead.

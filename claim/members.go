@@ -13,6 +13,8 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // The members' channel: HTTP POST /v1/vip on each node's overlay address.
@@ -143,11 +145,7 @@ func remoteAddr(r *http.Request) (netip.Addr, error) {
 	return ap.Addr().Unmap(), nil
 }
 
-func writeJSON(w http.ResponseWriter, status int, a wireAnswer) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(a)
-}
+func writeJSON(w http.ResponseWriter, status int, a wireAnswer) { jsonx.Write(w, status, a) }
 
 func refuse(w http.ResponseWriter, err error) {
 	if code, ok := RefusalCode(err); ok {
@@ -177,20 +175,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, wireAnswer{Reason: "sender: " + err.Error()})
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBody))
+	body, err := jsonx.ReadBody(w, r, MaxRequestBody)
+	if errors.Is(err, jsonx.ErrTooLarge) {
+		writeJSON(w, http.StatusRequestEntityTooLarge, wireAnswer{Code: "too-large", Reason: fmt.Sprintf("%v: body over %d bytes", ErrTooLarge, MaxRequestBody)})
+		return
+	}
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, wireAnswer{Code: "too-large", Reason: fmt.Sprintf("%v: body over %d bytes", ErrTooLarge, MaxRequestBody)})
-			return
-		}
 		writeJSON(w, http.StatusBadRequest, wireAnswer{Reason: err.Error()})
 		return
 	}
 	var req wireRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := jsonx.Decode(body, &req); err != nil {
 		writeJSON(w, http.StatusBadRequest, wireAnswer{Code: "malformed", Reason: "request: " + err.Error()})
 		return
 	}

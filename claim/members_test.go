@@ -143,6 +143,7 @@ func TestServerLimits(t *testing.T) {
 		{"too large", big, http.StatusRequestEntityTooLarge, "too-large"},
 		{"bad json", `{"op":`, http.StatusBadRequest, "malformed"},
 		{"unknown field", `{"op":"epoch","vip":"fd7a::1","x":1}`, http.StatusBadRequest, "malformed"},
+		{"trailing data", `{"op":"epoch","vip":"fd7a::1"}}`, http.StatusBadRequest, "malformed"},
 		{"unknown op", `{"op":"steal"}`, http.StatusBadRequest, "malformed"},
 		{"bad base64", `{"op":"claim","claim":"!!"}`, http.StatusBadRequest, "malformed"},
 		{"garbage claim", `{"op":"claim","claim":"` + base64.StdEncoding.EncodeToString([]byte("nope")) + `"}`, http.StatusConflict, "version"},

@@ -202,6 +202,7 @@ func TestTrustFile(t *testing.T) {
 		{"bad root", good, false},
 		{"dup addr", `{"nodes":[{"id":"a","addr":"fd7a::1","key":"MeJrgF4siOM4/qxmIUyczE094tYgS3JkfVUTiYxAs3s="},{"id":"b","addr":"fd7a::1","key":"MeJrgF4siOM4/qxmIUyczE094tYgS3JkfVUTiYxAs3s="}]}`, false},
 		{"unknown field", `{"nodes":[],"extra":1}`, false},
+		{"trailing data", `{"nodes":[]} {"nodes":[]}`, false},
 		{"ipv4", `{"nodes":[{"id":"a","addr":"10.0.0.1","key":"MeJrgF4siOM4/qxmIUyczE094tYgS3JkfVUTiYxAs3s="}]}`, false},
 		{"short key", `{"nodes":[{"id":"a","addr":"fd7a::1","key":"AAAA"}]}`, false},
 	} {

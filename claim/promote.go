@@ -151,7 +151,7 @@ type PromoteResult struct {
 //
 // # Replacing the holder key in place
 //
-// The spec's planned move has the holder revoke its lease before it
+// A plain planned move would have the holder revoke its lease before it
 // answers and the claimant require the holder key absent. Here the
 // claimant's transaction instead compares the counter's and the holder
 // key's ModRevision with those it read before it asked for the release,
@@ -169,7 +169,7 @@ type PromoteResult struct {
 //     dropped the address and marked itself released; a released node
 //     carries again only through a newer claim of its own, which would
 //     have written the counter and failed the compare. Without that answer
-//     (OldPrimaryGone) the key must be gone, as in the spec.
+//     (OldPrimaryGone) the key must be gone, as on any failover.
 //   - The old lease cannot take the VIP away. A key belongs to the lease
 //     of its latest put: once replaced, the holder key is on the
 //     claimant's lease, and the old holder's revoke (its next step) or
@@ -181,7 +181,7 @@ type PromoteResult struct {
 // changes.
 func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResult, error) {
 	if c.cfg.Key == nil {
-		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrConfig)
+		return PromoteResult{}, fmt.Errorf("%w: an observer cannot promote", ErrInvalidOptions)
 	}
 	c.mu.Lock()
 	if c.closed {

@@ -2,12 +2,13 @@ package claim
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
+
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // TrustStore maps each node's id and overlay address to its Ed25519 key, and
@@ -105,19 +106,18 @@ func LoadTrustFile(path string) (*Trust, error) {
 //	{"nodes": [{"id": "a", "addr": "fd7a::1", "key": "<base64 32 bytes>"}],
 //	 "roots": ["<base64 32 bytes>"]}
 //
-// Unknown fields are refused. Errors wrap ErrTrust or ErrTooLarge.
+// Unknown fields and anything after the object are refused. Errors wrap
+// ErrTrust or ErrTooLarge.
 func ParseTrust(r io.Reader) (*Trust, error) {
-	data, err := io.ReadAll(io.LimitReader(r, MaxTrustFileSize+1))
+	data, err := jsonx.ReadAll(r, MaxTrustFileSize)
+	if errors.Is(err, jsonx.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: trust file over %d bytes", ErrTooLarge, MaxTrustFileSize)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim: trust file: %w", err)
 	}
-	if len(data) > MaxTrustFileSize {
-		return nil, fmt.Errorf("%w: trust file over %d bytes", ErrTooLarge, MaxTrustFileSize)
-	}
 	var tf trustFile
-	dec := json.NewDecoder(bytesReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&tf); err != nil {
+	if err := jsonx.Decode(data, &tf); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTrust, err)
 	}
 	var nodes []TrustedNode

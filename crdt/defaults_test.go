@@ -7,9 +7,10 @@ import (
 	"testing"
 )
 
-// TestDefaultLimitsPinned pins the spec's three configuration limits with
-// literal values on a replica opened with zero Limits: each test fails if
-// its default is any other value (one more is refused, one fewer fits).
+// The defaults tests pin the three configuration limits of
+// docs/defaults.md with literal values on a replica opened with zero
+// Limits: each test fails if its default is any other value (one more is
+// refused, one fewer fits).
 
 func TestDefaultMaxServicesIs64(t *testing.T) {
 	ctx := context.Background()

@@ -1,102 +1,116 @@
 package crdt
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vipkit/vipkit/transport"
+)
 
 // Decoding errors. Each is returned (wrapped, with the offset or length at
 // fault) by DecodeField, DecodeSnapshot and the stores' record decoders, and
 // by every Merge method given encoded input; the replica is left unchanged.
 var (
-	// ErrTruncated: the input ended inside a value.
+	// ErrTruncated means the input ended inside a value.
 	ErrTruncated = errors.New("crdt: truncated encoding")
-	// ErrTrailingBytes: bytes remain after a complete value.
+	// ErrTrailingBytes means bytes remain after a complete value.
 	ErrTrailingBytes = errors.New("crdt: trailing bytes after encoding")
-	// ErrVarint: a varint is overlong (not minimal), longer than its type
+	// ErrVarint means a varint is overlong (not minimal), longer than its type
 	// allows, or overflows its type.
 	ErrVarint = errors.New("crdt: non-canonical or overflowing varint")
-	// ErrBadOption: an option tag is neither 0 nor 1.
+	// ErrBadOption means an option tag is neither 0 nor 1.
 	ErrBadOption = errors.New("crdt: option tag is not 0 or 1")
-	// ErrKeyTooLong: a field key is longer than Limits.MaxKeyBytes.
+	// ErrKeyTooLong means a field key is longer than Limits.MaxKeyBytes.
 	ErrKeyTooLong = errors.New("crdt: field key too long")
-	// ErrEmptyKey: a field key is empty.
+	// ErrEmptyKey means a field key is empty.
 	ErrEmptyKey = errors.New("crdt: empty field key")
-	// ErrValueTooLarge: a field value is longer than Limits.MaxValueBytes.
+	// ErrValueTooLarge means a field value is longer than Limits.MaxValueBytes.
 	ErrValueTooLarge = errors.New("crdt: field value too large")
-	// ErrSignatureLength: the signature vector is neither 64 bytes (a
+	// ErrSignatureLength means the signature vector is neither 64 bytes (a
 	// signed field) nor, where DecodeUnsigned allows it, empty.
 	ErrSignatureLength = errors.New("crdt: signature is not 64 bytes")
-	// ErrUnknownVersion: a snapshot or stored record carries a format
+	// ErrUnknownVersion means a snapshot or stored record carries a format
 	// version this package does not know.
 	ErrUnknownVersion = errors.New("crdt: unknown format version")
-	// ErrMixedSnapshot: a snapshot holds a field of another service or
+	// ErrMixedSnapshot means a snapshot holds a field of another service or
 	// network than its header names.
 	ErrMixedSnapshot = errors.New("crdt: snapshot field does not match snapshot header")
-	// ErrSnapshotTooLarge: an encoded snapshot is larger than
+	// ErrSnapshotTooLarge means an encoded snapshot is larger than
 	// Limits.MaxSnapshotBytes (the control frame limit), on receipt or
 	// because a local edit or merge would make it so.
 	ErrSnapshotTooLarge = errors.New("crdt: snapshot exceeds control frame limit")
-	// ErrTooManyFields: a snapshot claims more fields than a service may hold.
+	// ErrTooManyFields means a snapshot claims more fields than a service may
+	// hold.
 	ErrTooManyFields = errors.New("crdt: snapshot holds too many fields")
 )
 
 // Verification errors: a field that fails one of these is not stored.
 var (
-	// ErrWrongNetwork: the field (or snapshot, or store) belongs to another
-	// network than the replica's.
+	// ErrWrongNetwork means the field (or snapshot, or store) belongs to
+	// another network than the replica's.
 	ErrWrongNetwork = errors.New("crdt: field of another network")
-	// ErrWrongDomain: the signature is valid, but over another signing
+	// ErrWrongDomain means the signature is valid, but over another signing
 	// domain than "tsunagi-vip-field/v1\x00" (no domain, the domain without
 	// its NUL, or another version of the field domain).
 	ErrWrongDomain = errors.New("crdt: signature made under the wrong domain")
-	// ErrBadSignature: the signature does not verify (ZIP-215 rules): a
+	// ErrBadSignature means the signature does not verify (ZIP-215 rules): a
 	// byte of the field was changed, or the signature is not the author's.
 	ErrBadSignature = errors.New("crdt: bad signature")
-	// ErrNotMember: the author is not (or not yet) one of the network's
+	// ErrNotMember means the author is not (or not yet) one of the network's
 	// member keys. The field is not stored; a later snapshot brings it again.
 	ErrNotMember = errors.New("crdt: author is not a member")
-	// ErrReservedKey: a key starts with 0x00 (reserved for crdt's own
+	// ErrReservedKey means a key starts with 0x00 (reserved for crdt's own
 	// registers, such as the tombstone) but is not one of them.
 	ErrReservedKey = errors.New("crdt: reserved field key")
-	// ErrBadTombstone: a tombstone field carries a value.
+	// ErrBadTombstone means a tombstone field carries a value.
 	ErrBadTombstone = errors.New("crdt: tombstone with a value")
-	// ErrLamportRange: a Lamport clock or author counter is above MaxClock,
-	// which would leave no room for later edits.
+	// ErrLamportRange means a Lamport clock or author counter is above
+	// MaxClock, which would leave no room for later edits.
 	ErrLamportRange = errors.New("crdt: clock or counter out of range")
 )
 
 // Limit and state errors.
 var (
-	// ErrFieldLimit: the merged service would hold more than
+	// ErrFieldLimit means the merged service would hold more than
 	// Limits.MaxFieldsPerService fields after obsolete ones were dropped. The
 	// merge of that service is refused and the service's error state is set.
 	ErrFieldLimit = errors.New("crdt: too many fields in service")
-	// ErrServiceLimit: a new service would exceed Limits.MaxServices active
-	// services.
+	// ErrServiceLimit means a new service would exceed Limits.MaxServices
+	// active services.
 	ErrServiceLimit = errors.New("crdt: too many active services")
-	// ErrTombstoneLimit: a new tombstone would exceed Limits.MaxTombstones.
-	// Tombstones are never evicted; the deletion is refused.
+	// ErrTombstoneLimit means a new tombstone would exceed
+	// Limits.MaxTombstones. Tombstones are never evicted; the deletion is
+	// refused.
 	ErrTombstoneLimit = errors.New("crdt: tombstone history full")
-	// ErrDeleted: an edit names a service that has been deleted. Recreate
+	// ErrDeleted means an edit names a service that has been deleted. Recreate
 	// the service under a fresh id (NewServiceID).
 	ErrDeleted = errors.New("crdt: service deleted")
-	// ErrStaleRevision: an edit was based on a revision of the service that
-	// is no longer current.
+	// ErrStaleRevision means an edit was based on a revision of the service
+	// that is no longer current.
 	ErrStaleRevision = errors.New("crdt: stale revision")
-	// ErrUnknownService: Delete names a service the replica does not hold.
+	// ErrUnknownService means Delete names a service the replica does not hold.
 	ErrUnknownService = errors.New("crdt: unknown service")
-	// ErrBadEdit: an edit is empty or names a key twice.
+	// ErrBadEdit means an edit is empty or names a key twice.
 	ErrBadEdit = errors.New("crdt: invalid edit")
-	// ErrNoSigner: an edit was asked of a replica without a signing key.
+	// ErrNoSigner means an edit was asked of a replica without a signing key.
 	ErrNoSigner = errors.New("crdt: replica has no signing key")
-	// ErrCorrupt: a stored record fails its checksum or does not decode.
+	// ErrCorrupt means a stored record fails its checksum or does not decode.
 	// Opening fails; the store is never reset.
 	ErrCorrupt = errors.New("crdt: corrupt store")
-	// ErrClosed: the replica or store has been closed.
-	ErrClosed = errors.New("crdt: closed")
-	// ErrConfig: invalid configuration.
-	ErrConfig = errors.New("crdt: invalid config")
+	// ErrClosed means the replica or store has been closed. It matches
+	// transport.ErrClosed (and so net.ErrClosed).
+	ErrClosed = fmt.Errorf("crdt: closed: %w", transport.ErrClosed)
+	// ErrInvalidOptions means Open was given a Config it cannot use (a
+	// signer key of the wrong size, a limit below its floor).
+	ErrInvalidOptions = errors.New("crdt: invalid options")
+	// ErrConfig is another name for ErrInvalidOptions: the same error
+	// value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrConfig = ErrInvalidOptions
 )
 
-// ErrInvalidField: the schema (Config.Check) refused a field's key or
+// ErrInvalidField means the schema (Config.Check) refused a field's key or
 // value. The error wraps the schema's own error too.
 var ErrInvalidField = errors.New("crdt: field refused by the schema")
 

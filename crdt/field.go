@@ -2,6 +2,7 @@ package crdt
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -115,13 +116,7 @@ func (f *Field) String() string {
 // a schema rank (Config.Rank) compares the ranks first and uses this
 // order between fields of equal rank.
 func Compare(a, b *Field) int {
-	if a.Lamport != b.Lamport {
-		if a.Lamport < b.Lamport {
-			return -1
-		}
-		return 1
-	}
-	if c := bytes.Compare(a.Author[:], b.Author[:]); c != 0 {
+	if c := compareStamp(a, b); c != 0 {
 		return c
 	}
 	return bytes.Compare(a.Encode(), b.Encode())
@@ -129,16 +124,19 @@ func Compare(a, b *Field) int {
 
 // compareRaw is Compare with both encodings at hand.
 func compareRaw(a *Field, araw []byte, b *Field, braw []byte) int {
-	if a.Lamport != b.Lamport {
-		if a.Lamport < b.Lamport {
-			return -1
-		}
-		return 1
-	}
-	if c := bytes.Compare(a.Author[:], b.Author[:]); c != 0 {
+	if c := compareStamp(a, b); c != 0 {
 		return c
 	}
 	return bytes.Compare(araw, braw)
+}
+
+// compareStamp is the first two keys of Compare: the Lamport time, then
+// the author.
+func compareStamp(a, b *Field) int {
+	if c := cmp.Compare(a.Lamport, b.Lamport); c != 0 {
+		return c
+	}
+	return bytes.Compare(a.Author[:], b.Author[:])
 }
 
 // FieldError names a field that was refused and why. Err wraps one of the

@@ -2,8 +2,9 @@ package crdt
 
 import "fmt"
 
-// Defaults of Limits. The first three are the spec's; the byte limits bound
-// a single field and the control frame that carries a whole snapshot.
+// Defaults of Limits (docs/defaults.md gives their reasons). The first
+// three are the configuration's limits; the byte limits bound a single
+// field and the control frame that carries a whole snapshot.
 const (
 	DefaultMaxServices         = 64
 	DefaultMaxTombstones       = 1024
@@ -91,7 +92,7 @@ func (l Limits) withDefaults() (Limits, error) {
 			*p.v = p.def
 		}
 		if *p.v < 0 {
-			return l, fmt.Errorf("%w: Limits.%s is negative (%d)", ErrConfig, p.nm, *p.v)
+			return l, fmt.Errorf("%w: Limits.%s is negative (%d)", ErrInvalidOptions, p.nm, *p.v)
 		}
 	}
 	for _, p := range []struct {
@@ -107,11 +108,11 @@ func (l Limits) withDefaults() (Limits, error) {
 			*p.v = 2 * p.base
 		}
 		if *p.v < p.base {
-			return l, fmt.Errorf("%w: Limits.%s %d is below its limit %d", ErrConfig, p.nm, *p.v, p.base)
+			return l, fmt.Errorf("%w: Limits.%s %d is below its limit %d", ErrInvalidOptions, p.nm, *p.v, p.base)
 		}
 	}
 	if l.MaxKeyBytes < len(TombstoneKey) {
-		return l, fmt.Errorf("%w: Limits.MaxKeyBytes %d is below the tombstone key's %d", ErrConfig, l.MaxKeyBytes, len(TombstoneKey))
+		return l, fmt.Errorf("%w: Limits.MaxKeyBytes %d is below the tombstone key's %d", ErrInvalidOptions, l.MaxKeyBytes, len(TombstoneKey))
 	}
 	return l, nil
 }

@@ -237,6 +237,16 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 	var ownMax uint64
 	active, tombs := r.active, r.tombs
 	var errs []error
+	// refuse counts the fields group g would have applied (gr) as refused
+	// by a limit, and keeps err for the service when it exists.
+	refuse := func(g *group, gr MergeResult, err error) {
+		res.Rejected += gr.Accepted
+		res.Refused.Limit += uint64(gr.Accepted)
+		errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
+		if r.services[g.id] != nil {
+			limitErrs[g.id] = err
+		}
+	}
 	for gi := range groups {
 		g := &groups[gi]
 		st := states[gi]
@@ -266,12 +276,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		}
 		ns, gr, lamport, own, err := r.applyGroup(base, g, st)
 		if err != nil {
-			res.Rejected += gr.Accepted
-			res.Refused.Limit += uint64(gr.Accepted)
-			errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
-			if r.services[g.id] != nil {
-				limitErrs[g.id] = err
-			}
+			refuse(g, gr, err)
 			continue
 		}
 		wasActive := base != nil && base.tomb == nil
@@ -288,12 +293,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				err = fmt.Errorf("%w: %d tombstones held, limit %d", ErrTombstoneLimit, tombs, tombCap)
 			}
 			if err != nil {
-				res.Rejected += gr.Accepted
-				res.Refused.Limit += uint64(gr.Accepted)
-				errs = append(errs, fmt.Errorf("crdt: service %s refused: %w", g.id, err))
-				if r.services[g.id] != nil {
-					limitErrs[g.id] = err
-				}
+				refuse(g, gr, err)
 				continue
 			}
 			if wasActive {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 )
 
@@ -195,7 +196,7 @@ func Open(ctx context.Context, cfg Config) (*Replica, error) {
 		return nil, err
 	}
 	if cfg.Signer != nil && len(cfg.Signer) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("%w: signer key of %d bytes", ErrConfig, len(cfg.Signer))
+		return nil, fmt.Errorf("%w: signer key of %d bytes", ErrInvalidOptions, len(cfg.Signer))
 	}
 	st := cfg.Store
 	if st == nil {
@@ -451,18 +452,8 @@ func (s *service) sortedFields(clone bool) []Field {
 		}
 		out = append(out, f)
 	}
-	slices.SortFunc(out, func(a, b Field) int { return cmpString(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b Field) int { return strings.Compare(a.Key, b.Key) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Snapshot returns the service's snapshot: its fields in key order, or its

@@ -3,8 +3,6 @@ package flow
 import (
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/vipkit/vipkit/packet"
 )
 
@@ -15,16 +13,22 @@ func TestZeroAllocsEstablished(t *testing.T) {
 	setTCP(t, f, be1)
 	setUDP(t, f, be2)
 	hair := Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}
-	require.NoError(t, f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}))
+	if err := f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}); err != nil {
+		t.Fatalf("f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}): %v", err)
+	}
 
 	out := openTCP(t, f, 40000)
 	tcpOut := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagACK, Payload: make([]byte, 1000)}.Build()
 	tcpIn := replyTo(out, packet.TCPFlagACK, "0123456789")
 	u := udpTo(5000, "q")
-	require.Equal(t, Forward, f.host(u).Verdict)
+	if got := f.host(u).Verdict; got != Forward {
+		t.Fatalf("f.host(u).Verdict = %v, want %v", got, Forward)
+	}
 	udpIn := replyTo(u, 0, "answer")
 	h := P{Src: localAddr, Dst: vip2Addr, Proto: ProtoUDP, Sport: 6000, Dport: 80, Payload: []byte("x")}.Build()
-	require.Equal(t, Reflect, f.host(h).Verdict)
+	if got := f.host(h).Verdict; got != Reflect {
+		t.Fatalf("f.host(h).Verdict = %v, want %v", got, Reflect)
+	}
 	hairIn := replyTo(h, 0, "y")
 
 	cases := []struct {
@@ -50,7 +54,11 @@ func TestZeroAllocsEstablished(t *testing.T) {
 				r = f.nat.FromPeer(buf, c.peer, f.clock.Now())
 			}
 		})
-		require.Equal(t, c.want, r.Verdict, c.name)
-		require.Zero(t, allocs, c.name)
+		if r.Verdict != c.want {
+			t.Fatalf("%v: r.Verdict = %v, want %v", c.name, r.Verdict, c.want)
+		}
+		if allocs != 0 {
+			t.Fatalf("%v: allocs = %v, want 0", c.name, allocs)
+		}
 	}
 }

@@ -32,7 +32,8 @@ type BackendStats struct {
 	Counters
 }
 
-// backendState is the NAT's state of one backend of a listener.
+// backendState is the NAT's state of one backend of a listener, guarded
+// by the NAT's mu.
 type backendState struct {
 	ls                            *listenerState
 	be                            Backend
@@ -54,47 +55,50 @@ func (c *Counters) add(o *Counters) {
 
 // backendStateLocked returns ls's state of be, creating it (as not
 // configured) when there is none.
+// +checklocks:n.mu
 func (n *NAT) backendStateLocked(ls *listenerState, be Backend) *backendState {
-	if bs := ls.bes[be]; bs != nil {
+	if bs := ls.byBackend[be]; bs != nil {
 		return bs
 	}
-	if ls.bes == nil {
-		ls.bes = make(map[Backend]*backendState)
+	if ls.byBackend == nil {
+		ls.byBackend = make(map[Backend]*backendState)
 	}
 	bs := &backendState{ls: ls, be: be}
-	ls.bes[be] = bs
+	ls.byBackend[be] = bs
 	return bs
 }
 
 // configureBackendsLocked marks exactly ls.backends as configured and
 // forgets removed backends without bindings.
+// +checklocks:n.mu
 func (n *NAT) configureBackendsLocked(ls *listenerState) {
-	for _, bs := range ls.bes {
+	for _, bs := range ls.byBackend {
 		bs.configured = false
 	}
 	for _, be := range ls.backends {
 		n.backendStateLocked(ls, be).configured = true
 	}
-	for be, bs := range ls.bes {
+	for be, bs := range ls.byBackend {
 		if !bs.configured && bs.active+bs.quarantined == 0 {
-			delete(ls.bes, be)
+			delete(ls.byBackend, be)
 		}
 	}
 }
 
 // backendFreedLocked folds the counters c of a freed (quarantined) binding
 // into its backend's state.
+// +checklocks:n.mu
 func (n *NAT) backendFreedLocked(bs *backendState, c Counters) {
 	bs.gone.add(&c)
 	bs.quarantined--
-	if !bs.configured && bs.active+bs.quarantined == 0 && bs.ls.bes[bs.be] == bs {
-		delete(bs.ls.bes, bs.be)
+	if !bs.configured && bs.active+bs.quarantined == 0 && bs.ls.byBackend[bs.be] == bs {
+		delete(bs.ls.byBackend, bs.be)
 	}
 }
 
 func (bs *backendState) stats() BackendStats {
 	return BackendStats{
-		Listener: bs.ls.l, Backend: bs.be, Configured: bs.configured,
+		Listener: bs.ls.listener, Backend: bs.be, Configured: bs.configured,
 		Active: bs.active, Quarantined: bs.quarantined,
 		Created: bs.created, Failovers: bs.failovers, Retargets: bs.retargets,
 		Counters: bs.gone,
@@ -104,14 +108,14 @@ func (bs *backendState) stats() BackendStats {
 // backendsInOrder returns ls's backend states: the configured ones in
 // configuration order, then the draining ones by address and port.
 func backendsInOrder(ls *listenerState) []*backendState {
-	out := make([]*backendState, 0, len(ls.bes))
+	out := make([]*backendState, 0, len(ls.byBackend))
 	for _, be := range ls.backends {
-		if bs := ls.bes[be]; bs != nil && !slices.Contains(out, bs) {
+		if bs := ls.byBackend[be]; bs != nil && !slices.Contains(out, bs) {
 			out = append(out, bs)
 		}
 	}
 	k := len(out)
-	for _, bs := range ls.bes {
+	for _, bs := range ls.byBackend {
 		if !bs.configured {
 			out = append(out, bs)
 		}
@@ -133,7 +137,7 @@ func (n *NAT) BackendStats() []BackendStats {
 	n.flushLocked()
 	var out []BackendStats
 	at := make(map[*backendState]int)
-	for _, ls := range n.lis {
+	for _, ls := range n.listeners {
 		if ls == nil {
 			continue
 		}
@@ -144,10 +148,10 @@ func (n *NAT) BackendStats() []BackendStats {
 	}
 	for id := range n.slots[:n.fresh] {
 		b := &n.slots[id]
-		if b.st == 0 {
+		if b.state == 0 {
 			continue
 		}
-		if i, ok := at[n.classes[b.cls].bs]; ok {
+		if i, ok := at[n.classes[b.class].bs]; ok {
 			c := n.countersOf(uint32(id))
 			out[i].Counters.add(&c)
 		}
@@ -164,11 +168,11 @@ func (n *NAT) DrainingBackends() []BackendStats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var out []BackendStats
-	for _, ls := range n.lis {
+	for _, ls := range n.listeners {
 		if ls == nil {
 			continue
 		}
-		for _, bs := range ls.bes {
+		for _, bs := range ls.byBackend {
 			if !bs.configured && bs.active > 0 {
 				st := bs.stats()
 				st.Counters = Counters{}

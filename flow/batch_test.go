@@ -2,9 +2,8 @@ package flow
 
 import (
 	"math/rand/v2"
+	"reflect"
 	"testing"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/packet"
@@ -67,15 +66,25 @@ func TestBatchEqualsSingle(t *testing.T) {
 			}
 			b.nat.FromPeerBatch(batch, be1.Peer, b.clock.Now(), got)
 		}
-		require.Equal(t, want, got, "round %d", round)
-		require.Equal(t, single, batch, "round %d", round)
-		require.Equal(t, len(a.takeOut()), len(b.takeOut()))
-		require.Equal(t, a.reports, b.reports)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("round %d: got = %v, want %v", round, got, want)
+		}
+		if !reflect.DeepEqual(batch, single) {
+			t.Fatalf("round %d: batch = %v, want %v", round, batch, single)
+		}
+		if want, got := len(a.takeOut()), len(b.takeOut()); got != want {
+			t.Fatalf("len(b.takeOut()) = %v, want %v", got, want)
+		}
+		if !reflect.DeepEqual(b.reports, a.reports) {
+			t.Fatalf("b.reports = %v, want %v", b.reports, a.reports)
+		}
 		for i, r := range want {
 			if r.Verdict == Forward && hostSide {
 				replies = append(replies, single[i])
 			}
 		}
 	}
-	require.NotEmpty(t, a.reports)
+	if len(a.reports) == 0 {
+		t.Fatal("a.reports is empty")
+	}
 }

@@ -272,8 +272,10 @@ func benchTranslate(b *testing.B, bt *benchTable, size int, in bool) {
 		b.ReportMetric(bt.bytesPerFlow, "B/flow")
 	}
 	if bt.flows > prefetchMinCapacity {
-		x := &bt.nat.idx
-		b.ReportMetric(100*hugeShare(unsafe.Pointer(unsafe.SliceData(x.ents)), uintptr(len(x.ents))*unsafe.Sizeof(ient{})), "idx-huge-%")
+		bt.nat.mu.Lock()
+		ents := bt.nat.idx.entries
+		bt.nat.mu.Unlock()
+		b.ReportMetric(100*hugeShare(unsafe.Pointer(unsafe.SliceData(ents)), uintptr(len(ents))*unsafe.Sizeof(indexEntry{})), "idx-huge-%")
 	}
 }
 

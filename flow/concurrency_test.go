@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/vipkit/vipkit/packet"
 )
 
@@ -62,7 +60,10 @@ func TestConcurrentSidesSweepAndControl(t *testing.T) {
 			if i%2 == 0 {
 				f.nat.RemoveBackend(lUDP, be1)
 			} else {
-				require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1, be2}}))
+				if err := f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1, be2}}); err != nil {
+					t.Errorf("SetListener: %v", err)
+					return
+				}
 			}
 			_ = f.nat.Bindings()
 			_ = f.nat.Stats()
@@ -70,8 +71,16 @@ func TestConcurrentSidesSweepAndControl(t *testing.T) {
 	}()
 	wg.Wait()
 	st := f.nat.Stats()
-	require.LessOrEqual(t, st.Active+st.Quarantined, 64)
-	require.Positive(t, st.Created)
-	require.NoError(t, f.nat.Close())
-	require.Equal(t, 0, f.res.InUse())
+	if st.Active+st.Quarantined > 64 {
+		t.Fatalf("st.Active+st.Quarantined = %v, want <= %v", st.Active+st.Quarantined, 64)
+	}
+	if st.Created <= 0 {
+		t.Fatalf("st.Created = %v, want > 0", st.Created)
+	}
+	if err := f.nat.Close(); err != nil {
+		t.Fatalf("f.nat.Close(): %v", err)
+	}
+	if got := f.res.InUse(); got != 0 {
+		t.Fatalf("f.res.InUse() = %v, want %v", got, 0)
+	}
 }

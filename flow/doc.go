@@ -38,7 +38,7 @@
 // ReasonPortUnreachable. RSTs, ICMP, non-unicast addresses and later
 // fragments are never answered (docs/empty-vips.md).
 //
-// Bindings follow tsunagi-vip's delivery rules: a TCP flow is pinned to its
+// Bindings follow these delivery rules: a TCP flow is pinned to its
 // backend, a retransmitted empty SYN before any SYN-ACK may be retargeted,
 // a new SYN sequence on a reused tuple makes a new binding, RST (and FIN in
 // both directions) shortens retention; UDP bindings fail over when the

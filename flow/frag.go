@@ -18,8 +18,8 @@ import (
 // bounded in datagrams (total and per sender), bytes and fragments per
 // datagram; when a bound would be exceeded the fragment is dropped with
 // ReasonFragLimit (nothing held is evicted). Overlapping fragments discard
-// the whole datagram (RFC 5722 for IPv6, applied to IPv4 as the issue
-// asks); exact duplicates are dropped alone. An incomplete datagram expires
+// the whole datagram (RFC 5722 for IPv6, applied to IPv4 too); exact
+// duplicates are dropped alone. An incomplete datagram expires
 // FragTimeout after its last fragment, by the clock-driven sweep.
 
 const fragHeadroom = packet.IPv4MaxHeaderLen
@@ -52,6 +52,8 @@ type fragEntry struct {
 	poisoned DropReason // nonzero: discarded; later fragments dropped until expiry
 }
 
+// fragCache holds the datagrams being reassembled. It is NAT.frags and
+// guarded by the NAT's mu.
 type fragCache struct {
 	o         *Options
 	m         map[fragKey]*fragEntry
@@ -115,9 +117,10 @@ func (fc *fragCache) poison(e *fragEntry, r DropReason) {
 
 // fragmentLocked takes one validated fragment. When it completes a
 // datagram, the datagram is translated and emitted.
+// +checklocks:n.mu
 func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	ip := packet.IPv4(pkt)
-	if s == sidePeer && n.beRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 {
+	if s == sidePeer && n.backendAddrRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 {
 		// Not from a backend address with bindings: not NAT traffic, left
 		// for the host to reassemble.
 		return pass
@@ -137,7 +140,7 @@ func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result 
 		if e != nil {
 			fc.poison(e, r)
 		}
-		return n.drop(r)
+		return n.drop(r) // +checklocksignore: the closure runs inline, under the caller's n.mu
 	}
 	if end+hl > packet.IPv4MaxPacketLen {
 		return poison(ReasonFragTooBig)
@@ -228,6 +231,7 @@ func (n *NAT) mtuOf(d Direction) int {
 }
 
 // expireFragsLocked drops incomplete datagrams idle since before now.
+// +checklocks:n.mu
 func (n *NAT) expireFragsLocked(now int64) {
 	for _, e := range n.frags.m {
 		if e.deadline <= now {
@@ -243,6 +247,7 @@ func (n *NAT) expireFragsLocked(now int64) {
 // emitFragmentsLocked gives pkt to Emit, split into fragments of at most mtu
 // bytes when it is larger (RFC 791: payload split on 8-byte boundaries;
 // options without the copy bit only in the first fragment).
+// +checklocks:n.mu
 func (n *NAT) emitFragmentsLocked(dir Direction, pkt []byte, mtu int) bool {
 	if n.o.Emit == nil {
 		return false
@@ -320,6 +325,7 @@ func copiedOptions(dst, opts []byte) int {
 // fragNeededLocked sends the sender of pkt an ICMP fragmentation-needed
 // error carrying mtu, from pkt's destination, quoting pkt's header and
 // first 8 bytes of data as they were received (before any rewrite).
+// +checklocks:n.mu
 func (n *NAT) fragNeededLocked(pkt []byte, hl, mtu int, dir Direction) {
 	if n.o.Emit == nil {
 		return

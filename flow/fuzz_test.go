@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/packet"
 )
@@ -45,16 +43,26 @@ func fuzzNAT(t testing.TB) *fixture {
 	})
 	setTCP(t, f, be1, be2)
 	setUDP(t, f, be1)
-	require.NoError(t, f.nat.SetListener(Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}, ListenerConfig{Backends: []Backend{beLocal}}))
+	if err := f.nat.SetListener(Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}, ListenerConfig{Backends: []Backend{beLocal}}); err != nil {
+		t.Fatalf("f.nat.SetListener(Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}, ListenerConfig{Backends: []Backend{beLocal}}): %v", err)
+	}
 	return f
 }
 
 func checkBounds(t testing.TB, f *fixture) {
 	st := f.nat.Stats()
-	require.LessOrEqual(t, st.Active+st.Quarantined, st.Capacity)
-	require.LessOrEqual(t, st.FragPending, 4)
-	require.LessOrEqual(t, st.FragBytes, 8000)
-	require.GreaterOrEqual(t, st.FragBytes, 0)
+	if st.Active+st.Quarantined > st.Capacity {
+		t.Fatalf("st.Active+st.Quarantined = %v, want <= %v", st.Active+st.Quarantined, st.Capacity)
+	}
+	if st.FragPending > 4 {
+		t.Fatalf("st.FragPending = %v, want <= %v", st.FragPending, 4)
+	}
+	if st.FragBytes > 8000 {
+		t.Fatalf("st.FragBytes = %v, want <= %v", st.FragBytes, 8000)
+	}
+	if st.FragBytes < 0 {
+		t.Fatalf("st.FragBytes = %v, want >= %v", st.FragBytes, 0)
+	}
 }
 
 // FuzzFromHost feeds one arbitrary packet to the ingress path, then to the
@@ -67,20 +75,34 @@ func FuzzFromHost(f *testing.F) {
 		fx := fuzzNAT(t)
 		n := len(b)
 		r := fx.host(b)
-		require.Len(t, b, n)
+		if len(b) != n {
+			t.Fatalf("len(b) = %d, want %d: %v", len(b), n, b)
+		}
 		if r.Verdict == Drop {
-			require.NotEqual(t, ReasonNone, r.Reason)
+			if r.Reason == ReasonNone {
+				t.Fatalf("r.Reason = %v, want anything else", r.Reason)
+			}
 		}
 		if r.Reason == ReasonRefused || r.Reason == ReasonPortUnreachable {
 			// A refusal is one well-formed packet from the VIP to the sender.
 			out := fx.takeOut()
-			require.Len(t, out, 1)
+			if len(out) != 1 {
+				t.Fatalf("len(out) = %d, want %d: %v", len(out), 1, out)
+			}
 			ip := packet.IPv4(out[0].pkt)
-			require.Equal(t, ToHost, out[0].dir)
-			require.NoError(t, ip.Validate())
+			if out[0].dir != ToHost {
+				t.Fatalf("out[0].dir = %v, want %v", out[0].dir, ToHost)
+			}
+			if err := ip.Validate(); err != nil {
+				t.Fatalf("ip.Validate(): %v", err)
+			}
 			requireSums(t, ip)
-			require.True(t, fx.nat.IsVIP(ip.Src()))
-			require.Equal(t, packet.IPv4(b).Src(), ip.Dst())
+			if !fx.nat.IsVIP(ip.Src()) {
+				t.Fatal("fx.nat.IsVIP(ip.Src()) is false")
+			}
+			if want, got := packet.IPv4(b).Src(), ip.Dst(); got != want {
+				t.Fatalf("ip.Dst() = %v, want %v", got, want)
+			}
 		}
 		fx.peer(be1.Peer, b)
 		checkBounds(t, fx)
@@ -143,12 +165,22 @@ func TestIndexAgainstMap(t *testing.T) {
 		model := map[tuple]uint32{}
 		check := func(k tuple, id uint32) {
 			e := x.find(k)
-			require.NotNil(t, e)
-			require.Equal(t, id, e.id())
-			require.Equal(t, dirRev, e.dir())
+			if e == nil {
+				t.Fatal("e is nil")
+			}
+			if got := e.id(); got != id {
+				t.Fatalf("e.id() = %v, want %v", got, id)
+			}
+			if got := e.dir(); got != dirRev {
+				t.Fatalf("e.dir() = %v, want %v", got, dirRev)
+			}
 			// The values move with their key when deletion shifts entries.
-			require.Equal(t, uint64(id)*3, e.v0)
-			require.Equal(t, ^uint64(id), e.v1)
+			if e.v0 != uint64(id)*3 {
+				t.Fatalf("e.v0 = %v, want %v", e.v0, uint64(id)*3)
+			}
+			if e.v1 != ^uint64(id) {
+				t.Fatalf("e.v1 = %v, want %v", e.v1, ^uint64(id))
+			}
 		}
 		for step := range 2000 {
 			k := mkTuple(uint32(rng.IntN(4)), uint32(rng.IntN(2)), uint16(rng.IntN(3)), 1, ProtoUDP)
@@ -159,23 +191,31 @@ func TestIndexAgainstMap(t *testing.T) {
 				}
 				id := uint32(rng.IntN(idMask))
 				_, exists := model[k]
-				require.Equal(t, !exists, x.insert(k, id, dirRev, uint64(id)*3, ^uint64(id)), "run %d step %d", run, step)
+				if got := x.insert(k, id, dirRev, uint64(id)*3, ^uint64(id)); got != !exists {
+					t.Fatalf("run %d step %d: x.insert(k, id, dirRev, uint64(id)*3, ^uint64(id)) = %v, want %v", run, step, got, !exists)
+				}
 				if !exists {
 					model[k] = id
 				}
 			case 1:
 				_, exists := model[k]
-				require.Equal(t, exists, x.remove(k))
+				if got := x.remove(k); got != exists {
+					t.Fatalf("x.remove(k) = %v, want %v", got, exists)
+				}
 				delete(model, k)
 			default:
 				want, exists := model[k]
 				if exists {
 					check(k, want)
 				} else {
-					require.Nil(t, x.find(k))
+					if got := x.find(k); got != nil {
+						t.Fatalf("x.find(k) = %v, want nil", got)
+					}
 				}
 			}
-			require.Equal(t, len(model), x.n)
+			if x.n != len(model) {
+				t.Fatalf("x.n = %v, want %v", x.n, len(model))
+			}
 		}
 		for k, id := range model {
 			check(k, id)

@@ -1,13 +1,12 @@
 package flow
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport/transporttest"
@@ -118,14 +117,18 @@ func requireSums(t testing.TB, pkt []byte) {
 	t.Helper()
 	cp := append([]byte(nil), pkt...)
 	packet.IPv4(cp).UpdateChecksum()
-	require.Equal(t, packet.IPv4(cp).Checksum(), packet.IPv4(pkt).Checksum(), "IPv4 header checksum")
+	if want, got := packet.IPv4(cp).Checksum(), packet.IPv4(pkt).Checksum(); got != want {
+		t.Fatalf("IPv4 header checksum: packet.IPv4(pkt).Checksum() = %v, want %v", got, want)
+	}
 	if packet.IPv4(pkt).IsFragment() {
 		return
 	}
 	hl := packet.IPv4(pkt).HeaderLen()
 	noUDP := Proto(pkt[9]) == ProtoUDP && binary.BigEndian.Uint16(pkt[hl+6:]) == 0
 	fixL4(cp, noUDP)
-	require.Equal(t, cp[hl:], pkt[hl:], "L4 header and checksum")
+	if want, got := cp[hl:], pkt[hl:]; !bytes.Equal(got, want) {
+		t.Fatalf("L4 header and checksum: pkt[hl:] = %v, want %v", got, want)
+	}
 }
 
 var (
@@ -143,9 +146,13 @@ var (
 // testSel picks backends by a function (default: the first candidate) and
 // reports availability from a set of down backends.
 type testSel struct {
-	mu    sync.Mutex
-	pick  func(req SelectRequest) int
-	down  map[Backend]bool
+	// pick is set by the test's goroutine, between packets.
+	pick func(req SelectRequest) int
+
+	mu sync.Mutex
+	// +checklocks:mu
+	down map[Backend]bool
+	// +checklocks:mu
 	calls []SelectRequest
 }
 
@@ -218,7 +225,9 @@ func newFixture(t testing.TB, mods ...func(*Options)) *fixture {
 		m(&o)
 	}
 	n, err := New(o)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	t.Cleanup(func() { n.Close() })
 	f.nat = n
 	return f

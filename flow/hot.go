@@ -53,8 +53,9 @@ const (
 	logSize = 64 // per-packet log entries applied at once
 )
 
-// bclass is a (listener, backend) pair that bindings share.
-type bclass struct {
+// bindingClass is a (listener, backend) pair that bindings share, guarded,
+// like NAT.classes, by the NAT's mu.
+type bindingClass struct {
 	ls   *listenerState
 	bs   *backendState // the backend's cumulative state in ls
 	peer PeerID
@@ -64,14 +65,14 @@ type bclass struct {
 }
 
 type classKey struct {
-	lis  uint32
-	peer PeerID
-	addr uint32
-	port uint16
+	listener uint32
+	peer     PeerID
+	addr     uint32
+	port     uint16
 }
 
-// logEnt records one fast-path packet: binding id and direction, size, time.
-type logEnt struct {
+// logEntry records one fast-path packet: binding id and direction, size, time.
+type logEntry struct {
 	ref  uint32
 	size uint32
 	t    int64
@@ -80,11 +81,12 @@ type logEnt struct {
 // fastLocked translates an established packet from its index entry e alone
 // when nothing but the rewrite and the counters is due. It reports false,
 // having changed nothing, when the packet needs the full path.
-func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now int64) (Result, bool) {
+// +checklocks:n.mu
+func (n *NAT) fastLocked(pkt []byte, hl int, e *indexEntry, s side, peer PeerID, now int64) (Result, bool) {
 	v0, v1 := e.v0, e.v1
 	nowU := uint32(now >> untilShift)
 	ci := v1 >> 48
-	if ci == classNone || int32(uint32(v1)-nowU) <= 0 || int32(nowU-n.sweptU) >= untilSpan {
+	if ci == classNone || int32(uint32(v1)-nowU) <= 0 || int32(nowU-n.sweptUntil) >= untilSpan {
 		return Result{}, false
 	}
 	l4 := pkt[hl:]
@@ -114,8 +116,8 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 		}
 		newA = uint64(src)<<32 | uint64(c.addr)
 		newP = uint32(v0)&0xffff0000 | uint32(c.port)
-		ls.c.PacketsOut++
-		ls.c.BytesOut += sz
+		ls.counters.PacketsOut++
+		ls.counters.BytesOut += sz
 		r = Result{Verdict: Forward, Peer: c.peer}
 		if hairpin {
 			r = Result{Verdict: Reflect}
@@ -126,35 +128,36 @@ func (n *NAT) fastLocked(pkt []byte, hl int, e *ient, s side, peer PeerID, now i
 		}
 		newA = uint64(ls.key.vip)<<32 | v0>>32
 		newP = uint32(ls.key.port)<<16 | uint32(v0)>>16
-		ls.c.PacketsIn++
-		ls.c.BytesIn += sz
+		ls.counters.PacketsIn++
+		ls.counters.BytesIn += sz
 		r = Result{Verdict: Forward}
 		if hairpin {
 			r = Result{Verdict: Reflect}
 		}
 	}
 	rewrite(pkt, hl, newA, newP, uint16(v1>>32), uint16(v0))
-	if n.nlog == logSize {
+	if n.logLen == logSize {
 		n.flushLocked()
 	}
-	n.log[n.nlog] = logEnt{ref: uint32(e.k1 & (1<<24 - 1)), size: uint32(sz), t: now}
-	n.nlog++
+	n.log[n.logLen] = logEntry{ref: uint32(e.k1 & (1<<24 - 1)), size: uint32(sz), t: now}
+	n.logLen++
 	return r, true
 }
 
 // flushLocked applies the fast path's log to the bindings: counters, and
 // idle deadlines extended as touchLocked would have. Everything that reads
 // or changes bindings beyond the fast path calls it first.
+// +checklocks:n.mu
 func (n *NAT) flushLocked() {
-	if n.nlog > 8 && n.o.Capacity > prefetchMinCapacity {
+	if n.logLen > 8 && n.o.Capacity > prefetchMinCapacity {
 		// Load every binding first: the misses overlap.
 		var sink int64
-		for i := range n.nlog {
+		for i := range n.logLen {
 			sink += n.slots[n.log[i].ref&idMask].deadline
 		}
 		n.sink += uint64(sink)
 	}
-	for i := range n.nlog {
+	for i := range n.logLen {
 		l := &n.log[i]
 		id := l.ref & idMask
 		b := &n.slots[id]
@@ -171,7 +174,7 @@ func (n *NAT) flushLocked() {
 			n.touchLocked(id, l.t)
 		}
 	}
-	n.nlog = 0
+	n.logLen = 0
 }
 
 // untilOf returns the fast path's until for a deadline, at time now.
@@ -183,17 +186,18 @@ func untilOf(deadline, now int64) uint32 {
 // syncLocked refreshes the index entries of binding id from the binding:
 // it must run after anything changes the binding's deadline, generation or
 // state.
+// +checklocks:n.mu
 func (n *NAT) syncLocked(id uint32, now int64) {
 	b := &n.slots[id]
 	orig, reply := n.tuples(id)
 	ci := uint64(classNone)
-	if b.st&stActive != 0 && b.cls < n.hotLimit {
-		ci = uint64(b.cls)
+	if b.state&stActive != 0 && b.class < n.hotLimit {
+		ci = uint64(b.class)
 	}
 	ci = ci<<48 | uint64(untilOf(b.deadline, now))
 	fIP, fL4 := deltas(orig, reply)
 	rIP, rL4 := deltas(reply, orig)
-	if e := n.idx.find(orig); e != nil && b.st&stActive != 0 {
+	if e := n.idx.find(orig); e != nil && b.state&stActive != 0 {
 		e.v0 = uint64(b.gen)<<32 | uint64(reply.dport())<<16 | uint64(fL4)
 		e.v1 = ci | uint64(fIP)<<32
 	}
@@ -213,21 +217,23 @@ func deltas(from, to tuple) (dIP, dL4 uint16) {
 
 // tuples returns binding id's client tuple (C:cport → VIP:vport) and reply
 // tuple (B:bport → L:shadow, where L is the VIP for hairpin).
+// +checklocks:n.mu
 func (n *NAT) tuples(id uint32) (orig, reply tuple) {
-	c := &n.classes[n.slots[id].cls]
+	c := &n.classes[n.slots[id].class]
 	d := &n.cold[id]
 	k := c.ls.key
 	l := n.local
 	if c.peer == LocalPeer {
 		l = k.vip
 	}
-	return mkTuple(d.client, k.vip, d.cport, k.port, k.proto), mkTuple(c.addr, l, c.port, d.shadow, k.proto)
+	return mkTuple(d.client, k.vip, d.clientPort, k.port, k.proto), mkTuple(c.addr, l, c.port, d.shadow, k.proto)
 }
 
 // classRefLocked returns the class of (ls, be), creating it, with one more
 // reference.
+// +checklocks:n.mu
 func (n *NAT) classRefLocked(ls *listenerState, be Backend) uint32 {
-	k := classKey{ls.idx, be.Peer, addr4(be.Addr), be.Port}
+	k := classKey{ls.slot, be.Peer, addr4(be.Addr), be.Port}
 	if ci, ok := n.classMap[k]; ok {
 		n.classes[ci].refs++
 		return ci
@@ -238,19 +244,20 @@ func (n *NAT) classRefLocked(ls *listenerState, be Backend) uint32 {
 		n.classFree = n.classFree[:l-1]
 	} else {
 		ci = uint32(len(n.classes))
-		n.classes = append(n.classes, bclass{})
+		n.classes = append(n.classes, bindingClass{})
 	}
-	n.classes[ci] = bclass{ls: ls, bs: n.backendStateLocked(ls, be), peer: be.Peer, addr: k.addr, port: be.Port, refs: 1}
+	n.classes[ci] = bindingClass{ls: ls, bs: n.backendStateLocked(ls, be), peer: be.Peer, addr: k.addr, port: be.Port, refs: 1}
 	n.classMap[k] = ci
 	return ci
 }
 
+// +checklocks:n.mu
 func (n *NAT) classUnrefLocked(ci uint32) {
 	c := &n.classes[ci]
 	if c.refs--; c.refs > 0 {
 		return
 	}
-	delete(n.classMap, classKey{c.ls.idx, c.peer, c.addr, c.port})
-	*c = bclass{}
+	delete(n.classMap, classKey{c.ls.slot, c.peer, c.addr, c.port})
+	*c = bindingClass{}
 	n.classFree = append(n.classFree, ci)
 }

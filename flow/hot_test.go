@@ -1,11 +1,11 @@
 package flow
 
 import (
+	"bytes"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/packet"
@@ -30,12 +30,16 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 			o.SweepInterval = 7 * time.Second
 		})
 		if !fast {
+			f.nat.mu.Lock()
 			f.nat.hotLimit = 0
+			f.nat.mu.Unlock()
 		}
 		setTCP(t, f, be1, be2)
 		setUDP(t, f, be1, be2)
 		hair := Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}
-		require.NoError(t, f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}))
+		if err := f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}); err != nil {
+			t.Fatalf("f.nat.SetListener(hair, ListenerConfig{Backends: []Backend{beLocal}}): %v", err)
+		}
 		return f
 	}
 	fast, full := mk(true), mk(false)
@@ -105,26 +109,40 @@ func TestFastPathMatchesFullPath(t *testing.T) {
 				res[i] = f.peer(from, bufs[i])
 			}
 		}
-		require.Equal(t, res[1], res[0], "step %d", step)
-		require.Equal(t, bufs[1], bufs[0], "step %d", step)
+		if res[0] != res[1] {
+			t.Fatalf("step %d: res[0] = %v, want %v", step, res[0], res[1])
+		}
+		if !bytes.Equal(bufs[0], bufs[1]) {
+			t.Fatalf("step %d: bufs[0] = %v, want %v", step, bufs[0], bufs[1])
+		}
 		if host && (res[1].Verdict == Forward || res[1].Verdict == Reflect) && packet.IPv4(pkt).Dst() != localAddr {
 			last[sport] = bufs[1]
 		}
+		fast.nat.mu.Lock()
 		if e := fast.nat.idx.find(packetTuple(pkt, pkt[packet.IPv4(pkt).HeaderLen():])); e != nil && e.v1>>48 != classNone {
 			hits++
 		}
+		fast.nat.mu.Unlock()
 	}
 	requireSameState(t, fast, full, -1)
-	require.Greater(t, hits, 500, "the fast path was hardly used")
+	if hits <= 500 {
+		t.Fatalf("the fast path was hardly used: hits = %v, want > %v", hits, 500)
+	}
 }
 
 func requireSameState(t *testing.T, a, b *fixture, step int) {
 	t.Helper()
-	require.Equal(t, b.nat.Bindings(), a.nat.Bindings(), "step %d", step)
-	require.Equal(t, b.nat.Stats(), a.nat.Stats(), "step %d", step)
+	if want, got := b.nat.Bindings(), a.nat.Bindings(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("step %d: a.nat.Bindings() = %v, want %v", step, got, want)
+	}
+	if want, got := b.nat.Stats(), a.nat.Stats(); got != want {
+		t.Fatalf("step %d: a.nat.Stats() = %v, want %v", step, got, want)
+	}
 	for _, l := range []Listener{lTCP, lUDP, {VIP: vip2Addr, Proto: ProtoUDP, Port: 80}} {
 		sa, _ := a.nat.ListenerStats(l)
 		sb, _ := b.nat.ListenerStats(l)
-		require.Equal(t, sb, sa, "step %d: %v", step, l)
+		if sa != sb {
+			t.Fatalf("step %d: %v: sa = %v, want %v", step, l, sa, sb)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 // the quoted headers are put back into the form the error's recipient sent
 // (RFC 5508 §4.2, RFC 3022 §4.3), with their checksums and the ICMP
 // checksum updated incrementally.
+// +checklocks:n.mu
 func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64) Result {
 	q := pkt[hl+packet.ICMPv4HeaderLen:]
 	if len(q) < packet.IPv4MinHeaderLen || packet.Version(q) != 4 {
@@ -43,9 +44,9 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	}
 	id, dir := e.id(), e.dir()
 	b := &n.slots[id]
-	c := &n.classes[b.cls]
+	c := &n.classes[b.class]
 	orig, reply := n.tuples(id)
-	hairpin := b.st&stHairpin != 0
+	hairpin := b.state&stHairpin != 0
 	oSrc := binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])
 	if dir == dirRev {
 		// An error about a packet we sent toward the backend: it goes back
@@ -62,11 +63,11 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 			}
 			return n.drop(ReasonNoFlow)
 		}
-		if b.st&stQuarantined != 0 {
-			return n.dropB(b, ReasonQuarantined)
+		if b.state&stQuarantined != 0 {
+			return n.dropOnBinding(b, ReasonQuarantined)
 		}
 		if peer != c.peer {
-			return n.dropB(b, ReasonPeerMismatch)
+			return n.dropOnBinding(b, ReasonPeerMismatch)
 		}
 		newSrc := oSrc
 		if oSrc == reply.src() {
@@ -77,11 +78,11 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 		sz := uint64(len(pkt))
 		b.pktsIn++
 		b.bytesIn += sz
-		ls.c.PacketsIn++
-		ls.c.BytesIn += sz
+		ls.counters.PacketsIn++
+		ls.counters.BytesIn += sz
 		ic := packet.ICMPv4(pkt[hl:])
 		if ic.Type() == packet.ICMPDestUnreachable && ic.Code() == packet.ICMPCodePortUnreach {
-			n.reports[s] = append(n.reports[s], unreachReport{l: ls.l, b: n.backendOf(b)})
+			n.reports[s] = append(n.reports[s], unreachReport{listener: ls.listener, backend: n.backendOf(b)})
 		}
 		if s == sideHost {
 			return Result{Verdict: Reflect}
@@ -106,8 +107,8 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	sz := uint64(len(pkt))
 	b.pktsOut++
 	b.bytesOut += sz
-	ls.c.PacketsOut++
-	ls.c.BytesOut += sz
+	ls.counters.PacketsOut++
+	ls.counters.BytesOut += sz
 	if hairpin {
 		return Result{Verdict: Reflect}
 	}

@@ -43,16 +43,18 @@ const (
 	dirRev = 1 // the backend's reply (reply tuple)
 )
 
-// ient is one index entry, 32 bytes: two to a cache line. k0 and k1 are the
+// indexEntry is one index entry, 32 bytes: two to a cache line. k0 and k1 are the
 // tuple, with the binding id and direction in the low 24 bits of k1; k1 == 0
 // marks an empty entry (a stored tuple always has a nonzero protocol). v0
 // and v1 hold everything an established packet in that direction needs, so
 // that translating it reads this one cache line of the table and nothing
-// else that misses the cache (see hot.go for the layout).
-type ient struct{ k0, k1, v0, v1 uint64 }
+// else that misses the cache (see hot.go for the layout). Its size must
+// stay 32 bytes, so that an entry never straddles two cache lines
+// (TestBindingSize).
+type indexEntry struct{ k0, k1, v0, v1 uint64 }
 
-func (e *ient) id() uint32 { return uint32(e.k1 & idMask) }
-func (e *ient) dir() int   { return int(e.k1>>dirShift) & 1 }
+func (e *indexEntry) id() uint32 { return uint32(e.k1 & idMask) }
+func (e *indexEntry) dir() int   { return int(e.k1>>dirShift) & 1 }
 
 // index maps tuples to index entries with open addressing and linear
 // probing over one flat array: the full key is inline, so a lookup touches
@@ -64,12 +66,12 @@ func (e *ient) dir() int   { return int(e.k1>>dirShift) & 1 }
 // capacity. The hash is keyed with a random seed so that remote senders
 // cannot aim collisions.
 type index struct {
-	ents  []ient
-	mask  uint64
-	shift uint
-	seed0 uint64
-	seed1 uint64
-	n     int
+	entries []indexEntry
+	mask    uint64
+	shift   uint
+	seed0   uint64
+	seed1   uint64
+	n       int
 }
 
 func newIndex(entries int, seed0, seed1 uint64) index {
@@ -77,14 +79,14 @@ func newIndex(entries int, seed0, seed1 uint64) index {
 	for size < entries*2 {
 		size <<= 1
 	}
-	ents := make([]ient, size)
-	adviseHuge(unsafe.Pointer(unsafe.SliceData(ents)), uintptr(size)*unsafe.Sizeof(ient{}))
+	ents := make([]indexEntry, size)
+	adviseHuge(unsafe.Pointer(unsafe.SliceData(ents)), uintptr(size)*unsafe.Sizeof(indexEntry{}))
 	return index{
-		ents:  ents,
-		mask:  uint64(size - 1),
-		shift: uint(64 - bits.TrailingZeros(uint(size))),
-		seed0: seed0 | 1,
-		seed1: seed1 | 1,
+		entries: ents,
+		mask:    uint64(size - 1),
+		shift:   uint(64 - bits.TrailingZeros(uint(size))),
+		seed0:   seed0 | 1,
+		seed1:   seed1 | 1,
 	}
 }
 
@@ -97,10 +99,10 @@ func (x *index) home(k0, k1 uint64) uint64 {
 }
 
 // find returns the entry of t, or nil.
-func (x *index) find(t tuple) *ient {
+func (x *index) find(t tuple) *indexEntry {
 	i := x.home(t.k0, t.k1)
 	for {
-		e := &x.ents[i]
+		e := &x.entries[i]
 		if e.k1 == 0 {
 			return nil
 		}
@@ -116,9 +118,9 @@ func (x *index) find(t tuple) *ient {
 func (x *index) insert(t tuple, id uint32, dir int, v0, v1 uint64) bool {
 	i := x.home(t.k0, t.k1)
 	for {
-		e := &x.ents[i]
+		e := &x.entries[i]
 		if e.k1 == 0 {
-			*e = ient{t.k0, t.k1 | uint64(id) | uint64(dir)<<dirShift, v0, v1}
+			*e = indexEntry{t.k0, t.k1 | uint64(id) | uint64(dir)<<dirShift, v0, v1}
 			x.n++
 			return true
 		}
@@ -133,7 +135,7 @@ func (x *index) insert(t tuple, id uint32, dir int, v0, v1 uint64) bool {
 func (x *index) remove(t tuple) bool {
 	i := x.home(t.k0, t.k1)
 	for {
-		e := &x.ents[i]
+		e := &x.entries[i]
 		if e.k1 == 0 {
 			return false
 		}
@@ -147,7 +149,7 @@ func (x *index) remove(t tuple) bool {
 	j := i
 	for {
 		j = (j + 1) & x.mask
-		e := x.ents[j]
+		e := x.entries[j]
 		if e.k1 == 0 {
 			break
 		}
@@ -160,10 +162,10 @@ func (x *index) remove(t tuple) bool {
 		} else if i < k || k <= j {
 			continue
 		}
-		x.ents[i] = e
+		x.entries[i] = e
 		i = j
 	}
-	x.ents[i] = ient{}
+	x.entries[i] = indexEntry{}
 	x.n--
 	return true
 }

@@ -3,11 +3,10 @@ package flow
 import (
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/packet"
@@ -243,7 +242,9 @@ func TestModel(t *testing.T) {
 	// The random walk must reach every interesting outcome, or it proves little.
 	for _, k := range []string{"forward", "peer/forward", "drop/capacity", "drop/no-flow", "drop/no-listener",
 		"drop/no-backend", "peer/drop/quarantined", "peer/drop/peer-mismatch", "retarget", "failover", "peer/pass"} {
-		require.Positive(t, seen[k], "outcome %q never happened: %v", k, seen)
+		if seen[k] <= 0 {
+			t.Fatalf("outcome %q never happened: %v: seen[k] = %v, want > 0", k, seen, seen[k])
+		}
 	}
 }
 
@@ -256,7 +257,9 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 		LocalAddr: localAddr, Selector: sel, Clock: clock, Capacity: capacity,
 		Reserver: NewMemReserver(MemReserverOptions{Seed: seed}),
 	})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer n.Close()
 	m := &model{cap: capacity, lis: map[Proto]*mListener{}, sel: sel}
 	cands := []Backend{be1, be2}
@@ -266,7 +269,9 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 		if p == ProtoUDP {
 			l = lUDP
 		}
-		require.NoError(t, n.SetListener(l, ListenerConfig{Backends: cands, IdleTimeout: idles[p]}))
+		if err := n.SetListener(l, ListenerConfig{Backends: cands, IdleTimeout: idles[p]}); err != nil {
+			t.Fatalf("n.SetListener(l, ListenerConfig{Backends: cands, IdleTimeout: idles[p]}): %v", err)
+		}
 		if ml := m.lis[p]; ml != nil {
 			ml.removed, ml.cands, ml.idle = false, slices.Clone(cands), idles[p]
 		} else {
@@ -307,14 +312,22 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 				// Either answer is right between sweeps.
 				w.res = Result{}
 			}
-			require.Equal(t, w.res, got, ctx)
+			if got != w.res {
+				t.Fatalf("%v: got = %v, want %v", ctx, got, w.res)
+			}
 			seen[outcome("", got)]++
 			if got.Verdict == Forward {
-				require.Equal(t, w.backend.Addr, packet.IPv4(pkt).Dst(), ctx)
+				if got := packet.IPv4(pkt).Dst(); got != w.backend.Addr {
+					t.Fatalf("%v: packet.IPv4(pkt).Dst() = %v, want %v", ctx, got, w.backend.Addr)
+				}
 				sp, dp := ports(pkt)
-				require.Equal(t, w.backend.Port, dp, ctx)
+				if dp != w.backend.Port {
+					t.Fatalf("%v: dp = %v, want %v", ctx, dp, w.backend.Port)
+				}
 				if s, ok := shadows[w.newB]; ok {
-					require.Equal(t, s, sp, ctx)
+					if sp != s {
+						t.Fatalf("%v: sp = %v, want %v", ctx, sp, s)
+					}
 				} else {
 					shadows[w.newB] = sp
 					w.newB.shadow = sp
@@ -338,13 +351,21 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 			pkt := P{Src: b.backend.Addr, Dst: localAddr, Proto: b.proto, Sport: b.backend.Port, Dport: b.shadow, Flags: flags}.Build()
 			want := m.peerPacket(b, peer, flags, now)
 			got := n.FromPeer(pkt, peer, now)
-			require.Equal(t, want, got, ctx)
+			if got != want {
+				t.Fatalf("%v: got = %v, want %v", ctx, got, want)
+			}
 			seen[outcome("peer/", got)]++
 			if got.Verdict == Forward {
 				sp, dp := ports(pkt)
-				require.Equal(t, vipAddr, packet.IPv4(pkt).Src(), ctx)
-				require.Equal(t, lport, sp, ctx)
-				require.Equal(t, b.cport, dp, ctx)
+				if got := packet.IPv4(pkt).Src(); got != vipAddr {
+					t.Fatalf("%v: packet.IPv4(pkt).Src() = %v, want %v", ctx, got, vipAddr)
+				}
+				if sp != lport {
+					t.Fatalf("%v: sp = %v, want %v", ctx, sp, lport)
+				}
+				if dp != b.cport {
+					t.Fatalf("%v: dp = %v, want %v", ctx, dp, b.cport)
+				}
 				requireSums(t, pkt)
 			}
 		case op < 80: // time passes
@@ -363,12 +384,16 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 			if rng.IntN(2) == 0 {
 				be := cands[rng.IntN(2)]
 				had := !ml.removed && slices.Contains(ml.cands, be)
-				require.Equal(t, had, n.RemoveBackend(ml.l, be), ctx)
+				if got := n.RemoveBackend(ml.l, be); got != had {
+					t.Fatalf("%v: n.RemoveBackend(ml.l, be) = %v, want %v", ctx, got, had)
+				}
 				if had {
 					ml.cands = slices.DeleteFunc(ml.cands, func(c Backend) bool { return c == be })
 				}
 			} else {
-				require.Equal(t, !ml.removed, n.RemoveListener(ml.l), ctx)
+				if got := n.RemoveListener(ml.l); got != !ml.removed {
+					t.Fatalf("%v: n.RemoveListener(ml.l) = %v, want %v", ctx, got, !ml.removed)
+				}
 				ml.removed, ml.cands = true, nil
 			}
 		case op < 95:
@@ -385,9 +410,15 @@ func modelRun(t *testing.T, seed uint64, steps int, seen map[string]int) {
 	st := n.Stats()
 	seen["retarget"] += m.retargets
 	seen["failover"] += m.failovers
-	require.Equal(t, uint64(m.refused), st.Refused)
-	require.Equal(t, uint64(m.retargets), st.Retargets)
-	require.Equal(t, uint64(m.failovers), st.Failovers)
+	if st.Refused != uint64(m.refused) {
+		t.Fatalf("st.Refused = %v, want %v", st.Refused, uint64(m.refused))
+	}
+	if st.Retargets != uint64(m.retargets) {
+		t.Fatalf("st.Retargets = %v, want %v", st.Retargets, uint64(m.retargets))
+	}
+	if st.Failovers != uint64(m.failovers) {
+		t.Fatalf("st.Failovers = %v, want %v", st.Failovers, uint64(m.failovers))
+	}
 }
 
 func compareModel(t *testing.T, ctx string, n *NAT, m *model) {
@@ -422,7 +453,9 @@ func compareModel(t *testing.T, ctx string, n *NAT, m *model) {
 	}
 	slices.SortFunc(want, cmp)
 	slices.SortFunc(got, cmp)
-	require.Equal(t, want, got, ctx)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%v: got = %v, want %v", ctx, got, want)
+	}
 }
 
 func outcome(prefix string, r Result) string {

@@ -1,25 +1,30 @@
 package flow
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/packet"
 )
 
 func setTCP(t testing.TB, f *fixture, bs ...Backend) {
 	t.Helper()
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: bs}))
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: bs}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: bs}): %v", err)
+	}
 }
 
 func setUDP(t testing.TB, f *fixture, bs ...Backend) {
 	t.Helper()
-	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: bs}))
+	if err := f.nat.SetListener(lUDP, ListenerConfig{Backends: bs}); err != nil {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{Backends: bs}): %v", err)
+	}
 }
 
 // openTCP sends a SYN from sport and the backend's SYN-ACK; it returns the
@@ -28,9 +33,13 @@ func openTCP(t testing.TB, f *fixture, sport uint16) []byte {
 	t.Helper()
 	p := syn(sport, 1000)
 	r := f.host(p)
-	require.Equal(t, Forward, r.Verdict, "SYN: %v", r.Reason)
+	if r.Verdict != Forward {
+		t.Fatalf("SYN: %v: r.Verdict = %v, want %v", r.Reason, r.Verdict, Forward)
+	}
 	sa := replyTo(p, packet.TCPFlagSYN|packet.TCPFlagACK, "")
-	require.Equal(t, Forward, f.peer(r.Peer, sa).Verdict)
+	if got := f.peer(r.Peer, sa).Verdict; got != Forward {
+		t.Fatalf("f.peer(r.Peer, sa).Verdict = %v, want %v", got, Forward)
+	}
 	return p
 }
 
@@ -40,54 +49,108 @@ func TestTCPForwardAndReverse(t *testing.T) {
 	orig := syn(40000, 1000)
 	p := append([]byte(nil), orig...)
 	r := f.host(p)
-	require.Equal(t, Result{Verdict: Forward, Peer: be1.Peer}, r)
+	if want := (Result{Verdict: Forward, Peer: be1.Peer}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
 	ip := packet.IPv4(p)
-	require.Equal(t, localAddr, ip.Src())
-	require.Equal(t, be1.Addr, ip.Dst())
+	if got := ip.Src(); got != localAddr {
+		t.Fatalf("ip.Src() = %v, want %v", got, localAddr)
+	}
+	if got := ip.Dst(); got != be1.Addr {
+		t.Fatalf("ip.Dst() = %v, want %v", got, be1.Addr)
+	}
 	sp, dp := ports(p)
-	require.Equal(t, be1.Port, dp)
-	require.NotEqual(t, uint16(40000), sp)
+	if dp != be1.Port {
+		t.Fatalf("dp = %v, want %v", dp, be1.Port)
+	}
+	if sp == uint16(40000) {
+		t.Fatalf("sp = %v, want anything else", sp)
+	}
 	requireSums(t, p)
 	// Only the NAT's fields changed.
-	require.Equal(t, orig[20+4:20+16], p[20+4:20+16])
+	if want, got := orig[20+4:20+16], p[20+4:20+16]; !bytes.Equal(got, want) {
+		t.Fatalf("p[20+4:20+16] = %v, want %v", got, want)
+	}
 
 	reply := replyTo(p, packet.TCPFlagSYN|packet.TCPFlagACK, "hello")
 	r = f.peer(be1.Peer, reply)
-	require.Equal(t, Forward, r.Verdict)
-	require.Equal(t, vipAddr, packet.IPv4(reply).Src())
-	require.Equal(t, localAddr, packet.IPv4(reply).Dst())
+	if r.Verdict != Forward {
+		t.Fatalf("r.Verdict = %v, want %v", r.Verdict, Forward)
+	}
+	if got := packet.IPv4(reply).Src(); got != vipAddr {
+		t.Fatalf("packet.IPv4(reply).Src() = %v, want %v", got, vipAddr)
+	}
+	if got := packet.IPv4(reply).Dst(); got != localAddr {
+		t.Fatalf("packet.IPv4(reply).Dst() = %v, want %v", got, localAddr)
+	}
 	sp, dp = ports(reply)
-	require.Equal(t, uint16(443), sp)
-	require.Equal(t, uint16(40000), dp)
+	if sp != uint16(443) {
+		t.Fatalf("sp = %v, want %v", sp, uint16(443))
+	}
+	if dp != uint16(40000) {
+		t.Fatalf("dp = %v, want %v", dp, uint16(40000))
+	}
 	requireSums(t, reply)
 
 	bs := f.nat.Bindings()
-	require.Len(t, bs, 1)
+	if len(bs) != 1 {
+		t.Fatalf("len(bs) = %d, want %d: %v", len(bs), 1, bs)
+	}
 	b := bs[0]
-	require.Equal(t, lTCP, b.Listener)
-	require.Equal(t, be1, b.Backend)
-	require.Equal(t, netip.AddrPortFrom(localAddr, 40000), b.Client)
-	require.Equal(t, Active, b.State)
-	require.Equal(t, uint64(1), b.PacketsOut)
-	require.Equal(t, uint64(1), b.PacketsIn)
-	require.Equal(t, uint64(len(p)), b.BytesOut)
-	require.Equal(t, uint64(len(reply)), b.BytesIn)
+	if b.Listener != lTCP {
+		t.Fatalf("b.Listener = %v, want %v", b.Listener, lTCP)
+	}
+	if b.Backend != be1 {
+		t.Fatalf("b.Backend = %v, want %v", b.Backend, be1)
+	}
+	if want := netip.AddrPortFrom(localAddr, 40000); b.Client != want {
+		t.Fatalf("b.Client = %v, want %v", b.Client, want)
+	}
+	if b.State != Active {
+		t.Fatalf("b.State = %v, want %v", b.State, Active)
+	}
+	if b.PacketsOut != uint64(1) {
+		t.Fatalf("b.PacketsOut = %v, want %v", b.PacketsOut, uint64(1))
+	}
+	if b.PacketsIn != uint64(1) {
+		t.Fatalf("b.PacketsIn = %v, want %v", b.PacketsIn, uint64(1))
+	}
+	if b.BytesOut != uint64(len(p)) {
+		t.Fatalf("b.BytesOut = %v, want %v", b.BytesOut, uint64(len(p)))
+	}
+	if b.BytesIn != uint64(len(reply)) {
+		t.Fatalf("b.BytesIn = %v, want %v", b.BytesIn, uint64(len(reply)))
+	}
 	ls, ok := f.nat.ListenerStats(lTCP)
-	require.True(t, ok)
-	require.Equal(t, 1, ls.Active)
-	require.Equal(t, uint64(1), ls.PacketsIn)
+	if !ok {
+		t.Fatal("ok is false")
+	}
+	if ls.Active != 1 {
+		t.Fatalf("ls.Active = %v, want %v", ls.Active, 1)
+	}
+	if ls.PacketsIn != uint64(1) {
+		t.Fatalf("ls.PacketsIn = %v, want %v", ls.PacketsIn, uint64(1))
+	}
 }
 
 func TestSourceAddressIsSNATed(t *testing.T) {
 	f := newFixture(t)
 	setUDP(t, f, be1)
 	p := P{Src: clientAlt, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: []byte("q")}.Build()
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, localAddr, packet.IPv4(p).Src())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(p).Src(); got != localAddr {
+		t.Fatalf("packet.IPv4(p).Src() = %v, want %v", got, localAddr)
+	}
 	requireSums(t, p)
 	rep := replyTo(p, 0, "a")
-	require.Equal(t, Forward, f.peer(be1.Peer, rep).Verdict)
-	require.Equal(t, clientAlt, packet.IPv4(rep).Dst())
+	if got := f.peer(be1.Peer, rep).Verdict; got != Forward {
+		t.Fatalf("f.peer(be1.Peer, rep).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(rep).Dst(); got != clientAlt {
+		t.Fatalf("packet.IPv4(rep).Dst() = %v, want %v", got, clientAlt)
+	}
 	requireSums(t, rep)
 }
 
@@ -102,40 +165,74 @@ func TestPassAndAdmission(t *testing.T) {
 	setUDP(t, f, be1)
 	other := P{Src: localAddr, Dst: be1.Addr, Proto: ProtoUDP, Sport: 1, Dport: 2}.Build()
 	cp := append([]byte(nil), other...)
-	require.Equal(t, Pass, f.host(other).Verdict)
-	require.Equal(t, cp, other)
-	require.Equal(t, Pass, f.host([]byte{0x60, 0, 0}).Verdict, "IPv6 passes")
-	require.Equal(t, Pass, f.peer(2, P{Src: be1.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: 9, Dport: 9}.Build()).Verdict)
+	if got := f.host(other).Verdict; got != Pass {
+		t.Fatalf("f.host(other).Verdict = %v, want %v", got, Pass)
+	}
+	if !bytes.Equal(other, cp) {
+		t.Fatalf("other = %v, want %v", other, cp)
+	}
+	if got := f.host([]byte{0x60, 0, 0}).Verdict; got != Pass {
+		t.Fatalf("IPv6 passes: f.host([]byte{0x60, 0, 0}).Verdict = %v, want %v", got, Pass)
+	}
+	if got := f.peer(2, P{Src: be1.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: 9, Dport: 9}.Build()).Verdict; got != Pass {
+		t.Fatalf("f.peer(2, P{Src: be1.Addr, Dst: localAddr, Proto: ProtoUDP, Sport: 9, Dport: 9}.Build()).Verdict = %v, want %v", got, Pass)
+	}
 
 	// A peer never claims a VIP.
 	r := f.peer(2, P{Src: vipAddr, Dst: localAddr, Proto: ProtoUDP, Sport: 53, Dport: 4000}.Build())
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonVIPSource}, r)
+	if want := (Result{Verdict: Drop, Reason: ReasonVIPSource}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
 	r = f.peer(2, P{Src: be1.Addr, Dst: vipAddr, Proto: ProtoUDP, Sport: 53, Dport: 4000}.Build())
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonVIPDestination}, r)
+	if want := (Result{Verdict: Drop, Reason: ReasonVIPDestination}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
 	r = f.peer(2, P{Src: netip.MustParseAddr("100.64.0.66"), Dst: localAddr, Proto: ProtoUDP, Sport: 53, Dport: 4000}.Build())
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonAdmission}, r)
+	if want := (Result{Verdict: Drop, Reason: ReasonAdmission}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
 	// Traffic that is not NAT traffic (probes, node-to-node) never enters
 	// user counters.
 	ls, ok := f.nat.ListenerStats(lUDP)
-	require.True(t, ok)
-	require.Equal(t, Counters{}, ls.Counters)
+	if !ok {
+		t.Fatal("ok is false")
+	}
+	if want := (Counters{}); ls.Counters != want {
+		t.Fatalf("ls.Counters = %v, want %v", ls.Counters, want)
+	}
 	st := f.nat.Stats()
-	require.Equal(t, uint64(1), st.Drops[ReasonVIPSource])
-	require.Equal(t, uint64(1), st.Drops[ReasonVIPDestination])
-	require.Equal(t, uint64(1), st.Drops[ReasonAdmission])
-	require.Contains(t, admitted, be1.Addr)
+	if st.Drops[ReasonVIPSource] != uint64(1) {
+		t.Fatalf("st.Drops[ReasonVIPSource] = %v, want %v", st.Drops[ReasonVIPSource], uint64(1))
+	}
+	if st.Drops[ReasonVIPDestination] != uint64(1) {
+		t.Fatalf("st.Drops[ReasonVIPDestination] = %v, want %v", st.Drops[ReasonVIPDestination], uint64(1))
+	}
+	if st.Drops[ReasonAdmission] != uint64(1) {
+		t.Fatalf("st.Drops[ReasonAdmission] = %v, want %v", st.Drops[ReasonAdmission], uint64(1))
+	}
+	if !slices.Contains(admitted, be1.Addr) {
+		t.Fatalf("admitted = %v, want it to contain %v", admitted, be1.Addr)
+	}
 }
 
 func TestReplyFromWrongPeerDropped(t *testing.T) {
 	f := newFixture(t)
 	setUDP(t, f, be1)
 	p := udpTo(5000, "q")
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	rep := replyTo(p, 0, "a")
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPeerMismatch}, f.peer(be2.Peer, rep))
-	require.Equal(t, uint64(1), f.nat.Bindings()[0].Drops[ReasonPeerMismatch])
+	if want, got := (Result{Verdict: Drop, Reason: ReasonPeerMismatch}), f.peer(be2.Peer, rep); got != want {
+		t.Fatalf("f.peer(be2.Peer, rep) = %v, want %v", got, want)
+	}
+	if got := f.nat.Bindings()[0].Drops[ReasonPeerMismatch]; got != uint64(1) {
+		t.Fatalf("f.nat.Bindings()[0].Drops[ReasonPeerMismatch] = %v, want %v", got, uint64(1))
+	}
 	ls, _ := f.nat.ListenerStats(lUDP)
-	require.Equal(t, uint64(1), ls.Drops[ReasonPeerMismatch])
+	if ls.Drops[ReasonPeerMismatch] != uint64(1) {
+		t.Fatalf("ls.Drops[ReasonPeerMismatch] = %v, want %v", ls.Drops[ReasonPeerMismatch], uint64(1))
+	}
 }
 
 func TestBadInputDropped(t *testing.T) {
@@ -177,11 +274,17 @@ func TestBadInputDropped(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			before := f.nat.Stats().Drops[c.want]
 			r := f.host(c.pkt)
-			require.Equal(t, Result{Verdict: Drop, Reason: c.want}, r)
-			require.Equal(t, before+1, f.nat.Stats().Drops[c.want])
+			if wantV := (Result{Verdict: Drop, Reason: c.want}); r != wantV {
+				t.Fatalf("r = %v, want %v", r, wantV)
+			}
+			if got := f.nat.Stats().Drops[c.want]; got != before+1 {
+				t.Fatalf("f.nat.Stats().Drops[c.want] = %v, want %v", got, before+1)
+			}
 		})
 	}
-	require.Empty(t, f.nat.Bindings())
+	if got := f.nat.Bindings(); len(got) != 0 {
+		t.Fatalf("f.nat.Bindings() = %v, want empty", got)
+	}
 }
 
 func TestL4ChecksumNotVerified(t *testing.T) {
@@ -190,21 +293,31 @@ func TestL4ChecksumNotVerified(t *testing.T) {
 	p := udpTo(5000, "x")
 	p[27] ^= 0x55 // corrupt the UDP checksum
 	bad := append([]byte(nil), p...)
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	// Still bad after NAT: differs from a recompute by the same amount.
 	fixed := append([]byte(nil), p...)
 	fixL4(fixed, false)
-	require.NotEqual(t, fixed[26:28], p[26:28])
+	if want, got := fixed[26:28], p[26:28]; bytes.Equal(got, want) {
+		t.Fatalf("p[26:28] = %v, want anything else", got)
+	}
 	fixL4(bad, false)
-	require.NotEqual(t, bad[26:28], p[26:28])
+	if want, got := bad[26:28], p[26:28]; bytes.Equal(got, want) {
+		t.Fatalf("p[26:28] = %v, want anything else", got)
+	}
 }
 
 func TestUDPZeroChecksumStaysZero(t *testing.T) {
 	f := newFixture(t)
 	setUDP(t, f, be1)
 	p := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: []byte("q"), NoUDPCsum: true}.Build()
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, uint16(0), packet.UDP(p[20:]).Checksum())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.UDP(p[20:]).Checksum(); got != uint16(0) {
+		t.Fatalf("packet.UDP(p[20:]).Checksum() = %v, want %v", got, uint16(0))
+	}
 	requireSums(t, p)
 }
 
@@ -212,50 +325,84 @@ func TestTCPPinnedAndRetarget(t *testing.T) {
 	f := newFixture(t)
 	setTCP(t, f, be1, be2)
 	p := openTCP(t, f, 40000)
-	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
+	if got := packet.IPv4(p).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be1.Addr)
+	}
 	// A "faster" backend does not move an established flow.
 	f.sel.pick = func(req SelectRequest) int { return 1 }
 	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagACK, Seq: 1001}.Build()
-	require.Equal(t, Forward, f.host(ack).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(ack).Dst())
+	if got := f.host(ack).Verdict; got != Forward {
+		t.Fatalf("f.host(ack).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(ack).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(ack).Dst() = %v, want %v", got, be1.Addr)
+	}
 	// Even a retransmitted SYN after the SYN-ACK stays.
 	s := syn(40000, 1000)
-	require.Equal(t, Forward, f.host(s).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(s).Dst())
+	if got := f.host(s).Verdict; got != Forward {
+		t.Fatalf("f.host(s).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(s).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(s).Dst() = %v, want %v", got, be1.Addr)
+	}
 
 	// Before any SYN-ACK, a retransmitted empty SYN may move.
 	f.sel.pick = nil
 	s1 := syn(40001, 5000)
-	require.Equal(t, Forward, f.host(s1).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(s1).Dst())
+	if got := f.host(s1).Verdict; got != Forward {
+		t.Fatalf("f.host(s1).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(s1).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(s1).Dst() = %v, want %v", got, be1.Addr)
+	}
 	shadow1, _ := ports(s1)
 	f.sel.pick = func(req SelectRequest) int {
 		if req.Reason == SelectSYNRetry {
-			require.Equal(t, be1, req.Prev)
+			if req.Prev != be1 {
+				t.Fatalf("req.Prev = %v, want %v", req.Prev, be1)
+			}
 		}
 		return 1
 	}
 	s2 := syn(40001, 5000)
 	r := f.host(s2)
-	require.Equal(t, Result{Verdict: Forward, Peer: be2.Peer}, r)
-	require.Equal(t, be2.Addr, packet.IPv4(s2).Dst())
+	if want := (Result{Verdict: Forward, Peer: be2.Peer}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
+	if got := packet.IPv4(s2).Dst(); got != be2.Addr {
+		t.Fatalf("packet.IPv4(s2).Dst() = %v, want %v", got, be2.Addr)
+	}
 	shadow2, _ := ports(s2)
-	require.NotEqual(t, shadow1, shadow2)
+	if shadow2 == shadow1 {
+		t.Fatalf("shadow2 = %v, want anything else", shadow2)
+	}
 	ls, _ := f.nat.ListenerStats(lTCP)
-	require.Equal(t, uint64(1), ls.Retargets)
-	require.Equal(t, 1, ls.Quarantined)
+	if ls.Retargets != uint64(1) {
+		t.Fatalf("ls.Retargets = %v, want %v", ls.Retargets, uint64(1))
+	}
+	if ls.Quarantined != 1 {
+		t.Fatalf("ls.Quarantined = %v, want %v", ls.Quarantined, 1)
+	}
 	// The old backend's late SYN-ACK hits the quarantine.
 	late := replyTo(s1, packet.TCPFlagSYN|packet.TCPFlagACK, "")
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonQuarantined}, f.peer(be1.Peer, late))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonQuarantined}), f.peer(be1.Peer, late); got != want {
+		t.Fatalf("f.peer(be1.Peer, late) = %v, want %v", got, want)
+	}
 
 	// A SYN carrying data is never retargeted.
 	f.sel.pick = nil
 	d1 := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40002, Dport: 443, Flags: packet.TCPFlagSYN, Seq: 7, Payload: []byte("GET")}.Build()
-	require.Equal(t, Forward, f.host(d1).Verdict)
+	if got := f.host(d1).Verdict; got != Forward {
+		t.Fatalf("f.host(d1).Verdict = %v, want %v", got, Forward)
+	}
 	f.sel.pick = func(SelectRequest) int { return 1 }
 	d2 := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40002, Dport: 443, Flags: packet.TCPFlagSYN, Seq: 7}.Build()
-	require.Equal(t, Forward, f.host(d2).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(d2).Dst())
+	if got := f.host(d2).Verdict; got != Forward {
+		t.Fatalf("f.host(d2).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(d2).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(d2).Dst() = %v, want %v", got, be1.Addr)
+	}
 }
 
 func TestTCPNewSYNSequenceNewBinding(t *testing.T) {
@@ -264,20 +411,32 @@ func TestTCPNewSYNSequenceNewBinding(t *testing.T) {
 	p := openTCP(t, f, 40000)
 	sh1, _ := ports(p)
 	q := syn(40000, 99999)
-	require.Equal(t, Forward, f.host(q).Verdict)
+	if got := f.host(q).Verdict; got != Forward {
+		t.Fatalf("f.host(q).Verdict = %v, want %v", got, Forward)
+	}
 	sh2, _ := ports(q)
-	require.NotEqual(t, sh1, sh2)
+	if sh2 == sh1 {
+		t.Fatalf("sh2 = %v, want anything else", sh2)
+	}
 	st := f.nat.Stats()
-	require.Equal(t, 1, st.Active)
-	require.Equal(t, 1, st.Quarantined)
-	require.Equal(t, uint64(2), st.Created)
+	if st.Active != 1 {
+		t.Fatalf("st.Active = %v, want %v", st.Active, 1)
+	}
+	if st.Quarantined != 1 {
+		t.Fatalf("st.Quarantined = %v, want %v", st.Quarantined, 1)
+	}
+	if st.Created != uint64(2) {
+		t.Fatalf("st.Created = %v, want %v", st.Created, uint64(2))
+	}
 }
 
 func TestTCPNonSYNWithoutBindingDropped(t *testing.T) {
 	f := newFixture(t)
 	setTCP(t, f, be1)
 	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 1, Dport: 443, Flags: packet.TCPFlagACK}.Build()
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoFlow}, f.host(ack))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonNoFlow}), f.host(ack); got != want {
+		t.Fatalf("f.host(ack) = %v, want %v", got, want)
+	}
 }
 
 func TestTCPRetention(t *testing.T) {
@@ -285,108 +444,196 @@ func TestTCPRetention(t *testing.T) {
 	setTCP(t, f, be1)
 	openTCP(t, f, 40000)
 	bs := f.nat.Bindings()
-	require.Equal(t, f.clock.Now().Add(7200*time.Second), bs[0].Expires)
+	if want := f.clock.Now().Add(7200 * time.Second); !reflect.DeepEqual(bs[0].Expires, want) {
+		t.Fatalf("bs[0].Expires = %v, want %v", bs[0].Expires, want)
+	}
 
 	// RST shortens retention.
 	rst := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagRST, Seq: 1001}.Build()
-	require.Equal(t, Forward, f.host(rst).Verdict)
-	require.Equal(t, f.clock.Now().Add(DefaultTCPClosedTimeout), f.nat.Bindings()[0].Expires)
+	if got := f.host(rst).Verdict; got != Forward {
+		t.Fatalf("f.host(rst).Verdict = %v, want %v", got, Forward)
+	}
+	if want, got := f.clock.Now().Add(DefaultTCPClosedTimeout), f.nat.Bindings()[0].Expires; !reflect.DeepEqual(got, want) {
+		t.Fatalf("f.nat.Bindings()[0].Expires = %v, want %v", got, want)
+	}
 	f.clock.Advance(DefaultTCPClosedTimeout)
 	bs = f.nat.Bindings()
-	require.Len(t, bs, 1)
-	require.Equal(t, Quarantined, bs[0].State)
+	if len(bs) != 1 {
+		t.Fatalf("len(bs) = %d, want %d: %v", len(bs), 1, bs)
+	}
+	if bs[0].State != Quarantined {
+		t.Fatalf("bs[0].State = %v, want %v", bs[0].State, Quarantined)
+	}
 	f.clock.Advance(DefaultQuarantine)
-	require.Empty(t, f.nat.Bindings())
-	require.Equal(t, 0, f.res.InUse())
+	if got := f.nat.Bindings(); len(got) != 0 {
+		t.Fatalf("f.nat.Bindings() = %v, want empty", got)
+	}
+	if got := f.res.InUse(); got != 0 {
+		t.Fatalf("f.res.InUse() = %v, want %v", got, 0)
+	}
 
 	// FIN in both directions: 120 s.
 	p := openTCP(t, f, 40001)
 	fin := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40001, Dport: 443, Flags: packet.TCPFlagFIN | packet.TCPFlagACK, Seq: 1001}.Build()
-	require.Equal(t, Forward, f.host(fin).Verdict)
-	require.Equal(t, f.clock.Now().Add(7200*time.Second), f.nat.Bindings()[0].Expires)
+	if got := f.host(fin).Verdict; got != Forward {
+		t.Fatalf("f.host(fin).Verdict = %v, want %v", got, Forward)
+	}
+	if want, got := f.clock.Now().Add(7200*time.Second), f.nat.Bindings()[0].Expires; !reflect.DeepEqual(got, want) {
+		t.Fatalf("f.nat.Bindings()[0].Expires = %v, want %v", got, want)
+	}
 	rfin := replyTo(p, packet.TCPFlagFIN|packet.TCPFlagACK, "")
-	require.Equal(t, Forward, f.peer(be1.Peer, rfin).Verdict)
-	require.Equal(t, f.clock.Now().Add(DefaultTCPFinTimeout), f.nat.Bindings()[0].Expires)
+	if got := f.peer(be1.Peer, rfin).Verdict; got != Forward {
+		t.Fatalf("f.peer(be1.Peer, rfin).Verdict = %v, want %v", got, Forward)
+	}
+	if want, got := f.clock.Now().Add(DefaultTCPFinTimeout), f.nat.Bindings()[0].Expires; !reflect.DeepEqual(got, want) {
+		t.Fatalf("f.nat.Bindings()[0].Expires = %v, want %v", got, want)
+	}
 }
 
 func TestIdleExpiryAndQuarantine(t *testing.T) {
 	f := newFixture(t)
-	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}, IdleTimeout: 30 * time.Second}))
+	if err := f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}, IdleTimeout: 30 * time.Second}); err != nil {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}, IdleTimeout: 30 * time.Second}): %v", err)
+	}
 	p := udpTo(5000, "q")
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	sh, _ := ports(p)
 	f.clock.Advance(29 * time.Second)
 	rep := replyTo(p, 0, "a")
-	require.Equal(t, Forward, f.peer(be1.Peer, rep).Verdict) // extends to 59 s
+	if got := f.peer(be1.Peer, rep).Verdict; got != Forward {
+		t.Fatalf("f.peer(be1.Peer, rep).Verdict = %v, want %v", got, Forward)
+	} // extends to 59 s
 	f.clock.Advance(29 * time.Second)
-	require.Equal(t, Active, f.nat.Bindings()[0].State)
+	if got := f.nat.Bindings()[0].State; got != Active {
+		t.Fatalf("f.nat.Bindings()[0].State = %v, want %v", got, Active)
+	}
 	f.clock.Advance(1 * time.Second) // 59 s: idle expiry, on the clock, without traffic
 	bs := f.nat.Bindings()
-	require.Len(t, bs, 1)
-	require.Equal(t, Quarantined, bs[0].State)
-	require.Equal(t, 1, f.res.InUse())
+	if len(bs) != 1 {
+		t.Fatalf("len(bs) = %d, want %d: %v", len(bs), 1, bs)
+	}
+	if bs[0].State != Quarantined {
+		t.Fatalf("bs[0].State = %v, want %v", bs[0].State, Quarantined)
+	}
+	if got := f.res.InUse(); got != 1 {
+		t.Fatalf("f.res.InUse() = %v, want %v", got, 1)
+	}
 
 	// Late replies are dropped; a new datagram gets a new shadow port.
 	rep = replyTo(p, 0, "late")
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonQuarantined}, f.peer(be1.Peer, rep))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonQuarantined}), f.peer(be1.Peer, rep); got != want {
+		t.Fatalf("f.peer(be1.Peer, rep) = %v, want %v", got, want)
+	}
 	p2 := udpTo(5000, "again")
-	require.Equal(t, Forward, f.host(p2).Verdict)
+	if got := f.host(p2).Verdict; got != Forward {
+		t.Fatalf("f.host(p2).Verdict = %v, want %v", got, Forward)
+	}
 	sh2, _ := ports(p2)
-	require.NotEqual(t, sh, sh2)
+	if sh2 == sh {
+		t.Fatalf("sh2 = %v, want anything else", sh2)
+	}
 
 	f.clock.Advance(DefaultQuarantine) // 179 s: the first leaves quarantine, the second (idle since 89 s) is in it
 	bs = f.nat.Bindings()
-	require.Len(t, bs, 1)
-	require.Equal(t, sh2, bs[0].Shadow.Port())
-	require.Equal(t, Quarantined, bs[0].State)
+	if len(bs) != 1 {
+		t.Fatalf("len(bs) = %d, want %d: %v", len(bs), 1, bs)
+	}
+	if got := bs[0].Shadow.Port(); got != sh2 {
+		t.Fatalf("bs[0].Shadow.Port() = %v, want %v", got, sh2)
+	}
+	if bs[0].State != Quarantined {
+		t.Fatalf("bs[0].State = %v, want %v", bs[0].State, Quarantined)
+	}
 	f.clock.Advance(30 * time.Second)
-	require.Empty(t, f.nat.Bindings())
-	require.Equal(t, 0, f.res.InUse())
+	if got := f.nat.Bindings(); len(got) != 0 {
+		t.Fatalf("f.nat.Bindings() = %v, want empty", got)
+	}
+	if got := f.res.InUse(); got != 0 {
+		t.Fatalf("f.res.InUse() = %v, want %v", got, 0)
+	}
 }
 
 func TestCapacitySharedAndNeverEvicts(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.Capacity = 4 })
 	setUDP(t, f, be1)
 	for i := range 4 {
-		require.Equal(t, Forward, f.host(udpTo(uint16(1000+i), "x")).Verdict)
+		if got := f.host(udpTo(uint16(1000+i), "x")).Verdict; got != Forward {
+			t.Fatalf("f.host(udpTo(uint16(1000+i), \"x\")).Verdict = %v, want %v", got, Forward)
+		}
 	}
 	r := f.host(udpTo(2000, "x"))
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonCapacity}, r)
-	require.Equal(t, uint64(1), f.nat.Stats().Refused)
+	if want := (Result{Verdict: Drop, Reason: ReasonCapacity}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
+	if got := f.nat.Stats().Refused; got != uint64(1) {
+		t.Fatalf("f.nat.Stats().Refused = %v, want %v", got, uint64(1))
+	}
 	// Existing flows still work.
-	require.Equal(t, Forward, f.host(udpTo(1000, "y")).Verdict)
+	if got := f.host(udpTo(1000, "y")).Verdict; got != Forward {
+		t.Fatalf("f.host(udpTo(1000, \"y\")).Verdict = %v, want %v", got, Forward)
+	}
 	// Expiry moves them into quarantine, which still counts.
 	f.clock.Advance(DefaultUDPIdleTimeout)
 	st := f.nat.Stats()
-	require.Equal(t, 4, st.Quarantined)
-	require.Equal(t, Drop, f.host(udpTo(2000, "x")).Verdict)
+	if st.Quarantined != 4 {
+		t.Fatalf("st.Quarantined = %v, want %v", st.Quarantined, 4)
+	}
+	if got := f.host(udpTo(2000, "x")).Verdict; got != Drop {
+		t.Fatalf("f.host(udpTo(2000, \"x\")).Verdict = %v, want %v", got, Drop)
+	}
 	f.clock.Advance(DefaultQuarantine)
-	require.Equal(t, Forward, f.host(udpTo(2000, "x")).Verdict)
+	if got := f.host(udpTo(2000, "x")).Verdict; got != Forward {
+		t.Fatalf("f.host(udpTo(2000, \"x\")).Verdict = %v, want %v", got, Forward)
+	}
 	ls, _ := f.nat.ListenerStats(lUDP)
-	require.Equal(t, uint64(2), ls.Drops[ReasonCapacity])
+	if ls.Drops[ReasonCapacity] != uint64(2) {
+		t.Fatalf("ls.Drops[ReasonCapacity] = %v, want %v", ls.Drops[ReasonCapacity], uint64(2))
+	}
 }
 
 func TestUDPFailover(t *testing.T) {
 	f := newFixture(t)
 	setUDP(t, f, be1, be2)
 	p := udpTo(5000, "1")
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(p).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be1.Addr)
+	}
 	// Unavailability is noticed after HealthChanged, not per packet.
 	f.sel.setDown(be1, true)
 	p = udpTo(5000, "2")
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(p).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be1.Addr)
+	}
 	f.nat.HealthChanged()
 	p = udpTo(5000, "3")
-	require.Equal(t, Result{Verdict: Forward, Peer: be2.Peer}, f.host(p))
-	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
+	if want, got := (Result{Verdict: Forward, Peer: be2.Peer}), f.host(p); got != want {
+		t.Fatalf("f.host(p) = %v, want %v", got, want)
+	}
+	if got := packet.IPv4(p).Dst(); got != be2.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be2.Addr)
+	}
 	ls, _ := f.nat.ListenerStats(lUDP)
-	require.Equal(t, uint64(1), ls.Failovers)
-	require.Equal(t, uint64(1), f.nat.Stats().Failovers)
+	if ls.Failovers != uint64(1) {
+		t.Fatalf("ls.Failovers = %v, want %v", ls.Failovers, uint64(1))
+	}
+	if got := f.nat.Stats().Failovers; got != uint64(1) {
+		t.Fatalf("f.nat.Stats().Failovers = %v, want %v", got, uint64(1))
+	}
 	// Nothing is replayed: exactly the datagrams given were forwarded.
-	require.Empty(t, f.out)
-	require.Equal(t, uint64(1), f.nat.Bindings()[0].PacketsOut+f.nat.Bindings()[1].PacketsOut-2)
+	if len(f.out) != 0 {
+		t.Fatalf("f.out = %v, want empty", f.out)
+	}
+	if got := f.nat.Bindings()[0].PacketsOut + f.nat.Bindings()[1].PacketsOut - 2; got != uint64(1) {
+		t.Fatalf("f.nat.Bindings()[0].PacketsOut+f.nat.Bindings()[1].PacketsOut-2 = %v, want %v", got, uint64(1))
+	}
 }
 
 func TestPortUnreachableReportAndFailover(t *testing.T) {
@@ -398,21 +645,37 @@ func TestPortUnreachableReportAndFailover(t *testing.T) {
 	}
 	orig := udpTo(5000, "query")
 	p := append([]byte(nil), orig...)
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	// The backend answers port unreachable, quoting what it received.
 	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: packet.ICMPCodePortUnreach, Payload: p}.Build()
 	r := f.peer(be1.Peer, icmp)
-	require.Equal(t, Forward, r.Verdict)
+	if r.Verdict != Forward {
+		t.Fatalf("r.Verdict = %v, want %v", r.Verdict, Forward)
+	}
 	requireSums(t, icmp)
-	require.Equal(t, vipAddr, packet.IPv4(icmp).Src())
-	require.Equal(t, localAddr, packet.IPv4(icmp).Dst())
+	if got := packet.IPv4(icmp).Src(); got != vipAddr {
+		t.Fatalf("packet.IPv4(icmp).Src() = %v, want %v", got, vipAddr)
+	}
+	if got := packet.IPv4(icmp).Dst(); got != localAddr {
+		t.Fatalf("packet.IPv4(icmp).Dst() = %v, want %v", got, localAddr)
+	}
 	// The quote is now exactly what the client sent.
-	require.Equal(t, orig, []byte(packet.ICMPv4(icmp[20:]).Quoted()))
-	require.Equal(t, []report{{lUDP, be1}}, f.reports)
+	if got := []byte(packet.ICMPv4(icmp[20:]).Quoted()); !bytes.Equal(got, orig) {
+		t.Fatalf("[]byte(packet.ICMPv4(icmp[20:]).Quoted()) = %v, want %v", got, orig)
+	}
+	if want := ([]report{{lUDP, be1}}); !reflect.DeepEqual(f.reports, want) {
+		t.Fatalf("f.reports = %v, want %v", f.reports, want)
+	}
 	// Next datagram fails over without the engine calling HealthChanged.
 	p = udpTo(5000, "retry")
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(p).Dst(); got != be2.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be2.Addr)
+	}
 }
 
 func TestICMPErrorTruncatedQuote(t *testing.T) {
@@ -420,20 +683,30 @@ func TestICMPErrorTruncatedQuote(t *testing.T) {
 	setTCP(t, f, be1)
 	orig := syn(40000, 1)
 	p := append([]byte(nil), orig...)
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	// TTL exceeded quoting only header + 8 bytes (no TCP checksum).
 	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPTimeExceeded, Payload: p[:28]}.Build()
-	require.Equal(t, Forward, f.peer(be1.Peer, icmp).Verdict)
+	if got := f.peer(be1.Peer, icmp).Verdict; got != Forward {
+		t.Fatalf("f.peer(be1.Peer, icmp).Verdict = %v, want %v", got, Forward)
+	}
 	requireSums(t, icmp)
-	require.Equal(t, orig[:28], []byte(packet.ICMPv4(icmp[20:]).Quoted()))
-	require.Empty(t, f.reports)
+	if want, got := orig[:28], []byte(packet.ICMPv4(icmp[20:]).Quoted()); !bytes.Equal(got, want) {
+		t.Fatalf("[]byte(packet.ICMPv4(icmp[20:]).Quoted()) = %v, want %v", got, want)
+	}
+	if len(f.reports) != 0 {
+		t.Fatalf("f.reports = %v, want empty", f.reports)
+	}
 }
 
 func TestICMPErrorGarbageQuote(t *testing.T) {
 	f := newFixture(t)
 	setTCP(t, f, be1)
 	p := syn(40000, 1)
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	cases := map[string][]byte{
 		"short":   p[:10],
 		"not v4":  append([]byte{0x60}, p[1:28]...),
@@ -442,32 +715,48 @@ func TestICMPErrorGarbageQuote(t *testing.T) {
 	}
 	for name, q := range cases {
 		icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 1, Payload: q}.Build()
-		require.Equal(t, Result{Verdict: Drop, Reason: ReasonICMPQuote}, f.peer(be1.Peer, icmp), name)
+		if want, got := (Result{Verdict: Drop, Reason: ReasonICMPQuote}), f.peer(be1.Peer, icmp); got != want {
+			t.Fatalf("%v: f.peer(be1.Peer, icmp) = %v, want %v", name, got, want)
+		}
 	}
 	// An error about unrelated traffic passes untouched.
 	other := P{Src: localAddr, Dst: be1.Addr, Proto: ProtoUDP, Sport: 1, Dport: 2}.Build()
 	icmp := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: other}.Build()
-	require.Equal(t, Pass, f.peer(be1.Peer, icmp).Verdict)
+	if got := f.peer(be1.Peer, icmp).Verdict; got != Pass {
+		t.Fatalf("f.peer(be1.Peer, icmp).Verdict = %v, want %v", got, Pass)
+	}
 	// An error about a binding from the wrong peer is dropped.
 	icmp = P{Src: be2.Addr, Dst: localAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: p}.Build()
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPeerMismatch}, f.peer(be2.Peer, icmp))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonPeerMismatch}), f.peer(be2.Peer, icmp); got != want {
+		t.Fatalf("f.peer(be2.Peer, icmp) = %v, want %v", got, want)
+	}
 }
 
 func TestHostICMPErrorAboutReply(t *testing.T) {
 	f := newFixture(t)
 	setUDP(t, f, be1)
 	p := udpTo(5000, "q")
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 	origReply := replyTo(p, 0, "answer")
 	rep := append([]byte(nil), origReply...)
-	require.Equal(t, Forward, f.peer(be1.Peer, rep).Verdict)
+	if got := f.peer(be1.Peer, rep).Verdict; got != Forward {
+		t.Fatalf("f.peer(be1.Peer, rep).Verdict = %v, want %v", got, Forward)
+	}
 	// The client's host answers the reply with port unreachable.
 	icmp := P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: rep}.Build()
 	r := f.host(icmp)
-	require.Equal(t, Result{Verdict: Forward, Peer: be1.Peer}, r)
+	if want := (Result{Verdict: Forward, Peer: be1.Peer}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
 	requireSums(t, icmp)
-	require.Equal(t, be1.Addr, packet.IPv4(icmp).Dst())
-	require.Equal(t, origReply, []byte(packet.ICMPv4(icmp[20:]).Quoted()), "the backend sees its own datagram quoted")
+	if got := packet.IPv4(icmp).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(icmp).Dst() = %v, want %v", got, be1.Addr)
+	}
+	if got := []byte(packet.ICMPv4(icmp[20:]).Quoted()); !bytes.Equal(got, origReply) {
+		t.Fatalf("the backend sees its own datagram quoted: []byte(packet.ICMPv4(icmp[20:]).Quoted()) = %v, want %v", got, origReply)
+	}
 }
 
 func TestHairpin(t *testing.T) {
@@ -476,31 +765,59 @@ func TestHairpin(t *testing.T) {
 	orig := syn(40000, 1)
 	p := append([]byte(nil), orig...)
 	r := f.host(p)
-	require.Equal(t, Result{Verdict: Reflect}, r)
-	require.Equal(t, vipAddr, packet.IPv4(p).Src(), "the local backend sees the VIP as source")
-	require.Equal(t, localAddr, packet.IPv4(p).Dst())
+	if want := (Result{Verdict: Reflect}); r != want {
+		t.Fatalf("r = %v, want %v", r, want)
+	}
+	if got := packet.IPv4(p).Src(); got != vipAddr {
+		t.Fatalf("the local backend sees the VIP as source: packet.IPv4(p).Src() = %v, want %v", got, vipAddr)
+	}
+	if got := packet.IPv4(p).Dst(); got != localAddr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, localAddr)
+	}
 	_, dp := ports(p)
-	require.Equal(t, beLocal.Port, dp)
+	if dp != beLocal.Port {
+		t.Fatalf("dp = %v, want %v", dp, beLocal.Port)
+	}
 	requireSums(t, p)
 	// The host's reply comes back through FromHost.
 	rep := replyTo(p, packet.TCPFlagSYN|packet.TCPFlagACK, "")
-	require.Equal(t, Result{Verdict: Reflect}, f.host(rep))
-	require.Equal(t, vipAddr, packet.IPv4(rep).Src())
-	require.Equal(t, localAddr, packet.IPv4(rep).Dst())
+	if want, got := (Result{Verdict: Reflect}), f.host(rep); got != want {
+		t.Fatalf("f.host(rep) = %v, want %v", got, want)
+	}
+	if got := packet.IPv4(rep).Src(); got != vipAddr {
+		t.Fatalf("packet.IPv4(rep).Src() = %v, want %v", got, vipAddr)
+	}
+	if got := packet.IPv4(rep).Dst(); got != localAddr {
+		t.Fatalf("packet.IPv4(rep).Dst() = %v, want %v", got, localAddr)
+	}
 	sp, dp := ports(rep)
-	require.Equal(t, uint16(443), sp)
-	require.Equal(t, uint16(40000), dp)
+	if sp != uint16(443) {
+		t.Fatalf("sp = %v, want %v", sp, uint16(443))
+	}
+	if dp != uint16(40000) {
+		t.Fatalf("dp = %v, want %v", dp, uint16(40000))
+	}
 	requireSums(t, rep)
-	require.True(t, f.nat.Bindings()[0].Hairpin)
+	if !f.nat.Bindings()[0].Hairpin {
+		t.Fatal("f.nat.Bindings()[0].Hairpin is false")
+	}
 	// A peer cannot answer for it.
-	require.Equal(t, ReasonVIPDestination, f.peer(2, replyTo(p, packet.TCPFlagACK, "")).Reason)
+	if got := f.peer(2, replyTo(p, packet.TCPFlagACK, "")).Reason; got != ReasonVIPDestination {
+		t.Fatalf("f.peer(2, replyTo(p, packet.TCPFlagACK, \"\")).Reason = %v, want %v", got, ReasonVIPDestination)
+	}
 	// The host's port unreachable for the hairpinned request is translated
 	// for the client and reported.
 	icmp := P{Src: localAddr, Dst: vipAddr, Proto: ProtoICMP, ICMPType: packet.ICMPDestUnreachable, ICMPCode: 3, Payload: p}.Build()
-	require.Equal(t, Result{Verdict: Reflect}, f.host(icmp))
+	if want, got := (Result{Verdict: Reflect}), f.host(icmp); got != want {
+		t.Fatalf("f.host(icmp) = %v, want %v", got, want)
+	}
 	requireSums(t, icmp)
-	require.Equal(t, orig, []byte(packet.ICMPv4(icmp[20:]).Quoted()))
-	require.Equal(t, []report{{lTCP, beLocal}}, f.reports)
+	if got := []byte(packet.ICMPv4(icmp[20:]).Quoted()); !bytes.Equal(got, orig) {
+		t.Fatalf("[]byte(packet.ICMPv4(icmp[20:]).Quoted()) = %v, want %v", got, orig)
+	}
+	if want := ([]report{{lTCP, beLocal}}); !reflect.DeepEqual(f.reports, want) {
+		t.Fatalf("f.reports = %v, want %v", f.reports, want)
+	}
 }
 
 func TestRemoval(t *testing.T) {
@@ -508,38 +825,80 @@ func TestRemoval(t *testing.T) {
 	setUDP(t, f, be1, be2)
 	setTCP(t, f, be1)
 	p := udpTo(5000, "q")
-	require.Equal(t, Forward, f.host(p).Verdict)
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
 
-	require.True(t, f.nat.RemoveBackend(lUDP, be1))
-	require.False(t, f.nat.RemoveBackend(lUDP, be1))
+	if !f.nat.RemoveBackend(lUDP, be1) {
+		t.Fatal("f.nat.RemoveBackend(lUDP, be1) is false")
+	}
+	if f.nat.RemoveBackend(lUDP, be1) {
+		t.Fatal("f.nat.RemoveBackend(lUDP, be1) is true")
+	}
 	p = udpTo(5000, "existing continues")
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be1.Addr, packet.IPv4(p).Dst())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(p).Dst(); got != be1.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be1.Addr)
+	}
 	p = udpTo(5001, "new")
-	require.Equal(t, Forward, f.host(p).Verdict)
-	require.Equal(t, be2.Addr, packet.IPv4(p).Dst())
+	if got := f.host(p).Verdict; got != Forward {
+		t.Fatalf("f.host(p).Verdict = %v, want %v", got, Forward)
+	}
+	if got := packet.IPv4(p).Dst(); got != be2.Addr {
+		t.Fatalf("packet.IPv4(p).Dst() = %v, want %v", got, be2.Addr)
+	}
 
-	require.True(t, f.nat.RemoveListener(lUDP))
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPortUnreachable}, f.host(udpTo(5002, "x")), "a removed listener refuses new flows")
-	require.Equal(t, Forward, f.host(udpTo(5000, "still")).Verdict)
+	if !f.nat.RemoveListener(lUDP) {
+		t.Fatal("f.nat.RemoveListener(lUDP) is false")
+	}
+	if want, got := (Result{Verdict: Drop, Reason: ReasonPortUnreachable}), f.host(udpTo(5002, "x")); got != want {
+		t.Fatalf("a removed listener refuses new flows: f.host(udpTo(5002, \"x\")) = %v, want %v", got, want)
+	}
+	if got := f.host(udpTo(5000, "still")).Verdict; got != Forward {
+		t.Fatalf("f.host(udpTo(5000, \"still\")).Verdict = %v, want %v", got, Forward)
+	}
 	ls, ok := f.nat.ListenerStats(lUDP)
-	require.True(t, ok)
-	require.True(t, ls.Removed)
-	require.True(t, f.nat.IsVIP(vipAddr))
+	if !ok {
+		t.Fatal("ok is false")
+	}
+	if !ls.Removed {
+		t.Fatal("ls.Removed is false")
+	}
+	if !f.nat.IsVIP(vipAddr) {
+		t.Fatal("f.nat.IsVIP(vipAddr) is false")
+	}
 
 	openTCP(t, f, 40000)
-	require.Equal(t, 1, f.nat.RemoveVIP(vipAddr))
-	require.Equal(t, Drop, f.host(syn(40001, 1)).Verdict)
+	if got := f.nat.RemoveVIP(vipAddr); got != 1 {
+		t.Fatalf("f.nat.RemoveVIP(vipAddr) = %v, want %v", got, 1)
+	}
+	if got := f.host(syn(40001, 1)).Verdict; got != Drop {
+		t.Fatalf("f.host(syn(40001, 1)).Verdict = %v, want %v", got, Drop)
+	}
 	ack := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443, Flags: packet.TCPFlagACK, Seq: 1001}.Build()
-	require.Equal(t, Forward, f.host(ack).Verdict, "established TCP drains")
-	require.True(t, f.nat.IsVIP(vipAddr), "a draining VIP stays claimed")
+	if got := f.host(ack).Verdict; got != Forward {
+		t.Fatalf("established TCP drains: f.host(ack).Verdict = %v, want %v", got, Forward)
+	}
+	if !f.nat.IsVIP(vipAddr) {
+		t.Fatal("a draining VIP stays claimed: f.nat.IsVIP(vipAddr) is false")
+	}
 
 	f.clock.Advance(DefaultTCPIdleTimeout + DefaultQuarantine)
-	require.Empty(t, f.nat.Bindings())
-	require.False(t, f.nat.IsVIP(vipAddr))
+	if got := f.nat.Bindings(); len(got) != 0 {
+		t.Fatalf("f.nat.Bindings() = %v, want empty", got)
+	}
+	if f.nat.IsVIP(vipAddr) {
+		t.Fatal("f.nat.IsVIP(vipAddr) is true")
+	}
 	_, ok = f.nat.ListenerStats(lUDP)
-	require.False(t, ok)
-	require.Equal(t, Pass, f.host(udpTo(5000, "x")).Verdict)
+	if ok {
+		t.Fatal("ok is true")
+	}
+	if got := f.host(udpTo(5000, "x")).Verdict; got != Pass {
+		t.Fatalf("f.host(udpTo(5000, \"x\")).Verdict = %v, want %v", got, Pass)
+	}
 }
 
 func TestSetListenerValidation(t *testing.T) {
@@ -551,30 +910,60 @@ func TestSetListenerValidation(t *testing.T) {
 		{VIP: vipAddr, Proto: ProtoTCP, Port: 0},
 	}
 	for _, l := range bad {
-		require.ErrorIs(t, f.nat.SetListener(l, ListenerConfig{}), ErrInvalidListener, "%v", l)
+		if err := f.nat.SetListener(l, ListenerConfig{}); !errors.Is(err, ErrInvalidListener) {
+			t.Fatalf("%v: f.nat.SetListener(l, ListenerConfig{}) = %v, want ErrInvalidListener", l, err)
+		}
 	}
-	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 0, Addr: be1.Addr, Port: 1}}}), ErrInvalidBackend)
-	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 5, Addr: localAddr, Port: 1}}}), ErrInvalidBackend)
-	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 5, Addr: be1.Addr}}}), ErrInvalidBackend)
-	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1, be2, be1}}), ErrLimit)
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{}))
-	require.ErrorIs(t, f.nat.SetListener(lUDP, ListenerConfig{}), ErrLimit)
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 0, Addr: be1.Addr, Port: 1}}}); !errors.Is(err, ErrInvalidBackend) {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 0, Addr: be1.Addr, Port: 1}}}) = %v, want ErrInvalidBackend", err)
+	}
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 5, Addr: localAddr, Port: 1}}}); !errors.Is(err, ErrInvalidBackend) {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 5, Addr: localAddr, Port: 1}}}) = %v, want ErrInvalidBackend", err)
+	}
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 5, Addr: be1.Addr}}}); !errors.Is(err, ErrInvalidBackend) {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{{Peer: 5, Addr: be1.Addr}}}) = %v, want ErrInvalidBackend", err)
+	}
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1, be2, be1}}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1, be2, be1}}) = %v, want ErrLimit", err)
+	}
+	if err := f.nat.SetListener(lTCP, ListenerConfig{}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{}): %v", err)
+	}
+	if err := f.nat.SetListener(lUDP, ListenerConfig{}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{}) = %v, want ErrLimit", err)
+	}
 	// An empty listener claims its VIP but refuses flows (with a RST).
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonRefused}, f.host(syn(1, 1)))
-	require.NoError(t, f.nat.Close())
-	require.ErrorIs(t, f.nat.SetListener(lTCP, ListenerConfig{}), ErrClosed)
-	require.Equal(t, Pass, f.host(syn(1, 1)).Verdict)
+	if want, got := (Result{Verdict: Drop, Reason: ReasonRefused}), f.host(syn(1, 1)); got != want {
+		t.Fatalf("f.host(syn(1, 1)) = %v, want %v", got, want)
+	}
+	if err := f.nat.Close(); err != nil {
+		t.Fatalf("f.nat.Close(): %v", err)
+	}
+	if err := f.nat.SetListener(lTCP, ListenerConfig{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{}) = %v, want ErrClosed", err)
+	}
+	if got := f.host(syn(1, 1)).Verdict; got != Pass {
+		t.Fatalf("f.host(syn(1, 1)).Verdict = %v, want %v", got, Pass)
+	}
 }
 
 func TestNewValidation(t *testing.T) {
 	_, err := New(Options{Selector: &testSel{}})
-	require.ErrorIs(t, err, ErrInvalidOptions)
+	if !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("error %v, want ErrInvalidOptions", err)
+	}
 	_, err = New(Options{LocalAddr: localAddr})
-	require.ErrorIs(t, err, ErrInvalidOptions)
+	if !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("error %v, want ErrInvalidOptions", err)
+	}
 	_, err = New(Options{LocalAddr: localAddr, Selector: &testSel{}, Capacity: MaxCapacity + 1})
-	require.ErrorIs(t, err, ErrInvalidOptions)
+	if !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("error %v, want ErrInvalidOptions", err)
+	}
 	_, err = New(Options{LocalAddr: localAddr, Selector: &testSel{}, MTU: 10})
-	require.ErrorIs(t, err, ErrInvalidOptions)
+	if !errors.Is(err, ErrInvalidOptions) {
+		t.Fatalf("error %v, want ErrInvalidOptions", err)
+	}
 }
 
 func TestCloseReleasesPorts(t *testing.T) {
@@ -582,15 +971,29 @@ func TestCloseReleasesPorts(t *testing.T) {
 	setUDP(t, f, be1)
 	setTCP(t, f, be1)
 	for i := range 10 {
-		require.Equal(t, Forward, f.host(udpTo(uint16(100+i), "x")).Verdict)
+		if got := f.host(udpTo(uint16(100+i), "x")).Verdict; got != Forward {
+			t.Fatalf("f.host(udpTo(uint16(100+i), \"x\")).Verdict = %v, want %v", got, Forward)
+		}
 	}
 	openTCP(t, f, 40000)
-	require.Equal(t, 11, f.res.InUse())
-	require.NoError(t, f.nat.Close())
-	require.NoError(t, f.nat.Close())
-	require.Equal(t, 0, f.res.InUse())
-	require.Empty(t, f.nat.Bindings())
-	require.Equal(t, 0, f.clock.Pending(), "the sweep timer is stopped")
+	if got := f.res.InUse(); got != 11 {
+		t.Fatalf("f.res.InUse() = %v, want %v", got, 11)
+	}
+	if err := f.nat.Close(); err != nil {
+		t.Fatalf("f.nat.Close(): %v", err)
+	}
+	if err := f.nat.Close(); err != nil {
+		t.Fatalf("f.nat.Close(): %v", err)
+	}
+	if got := f.res.InUse(); got != 0 {
+		t.Fatalf("f.res.InUse() = %v, want %v", got, 0)
+	}
+	if got := f.nat.Bindings(); len(got) != 0 {
+		t.Fatalf("f.nat.Bindings() = %v, want empty", got)
+	}
+	if got := f.clock.Pending(); got != 0 {
+		t.Fatalf("the sweep timer is stopped: f.clock.Pending() = %v, want %v", got, 0)
+	}
 }
 
 func TestDFTooBigSendsFragNeeded(t *testing.T) {
@@ -598,56 +1001,102 @@ func TestDFTooBigSendsFragNeeded(t *testing.T) {
 	setUDP(t, f, be1)
 	orig := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: make([]byte, 1000), DF: true}.Build()
 	p := append([]byte(nil), orig...)
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonFragNeeded}, f.host(p))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonFragNeeded}), f.host(p); got != want {
+		t.Fatalf("f.host(p) = %v, want %v", got, want)
+	}
 	out := f.takeOut()
-	require.Len(t, out, 1)
-	require.Equal(t, ToHost, out[0].dir)
+	if len(out) != 1 {
+		t.Fatalf("len(out) = %d, want %d: %v", len(out), 1, out)
+	}
+	if out[0].dir != ToHost {
+		t.Fatalf("out[0].dir = %v, want %v", out[0].dir, ToHost)
+	}
 	icmp := packet.IPv4(out[0].pkt)
-	require.NoError(t, icmp.Validate())
-	require.Equal(t, vipAddr, icmp.Src())
-	require.Equal(t, localAddr, icmp.Dst())
+	if err := icmp.Validate(); err != nil {
+		t.Fatalf("icmp.Validate(): %v", err)
+	}
+	if got := icmp.Src(); got != vipAddr {
+		t.Fatalf("icmp.Src() = %v, want %v", got, vipAddr)
+	}
+	if got := icmp.Dst(); got != localAddr {
+		t.Fatalf("icmp.Dst() = %v, want %v", got, localAddr)
+	}
 	m := packet.ICMPv4(icmp.Payload())
-	require.Equal(t, uint8(packet.ICMPDestUnreachable), m.Type())
-	require.Equal(t, uint8(packet.ICMPCodeFragNeeded), m.Code())
-	require.Equal(t, uint16(600), m.MTU())
-	require.Equal(t, orig[:28], []byte(m.Quoted()))
+	if got := m.Type(); got != uint8(packet.ICMPDestUnreachable) {
+		t.Fatalf("m.Type() = %v, want %v", got, uint8(packet.ICMPDestUnreachable))
+	}
+	if got := m.Code(); got != uint8(packet.ICMPCodeFragNeeded) {
+		t.Fatalf("m.Code() = %v, want %v", got, uint8(packet.ICMPCodeFragNeeded))
+	}
+	if got := m.MTU(); got != uint16(600) {
+		t.Fatalf("m.MTU() = %v, want %v", got, uint16(600))
+	}
+	if want, got := orig[:28], []byte(m.Quoted()); !bytes.Equal(got, want) {
+		t.Fatalf("[]byte(m.Quoted()) = %v, want %v", got, want)
+	}
 	requireSums(t, out[0].pkt)
 
 	// Without DF it is fragmented to the MTU.
 	q := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: make([]byte, 1000)}.Build()
-	require.Equal(t, Consumed, f.host(q).Verdict)
-	out = f.takeOut()
-	require.Len(t, out, 2)
-	for _, e := range out {
-		require.Equal(t, ToOverlay, e.dir)
-		require.LessOrEqual(t, len(e.pkt), 600)
-		require.NoError(t, packet.IPv4(e.pkt).Validate())
-		require.Equal(t, be1.Addr, packet.IPv4(e.pkt).Dst())
+	if got := f.host(q).Verdict; got != Consumed {
+		t.Fatalf("f.host(q).Verdict = %v, want %v", got, Consumed)
 	}
-	require.Equal(t, uint64(1), f.nat.Stats().Fragmented)
+	out = f.takeOut()
+	if len(out) != 2 {
+		t.Fatalf("len(out) = %d, want %d: %v", len(out), 2, out)
+	}
+	for _, e := range out {
+		if e.dir != ToOverlay {
+			t.Fatalf("e.dir = %v, want %v", e.dir, ToOverlay)
+		}
+		if len(e.pkt) > 600 {
+			t.Fatalf("len(e.pkt) = %v, want <= %v", len(e.pkt), 600)
+		}
+		if err := packet.IPv4(e.pkt).Validate(); err != nil {
+			t.Fatalf("packet.IPv4(e.pkt).Validate(): %v", err)
+		}
+		if got := packet.IPv4(e.pkt).Dst(); got != be1.Addr {
+			t.Fatalf("packet.IPv4(e.pkt).Dst() = %v, want %v", got, be1.Addr)
+		}
+	}
+	if got := f.nat.Stats().Fragmented; got != uint64(1) {
+		t.Fatalf("f.nat.Stats().Fragmented = %v, want %v", got, uint64(1))
+	}
 }
 
 func TestNoEmit(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.MTU = 600; o.Emit = nil })
 	setUDP(t, f, be1)
 	q := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: make([]byte, 1000)}.Build()
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoEmit}, f.host(q))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonNoEmit}), f.host(q); got != want {
+		t.Fatalf("f.host(q) = %v, want %v", got, want)
+	}
 }
 
 func TestSentinelErrors(t *testing.T) {
 	r := NewMemReserver(MemReserverOptions{Min: 1000, Max: 1001, Seed: 1})
 	for range 2 {
 		_, err := r.Reserve(ProtoUDP, netip.AddrPort{})
-		require.NoError(t, err)
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
 	}
 	_, err := r.Reserve(ProtoUDP, netip.AddrPort{})
-	require.ErrorIs(t, err, ErrPortsExhausted)
-	require.True(t, errors.Is(ErrClosed, ErrClosed))
+	if !errors.Is(err, ErrPortsExhausted) {
+		t.Fatalf("error %v, want ErrPortsExhausted", err)
+	}
+	if !errors.Is(ErrClosed, ErrClosed) {
+		t.Fatal("errors.Is(ErrClosed, ErrClosed) is false")
+	}
 }
 
 func TestNoPortDropped(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.Reserver = NewMemReserver(MemReserverOptions{Min: 1000, Max: 1000, Seed: 1}) })
 	setUDP(t, f, be1)
-	require.Equal(t, Forward, f.host(udpTo(1, "a")).Verdict)
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoPort}, f.host(udpTo(2, "a")))
+	if got := f.host(udpTo(1, "a")).Verdict; got != Forward {
+		t.Fatalf("f.host(udpTo(1, \"a\")).Verdict = %v, want %v", got, Forward)
+	}
+	if want, got := (Result{Verdict: Drop, Reason: ReasonNoPort}), f.host(udpTo(2, "a")); got != want {
+		t.Fatalf("f.host(udpTo(2, \"a\")) = %v, want %v", got, want)
+	}
 }

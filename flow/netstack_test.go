@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/netstack"
 )
@@ -108,9 +106,13 @@ type netstackEnv struct {
 
 func newNetstackEnv(t *testing.T) *netstackEnv {
 	client, err := netstack.New(netstack.Options{Addrs: []netip.Addr{localAddr}, MTU: 1420})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	backend, err := netstack.New(netstack.Options{Addrs: []netip.Addr{be1.Addr}, MTU: 1420})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	env := &netstackEnv{client: client, backend: backend, unreach: make(chan report, 16)}
 	r := &router{client: client, backend: backend}
 	n, err := New(Options{
@@ -127,7 +129,9 @@ func newNetstackEnv(t *testing.T) *netstackEnv {
 		},
 		OnPortUnreachable: func(l Listener, b Backend) { env.unreach <- report{l, b} },
 	})
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	r.nat, env.nat = n, n
 	r.start()
 	t.Cleanup(func() {
@@ -141,9 +145,13 @@ func newNetstackEnv(t *testing.T) *netstackEnv {
 
 func TestNetstackTCPThroughNAT(t *testing.T) {
 	env := newNetstackEnv(t)
-	require.NoError(t, env.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
+	if err := env.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}); err != nil {
+		t.Fatalf("env.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}): %v", err)
+	}
 	ln, err := env.backend.ListenTCP(be1.AddrPort())
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer ln.Close()
 	seen := make(chan net.Addr, 1)
 	go func() {
@@ -158,9 +166,13 @@ func TestNetstackTCPThroughNAT(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := env.client.DialTCP(ctx, netip.AddrPortFrom(vipAddr, 443))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer c.Close()
-	require.Equal(t, netip.AddrPortFrom(vipAddr, 443).String(), c.RemoteAddr().String())
+	if want, got := netip.AddrPortFrom(vipAddr, 443).String(), c.RemoteAddr().String(); got != want {
+		t.Fatalf("c.RemoteAddr().String() = %v, want %v", got, want)
+	}
 
 	data := make([]byte, 1<<20)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -171,26 +183,46 @@ func TestNetstackTCPThroughNAT(t *testing.T) {
 	got := make([]byte, len(data))
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	_, err = io.ReadFull(c, got)
-	require.NoError(t, err)
-	require.Equal(t, sha256.Sum256(data), sha256.Sum256(got))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if want, gotV := sha256.Sum256(data), sha256.Sum256(got); gotV != want {
+		t.Fatalf("sha256.Sum256(got) = %v, want %v", gotV, want)
+	}
 
 	remote := <-seen
 	bs := env.nat.Bindings()
-	require.Len(t, bs, 1)
-	require.Equal(t, bs[0].Shadow.String(), remote.String(), "the backend sees the client's overlay address and shadow port")
-	require.Equal(t, localAddr, bs[0].Shadow.Addr())
-	require.Greater(t, bs[0].BytesIn, uint64(1<<20))
-	require.Greater(t, bs[0].BytesOut, uint64(1<<20))
+	if len(bs) != 1 {
+		t.Fatalf("len(bs) = %d, want %d: %v", len(bs), 1, bs)
+	}
+	if want, got := bs[0].Shadow.String(), remote.String(); got != want {
+		t.Fatalf("the backend sees the client's overlay address and shadow port: remote.String() = %v, want %v", got, want)
+	}
+	if got := bs[0].Shadow.Addr(); got != localAddr {
+		t.Fatalf("bs[0].Shadow.Addr() = %v, want %v", got, localAddr)
+	}
+	if bs[0].BytesIn <= uint64(1<<20) {
+		t.Fatalf("bs[0].BytesIn = %v, want > %v", bs[0].BytesIn, uint64(1<<20))
+	}
+	if bs[0].BytesOut <= uint64(1<<20) {
+		t.Fatalf("bs[0].BytesOut = %v, want > %v", bs[0].BytesOut, uint64(1<<20))
+	}
 	// The shadow port is held in the client's own stack.
 	_, err = env.client.ReservePort("tcp", localAddr, bs[0].Shadow.Port())
-	require.Error(t, err)
+	if err == nil {
+		t.Fatal("err is nil, want an error")
+	}
 }
 
 func TestNetstackUDPAndFragments(t *testing.T) {
 	env := newNetstackEnv(t)
-	require.NoError(t, env.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{{Peer: be1.Peer, Addr: be1.Addr, Port: 5353}}}))
+	if err := env.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{{Peer: be1.Peer, Addr: be1.Addr, Port: 5353}}}); err != nil {
+		t.Fatalf("env.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{{Peer: be1.Peer, Addr: be1.Addr, Port: 5353}}}): %v", err)
+	}
 	pc, err := env.backend.ListenUDP(netip.AddrPortFrom(be1.Addr, 5353))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer pc.Close()
 	go func() {
 		buf := make([]byte, 65536)
@@ -208,7 +240,9 @@ func TestNetstackUDPAndFragments(t *testing.T) {
 		}
 	}()
 	c, err := env.client.DialUDP(netip.AddrPort{}, netip.AddrPortFrom(vipAddr, 53))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer c.Close()
 	for _, size := range []int{5, 1392, 1393, 8000, 30000} {
 		msg := make([]byte, size)
@@ -224,28 +258,44 @@ func TestNetstackUDPAndFragments(t *testing.T) {
 		// UDP may lose a fragment to a full queue; retry a few times.
 		for try := 0; ; try++ {
 			_, err = c.Write(msg)
-			require.NoError(t, err)
+			if err != nil {
+				t.Fatalf("%v", err)
+			}
 			c.SetReadDeadline(time.Now().Add(3 * time.Second))
 			n, err = c.Read(got)
 			if err == nil || try == 3 {
 				break
 			}
 		}
-		require.NoError(t, err, "size %d", size)
-		require.Equal(t, want, got[:n], "size %d", size)
+		if err != nil {
+			t.Fatalf("size %d: %v", size, err)
+		}
+		if gotV := got[:n]; !bytes.Equal(gotV, want) {
+			t.Fatalf("size %d: got[:n] = %v, want %v", size, gotV, want)
+		}
 	}
 	st := env.nat.Stats()
-	require.Positive(t, st.Reassembled, "large datagrams were reassembled")
-	require.Positive(t, st.Fragmented, "and fragmented again to the MTU")
-	require.Equal(t, 0, st.FragPending)
+	if st.Reassembled <= 0 {
+		t.Fatalf("large datagrams were reassembled: st.Reassembled = %v, want > 0", st.Reassembled)
+	}
+	if st.Fragmented <= 0 {
+		t.Fatalf("and fragmented again to the MTU: st.Fragmented = %v, want > 0", st.Fragmented)
+	}
+	if st.FragPending != 0 {
+		t.Fatalf("st.FragPending = %v, want %v", st.FragPending, 0)
+	}
 }
 
 func TestNetstackLocalBackend(t *testing.T) {
 	env := newNetstackEnv(t)
 	hl := Listener{VIP: vip2Addr, Proto: ProtoTCP, Port: 80}
-	require.NoError(t, env.nat.SetListener(hl, ListenerConfig{Backends: []Backend{beLocal}}))
+	if err := env.nat.SetListener(hl, ListenerConfig{Backends: []Backend{beLocal}}); err != nil {
+		t.Fatalf("env.nat.SetListener(hl, ListenerConfig{Backends: []Backend{beLocal}}): %v", err)
+	}
 	ln, err := env.client.ListenTCP(beLocal.AddrPort())
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer ln.Close()
 	seen := make(chan net.Addr, 1)
 	go func() {
@@ -260,35 +310,57 @@ func TestNetstackLocalBackend(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := env.client.DialTCP(ctx, netip.AddrPortFrom(vip2Addr, 80))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer c.Close()
 	msg := bytes.Repeat([]byte("hairpin "), 20000)
 	go func() { c.Write(msg) }()
 	got := make([]byte, len(msg))
 	c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	_, err = io.ReadFull(c, got)
-	require.NoError(t, err)
-	require.Equal(t, msg, got)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("got = %v, want %v", got, msg)
+	}
 	remote := (<-seen).(*net.TCPAddr)
-	require.Equal(t, vip2Addr, remote.AddrPort().Addr(), "the local backend sees the VIP as source")
+	if got := remote.AddrPort().Addr(); got != vip2Addr {
+		t.Fatalf("the local backend sees the VIP as source: remote.AddrPort().Addr() = %v, want %v", got, vip2Addr)
+	}
 	bs := env.nat.Bindings()
-	require.Len(t, bs, 1)
-	require.True(t, bs[0].Hairpin)
-	require.Equal(t, uint16(remote.Port), bs[0].Shadow.Port())
+	if len(bs) != 1 {
+		t.Fatalf("len(bs) = %d, want %d: %v", len(bs), 1, bs)
+	}
+	if !bs[0].Hairpin {
+		t.Fatal("bs[0].Hairpin is false")
+	}
+	if got := bs[0].Shadow.Port(); got != uint16(remote.Port) {
+		t.Fatalf("bs[0].Shadow.Port() = %v, want %v", got, uint16(remote.Port))
+	}
 }
 
 func TestNetstackPortUnreachable(t *testing.T) {
 	env := newNetstackEnv(t)
 	dead := Backend{Peer: be1.Peer, Addr: be1.Addr, Port: 9999} // nothing listens there
-	require.NoError(t, env.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{dead}}))
+	if err := env.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{dead}}); err != nil {
+		t.Fatalf("env.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{dead}}): %v", err)
+	}
 	c, err := env.client.DialUDP(netip.AddrPort{}, netip.AddrPortFrom(vipAddr, 53))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	defer c.Close()
 	_, err = c.Write([]byte("anyone?"))
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	select {
 	case r := <-env.unreach:
-		require.Equal(t, report{lUDP, dead}, r)
+		if want := (report{lUDP, dead}); r != want {
+			t.Fatalf("r = %v, want %v", r, want)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no port unreachable reported")
 	}
@@ -303,10 +375,14 @@ func TestNetstackPortUnreachable(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), "refused") { // gVisor's tcpip.ErrConnectionRefused
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "no refusal seen by the client socket: %v", err)
+		if !time.Now().Before(deadline) {
+			t.Fatalf("no refusal seen by the client socket: %v: time.Now().Before(deadline) is false", err)
+		}
 	}
 	ls, _ := env.nat.ListenerStats(lUDP)
-	require.Equal(t, uint64(1), ls.PacketsIn, "the ICMP error was translated and counted")
+	if ls.PacketsIn != uint64(1) {
+		t.Fatalf("the ICMP error was translated and counted: ls.PacketsIn = %v, want %v", ls.PacketsIn, uint64(1))
+	}
 }
 
 var _ transport.PacketIO = (*netstack.Host)(nil)

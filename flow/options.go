@@ -9,7 +9,8 @@ import (
 	"github.com/vipkit/vipkit/transport"
 )
 
-// Defaults (tsunagi-vip "Delivery and recovery" and "Limits").
+// Defaults. docs/defaults.md gives each with its reason and the test that
+// pins it.
 const (
 	DefaultCapacity          = 4096
 	DefaultMTU               = 1420

@@ -17,10 +17,13 @@ import (
 // protocol on that address. It is safe for concurrent use; Close releases
 // every socket.
 type OSReserver struct {
-	addr netip.Addr
-	mu   sync.Mutex
-	fds  map[osKey]int
-	done bool
+	addr netip.Addr // +checklocksignore: immutable after NewOSReserver
+
+	mu sync.Mutex
+	// +checklocks:mu
+	fds map[osKey]int // the bound socket of every reserved port
+	// +checklocks:mu
+	done bool // Close ran
 }
 
 type osKey struct {

@@ -1,12 +1,12 @@
 package flow
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/packet"
@@ -16,7 +16,9 @@ import (
 // byte offsets.
 func requireOnlyDiffer(t testing.TB, orig, got []byte, allowed map[int]bool, msg string) {
 	t.Helper()
-	require.Equal(t, len(orig), len(got), msg)
+	if len(got) != len(orig) {
+		t.Fatalf("%v: len(got) = %v, want %v", msg, len(got), len(orig))
+	}
 	for i := range orig {
 		if orig[i] != got[i] && !allowed[i] {
 			t.Fatalf("%s: byte %d changed (%#x → %#x) outside the NAT's fields", msg, i, orig[i], got[i])
@@ -99,12 +101,20 @@ func TestPropertyNATEverySize(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	const mtu = 1420
 	f := newFixture(t, func(o *Options) { o.Capacity = 1 << 14; o.MTU = mtu })
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
-	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be2}}))
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}): %v", err)
+	}
+	if err := f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be2}}); err != nil {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be2}}): %v", err)
+	}
 	hairTCP := Listener{VIP: vip2Addr, Proto: ProtoTCP, Port: 80}
 	hairUDP := Listener{VIP: vip2Addr, Proto: ProtoUDP, Port: 80}
-	require.NoError(t, f.nat.SetListener(hairTCP, ListenerConfig{Backends: []Backend{beLocal}}))
-	require.NoError(t, f.nat.SetListener(hairUDP, ListenerConfig{Backends: []Backend{beLocal}}))
+	if err := f.nat.SetListener(hairTCP, ListenerConfig{Backends: []Backend{beLocal}}); err != nil {
+		t.Fatalf("f.nat.SetListener(hairTCP, ListenerConfig{Backends: []Backend{beLocal}}): %v", err)
+	}
+	if err := f.nat.SetListener(hairUDP, ListenerConfig{Backends: []Backend{beLocal}}); err != nil {
+		t.Fatalf("f.nat.SetListener(hairUDP, ListenerConfig{Backends: []Backend{beLocal}}): %v", err)
+	}
 
 	sport := uint16(1024)
 	for size := 20; size <= mtu; size++ {
@@ -135,25 +145,43 @@ func TestPropertyNATEverySize(t *testing.T) {
 			packet.IPv4(pkt).UpdateChecksum()
 			orig := append([]byte(nil), pkt...)
 			r := f.host(pkt)
-			require.Equal(t, Drop, r.Verdict, "size %d", size)
-			require.Contains(t, []DropReason{ReasonTruncated, ReasonBadLength}, r.Reason)
-			require.Equal(t, orig, pkt)
+			if r.Verdict != Drop {
+				t.Fatalf("size %d: r.Verdict = %v, want %v", size, r.Verdict, Drop)
+			}
+			if !slices.Contains(([]DropReason{ReasonTruncated, ReasonBadLength}), r.Reason) {
+				t.Fatalf("([]DropReason{ReasonTruncated, ReasonBadLength}) = %v, want it to contain %v", ([]DropReason{ReasonTruncated, ReasonBadLength}), r.Reason)
+			}
+			if !bytes.Equal(pkt, orig) {
+				t.Fatalf("pkt = %v, want %v", pkt, orig)
+			}
 			continue
 		}
 		if proto == ProtoTCP {
 			// Open with a SYN first (same tuple) so the segment has a binding.
 			s := P{Src: client, Dst: vip, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: packet.TCPFlagSYN, Seq: 1}.Build()
-			require.NotEqual(t, Drop, f.host(s).Verdict)
+			if got := f.host(s).Verdict; got == Drop {
+				t.Fatalf("f.host(s).Verdict = %v, want anything else", got)
+			}
 		}
 		orig := append([]byte(nil), pkt...)
 		r := f.host(pkt)
 		if hair {
-			require.Equal(t, Reflect, r.Verdict, "size %d: %v", size, r.Reason)
-			require.Equal(t, vip, packet.IPv4(pkt).Src())
-			require.Equal(t, localAddr, packet.IPv4(pkt).Dst())
+			if r.Verdict != Reflect {
+				t.Fatalf("size %d: %v: r.Verdict = %v, want %v", size, r.Reason, r.Verdict, Reflect)
+			}
+			if got := packet.IPv4(pkt).Src(); got != vip {
+				t.Fatalf("packet.IPv4(pkt).Src() = %v, want %v", got, vip)
+			}
+			if got := packet.IPv4(pkt).Dst(); got != localAddr {
+				t.Fatalf("packet.IPv4(pkt).Dst() = %v, want %v", got, localAddr)
+			}
 		} else {
-			require.Equal(t, Forward, r.Verdict, "size %d: %v", size, r.Reason)
-			require.Equal(t, localAddr, packet.IPv4(pkt).Src())
+			if r.Verdict != Forward {
+				t.Fatalf("size %d: %v: r.Verdict = %v, want %v", size, r.Reason, r.Verdict, Forward)
+			}
+			if got := packet.IPv4(pkt).Src(); got != localAddr {
+				t.Fatalf("packet.IPv4(pkt).Src() = %v, want %v", got, localAddr)
+			}
 		}
 		requireOnlyDiffer(t, orig, pkt, natFields(pkt), "ingress")
 		requireSums(t, pkt)
@@ -162,21 +190,33 @@ func TestPropertyNATEverySize(t *testing.T) {
 		rep, _ := randPacket(rng, size, proto, packet.IPv4(pkt).Dst(), packet.IPv4(pkt).Src(), binary.BigEndian.Uint16(pkt[packet.IPv4(pkt).HeaderLen()+2:]), binary.BigEndian.Uint16(pkt[packet.IPv4(pkt).HeaderLen():]))
 		origRep := append([]byte(nil), rep...)
 		if hair {
-			require.Equal(t, Reflect, f.host(rep).Verdict)
+			if got := f.host(rep).Verdict; got != Reflect {
+				t.Fatalf("f.host(rep).Verdict = %v, want %v", got, Reflect)
+			}
 		} else {
 			peer := be1.Peer
 			if proto == ProtoUDP {
 				peer = be2.Peer
 			}
-			require.Equal(t, Forward, f.peer(peer, rep).Verdict)
+			if got := f.peer(peer, rep).Verdict; got != Forward {
+				t.Fatalf("f.peer(peer, rep).Verdict = %v, want %v", got, Forward)
+			}
 		}
 		requireOnlyDiffer(t, origRep, rep, natFields(rep), "reverse")
 		requireSums(t, rep)
-		require.Equal(t, vip, packet.IPv4(rep).Src())
-		require.Equal(t, client, packet.IPv4(rep).Dst())
+		if got := packet.IPv4(rep).Src(); got != vip {
+			t.Fatalf("packet.IPv4(rep).Src() = %v, want %v", got, vip)
+		}
+		if got := packet.IPv4(rep).Dst(); got != client {
+			t.Fatalf("packet.IPv4(rep).Dst() = %v, want %v", got, client)
+		}
 		sp, dp := ports(rep)
-		require.Equal(t, vport, sp)
-		require.Equal(t, sport, dp)
+		if sp != vport {
+			t.Fatalf("sp = %v, want %v", sp, vport)
+		}
+		if dp != sport {
+			t.Fatalf("dp = %v, want %v", dp, sport)
+		}
 	}
 }
 
@@ -190,14 +230,18 @@ func icmpCase(t *testing.T, f *fixture, rng *rand.Rand, size int, proto Proto, c
 	req := P{Src: client, Dst: vip, Proto: proto, Sport: sport, Dport: vport, Flags: flags, Seq: 9, Payload: make([]byte, 1380)}.Build()
 	origReq := append([]byte(nil), req...)
 	r := f.host(req)
-	require.Contains(t, []Verdict{Forward, Reflect}, r.Verdict)
+	if !slices.Contains(([]Verdict{Forward, Reflect}), r.Verdict) {
+		t.Fatalf("([]Verdict{Forward, Reflect}) = %v, want it to contain %v", ([]Verdict{Forward, Reflect}), r.Verdict)
+	}
 	qlen := size - packet.IPv4MinHeaderLen - packet.ICMPv4HeaderLen
 	if qlen < 0 {
 		// Not even an ICMP header.
 		pkt := P{Src: be1.Addr, Dst: localAddr, Proto: ProtoICMP}.Build()[:size]
 		binary.BigEndian.PutUint16(pkt[2:], uint16(size))
 		packet.IPv4(pkt).UpdateChecksum()
-		require.Equal(t, Result{Verdict: Drop, Reason: ReasonTruncated}, f.peer(2, pkt))
+		if want, got := (Result{Verdict: Drop, Reason: ReasonTruncated}), f.peer(2, pkt); got != want {
+			t.Fatalf("f.peer(2, pkt) = %v, want %v", got, want)
+		}
 		return
 	}
 	typ, code := uint8(packet.ICMPDestUnreachable), uint8(rng.IntN(16))
@@ -215,24 +259,36 @@ func icmpCase(t *testing.T, f *fixture, rng *rand.Rand, size int, proto Proto, c
 		got = f.peer(r.Peer, icmp)
 	}
 	if qlen < packet.IPv4MinHeaderLen+packet.ICMPv4MinQuoted {
-		require.Equal(t, Result{Verdict: Drop, Reason: ReasonICMPQuote}, got, "size %d", size)
+		if want := (Result{Verdict: Drop, Reason: ReasonICMPQuote}); got != want {
+			t.Fatalf("size %d: got = %v, want %v", size, got, want)
+		}
 		return
 	}
 	want := Forward
 	if hair {
 		want = Reflect
 	}
-	require.Equal(t, want, got.Verdict, "size %d: %v", size, got.Reason)
+	if got.Verdict != want {
+		t.Fatalf("size %d: %v: got.Verdict = %v, want %v", size, got.Reason, got.Verdict, want)
+	}
 	requireOnlyDiffer(t, orig, icmp, icmpFields(icmp), "icmp")
 	// The outer checksums equal a full recompute; the quote is what the
 	// client sent, truncated.
 	cp := append([]byte(nil), icmp...)
 	packet.IPv4(cp).UpdateChecksum()
 	fixL4(cp, false)
-	require.Equal(t, cp, icmp, "size %d: checksums", size)
-	require.Equal(t, origReq[:len(quote)], []byte(packet.ICMPv4(icmp[20:]).Quoted()), "size %d", size)
-	require.Equal(t, vip, packet.IPv4(icmp).Src())
-	require.Equal(t, client, packet.IPv4(icmp).Dst())
+	if !bytes.Equal(icmp, cp) {
+		t.Fatalf("size %d: checksums: icmp = %v, want %v", size, icmp, cp)
+	}
+	if want, got := origReq[:len(quote)], []byte(packet.ICMPv4(icmp[20:]).Quoted()); !bytes.Equal(got, want) {
+		t.Fatalf("size %d: []byte(packet.ICMPv4(icmp[20:]).Quoted()) = %v, want %v", size, got, want)
+	}
+	if got := packet.IPv4(icmp).Src(); got != vip {
+		t.Fatalf("packet.IPv4(icmp).Src() = %v, want %v", got, vip)
+	}
+	if got := packet.IPv4(icmp).Dst(); got != client {
+		t.Fatalf("packet.IPv4(icmp).Dst() = %v, want %v", got, client)
+	}
 }
 
 // reassemble naively puts fragments back together (test oracle).
@@ -243,7 +299,9 @@ func reassemble(t testing.TB, frags [][]byte) []byte {
 	total := -1
 	for _, f := range frags {
 		ip := packet.IPv4(f)
-		require.NoError(t, ip.Validate())
+		if err := ip.Validate(); err != nil {
+			t.Fatalf("ip.Validate(): %v", err)
+		}
 		off := ip.FragOffset()
 		data[off] = ip.Payload()
 		if off == 0 {
@@ -253,12 +311,18 @@ func reassemble(t testing.TB, frags [][]byte) []byte {
 			total = off + len(ip.Payload())
 		}
 	}
-	require.NotNil(t, first)
-	require.GreaterOrEqual(t, total, 0)
+	if first == nil {
+		t.Fatal("first is nil")
+	}
+	if total < 0 {
+		t.Fatalf("total = %v, want >= %v", total, 0)
+	}
 	payload := make([]byte, 0, total)
 	for len(payload) < total {
 		d, ok := data[len(payload)]
-		require.True(t, ok, "gap at %d", len(payload))
+		if !ok {
+			t.Fatalf("gap at %d: ok is false", len(payload))
+		}
 		payload = append(payload, d...)
 	}
 	hl := packet.IPv4(first).HeaderLen()
@@ -295,8 +359,12 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 4))
 	const mtu = 1420
 	f := newFixture(t, func(o *Options) { o.MTU = mtu; o.Capacity = 1 << 12 })
-	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}}))
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
+	if err := f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}}); err != nil {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{Backends: []Backend{be1}}): %v", err)
+	}
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}): %v", err)
+	}
 	sizes := []int{mtu + 1, 1500, 2000, 4096, 8972, 9000, 20000, 40000, 65535}
 	for i := 0; i < 20; i++ {
 		sizes = append(sizes, mtu+1+rng.IntN(packet.IPv4MaxPacketLen-mtu-1))
@@ -310,10 +378,14 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 		vport := map[Proto]uint16{ProtoTCP: 443, ProtoUDP: 53}[proto]
 		if proto == ProtoTCP {
 			s := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: sport, Dport: vport, Flags: packet.TCPFlagSYN, Seq: 1}.Build()
-			require.Equal(t, Forward, f.host(s).Verdict)
+			if got := f.host(s).Verdict; got != Forward {
+				t.Fatalf("f.host(s).Verdict = %v, want %v", got, Forward)
+			}
 		}
 		pkt, ok := randPacket(rng, size, proto, localAddr, vipAddr, sport, vport)
-		require.True(t, ok)
+		if !ok {
+			t.Fatal("ok is false")
+		}
 		binary.BigEndian.PutUint16(pkt[6:], 0) // clear DF: the host fragmented it
 		packet.IPv4(pkt).UpdateChecksum()
 		hl := packet.IPv4(pkt).HeaderLen()
@@ -321,20 +393,30 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 		rng.Shuffle(len(frags), func(a, b int) { frags[a], frags[b] = frags[b], frags[a] })
 		for j, fr := range frags {
 			r := f.host(fr)
-			require.Equal(t, Consumed, r.Verdict, "size %d frag %d: %v", size, j, r.Reason)
+			if r.Verdict != Consumed {
+				t.Fatalf("size %d frag %d: %v: r.Verdict = %v, want %v", size, j, r.Reason, r.Verdict, Consumed)
+			}
 		}
 		out := f.takeOut()
 		var got [][]byte
 		for _, e := range out {
-			require.Equal(t, ToOverlay, e.dir)
-			require.LessOrEqual(t, len(e.pkt), mtu)
+			if e.dir != ToOverlay {
+				t.Fatalf("e.dir = %v, want %v", e.dir, ToOverlay)
+			}
+			if len(e.pkt) > mtu {
+				t.Fatalf("len(e.pkt) = %v, want <= %v", len(e.pkt), mtu)
+			}
 			got = append(got, e.pkt)
 		}
 		dg := reassemble(t, got)
-		require.Equal(t, pkt[hl:][tcpOrUDPHeader(proto):], dg[hl:][tcpOrUDPHeader(proto):], "size %d: payload byte-identical", size)
+		if want, got := pkt[hl:][tcpOrUDPHeader(proto):], dg[hl:][tcpOrUDPHeader(proto):]; !bytes.Equal(got, want) {
+			t.Fatalf("size %d: payload byte-identical: dg[hl:][tcpOrUDPHeader(proto):] = %v, want %v", size, got, want)
+		}
 		requireOnlyDiffer(t, pkt, dg, natFields(dg), "large ingress")
 		requireSums(t, dg)
-		require.Equal(t, be1.Addr, packet.IPv4(dg).Dst())
+		if got := packet.IPv4(dg).Dst(); got != be1.Addr {
+			t.Fatalf("packet.IPv4(dg).Dst() = %v, want %v", got, be1.Addr)
+		}
 
 		// The backend's large reply, fragmented by the backend.
 		rep, _ := randPacket(rng, size, proto, be1.Addr, localAddr, be1.Port, binary.BigEndian.Uint16(dg[hl:]))
@@ -342,27 +424,45 @@ func TestPropertyLargeDatagrams(t *testing.T) {
 		packet.IPv4(rep).UpdateChecksum()
 		rhl := packet.IPv4(rep).HeaderLen()
 		for _, fr := range fragment(rep, (mtu-rhl)&^7) {
-			require.Equal(t, Consumed, f.peer(be1.Peer, fr).Verdict)
+			if got := f.peer(be1.Peer, fr).Verdict; got != Consumed {
+				t.Fatalf("f.peer(be1.Peer, fr).Verdict = %v, want %v", got, Consumed)
+			}
 		}
 		out = f.takeOut()
 		got = got[:0]
 		for _, e := range out {
-			require.Equal(t, ToHost, e.dir)
-			require.LessOrEqual(t, len(e.pkt), mtu)
+			if e.dir != ToHost {
+				t.Fatalf("e.dir = %v, want %v", e.dir, ToHost)
+			}
+			if len(e.pkt) > mtu {
+				t.Fatalf("len(e.pkt) = %v, want <= %v", len(e.pkt), mtu)
+			}
 			got = append(got, e.pkt)
 		}
 		rdg := reassemble(t, got)
 		requireOnlyDiffer(t, rep, rdg, natFields(rdg), "large reverse")
 		requireSums(t, rdg)
-		require.Equal(t, vipAddr, packet.IPv4(rdg).Src())
+		if got := packet.IPv4(rdg).Src(); got != vipAddr {
+			t.Fatalf("packet.IPv4(rdg).Src() = %v, want %v", got, vipAddr)
+		}
 		sp, dp := ports(rdg)
-		require.Equal(t, vport, sp)
-		require.Equal(t, sport, dp)
+		if sp != vport {
+			t.Fatalf("sp = %v, want %v", sp, vport)
+		}
+		if dp != sport {
+			t.Fatalf("dp = %v, want %v", dp, sport)
+		}
 	}
 	st := f.nat.Stats()
-	require.Equal(t, uint64(2*len(sizes)), st.Reassembled)
-	require.Equal(t, 0, st.FragPending)
-	require.Equal(t, 0, st.FragBytes)
+	if st.Reassembled != uint64(2*len(sizes)) {
+		t.Fatalf("st.Reassembled = %v, want %v", st.Reassembled, uint64(2*len(sizes)))
+	}
+	if st.FragPending != 0 {
+		t.Fatalf("st.FragPending = %v, want %v", st.FragPending, 0)
+	}
+	if st.FragBytes != 0 {
+		t.Fatalf("st.FragBytes = %v, want %v", st.FragBytes, 0)
+	}
 }
 
 func tcpOrUDPHeader(p Proto) int {

@@ -40,6 +40,7 @@ func unicast4(a uint32) bool {
 }
 
 // initReplies fills the token bucket.
+// +checklocks:n.mu
 func (n *NAT) initReplies() {
 	if n.o.ReplyRate > 0 {
 		n.replyCost = int64(time.Second) / int64(n.o.ReplyRate)
@@ -49,6 +50,7 @@ func (n *NAT) initReplies() {
 }
 
 // replyTokenLocked takes one reply's token at now, if there is one.
+// +checklocks:n.mu
 func (n *NAT) replyTokenLocked(now int64) bool {
 	if n.o.ReplyRate < 0 {
 		return false
@@ -75,11 +77,12 @@ func (n *NAT) replyTokenLocked(now int64) bool {
 // ReasonPortUnreachable; a packet that gets no answer is dropped with
 // cause. pkt is a validated, whole IPv4 TCP or UDP packet with a
 // validated L4 header.
+// +checklocks:n.mu
 func (n *NAT) refuseLocked(pkt []byte, hl int, ls *listenerState, cause DropReason, now int64) Result {
 	ip := packet.IPv4(pkt)
 	src, dst := binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:]), binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:])
 	if n.o.Emit == nil || ip.FragOffset() != 0 || !unicast4(src) || !unicast4(dst) {
-		return n.dropL(ls, cause)
+		return n.dropOnListener(ls, cause)
 	}
 	hdr := packet.IPv4Fields{Src: ip.Dst(), Dst: ip.Src()}
 	var (
@@ -92,7 +95,7 @@ func (n *NAT) refuseLocked(pkt []byte, hl int, ls *listenerState, cause DropReas
 		t := packet.TCP(pkt[hl:])
 		fl := t.Flags()
 		if fl&packet.TCPFlagRST != 0 || !n.replyTokenLocked(now) {
-			return n.dropL(ls, cause)
+			return n.dropOnListener(ls, cause)
 		}
 		rst := packet.TCPFields{SrcPort: t.DstPort(), DstPort: t.SrcPort(), Flags: packet.TCPFlagRST}
 		if fl&packet.TCPFlagACK != 0 {
@@ -111,7 +114,7 @@ func (n *NAT) refuseLocked(pkt []byte, hl int, ls *listenerState, cause DropReas
 		reason = ReasonRefused
 	case ProtoUDP:
 		if !n.replyTokenLocked(now) {
-			return n.dropL(ls, cause)
+			return n.dropOnListener(ls, cause)
 		}
 		// pkt may be the reassembly buffer; quote from a copy.
 		var q [packet.IPv4MaxHeaderLen + packet.ICMPv4MinQuoted]byte
@@ -120,15 +123,15 @@ func (n *NAT) refuseLocked(pkt []byte, hl int, ls *listenerState, cause DropReas
 			packet.ICMPv4Fields{Type: packet.ICMPDestUnreachable, Code: packet.ICMPCodePortUnreach}, q[:ql])
 		reason = ReasonPortUnreachable
 	default:
-		return n.dropL(ls, cause)
+		return n.dropOnListener(ls, cause)
 	}
 	if err != nil {
-		return n.dropL(ls, cause)
+		return n.dropOnListener(ls, cause)
 	}
 	n.reply = out[:0]
 	if reason == ReasonPortUnreachable {
 		n.icmpSent++
 	}
 	n.o.Emit(ToHost, out)
-	return n.dropL(ls, reason)
+	return n.dropOnListener(ls, reason)
 }

@@ -1,11 +1,11 @@
 package flow
 
 import (
+	"bytes"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/vipkit/vipkit/packet"
 )
@@ -15,11 +15,19 @@ import (
 func (f *fixture) reply(t *testing.T) packet.IPv4 {
 	t.Helper()
 	out := f.takeOut()
-	require.Len(t, out, 1, "one reply")
-	require.Equal(t, ToHost, out[0].dir)
+	if len(out) != 1 {
+		t.Fatalf("one reply: len(out) = %d, want %d: %v", len(out), 1, out)
+	}
+	if out[0].dir != ToHost {
+		t.Fatalf("out[0].dir = %v, want %v", out[0].dir, ToHost)
+	}
 	ip := packet.IPv4(out[0].pkt)
-	require.NoError(t, ip.Validate())
-	require.Equal(t, ip.TotalLen(), len(ip))
+	if err := ip.Validate(); err != nil {
+		t.Fatalf("ip.Validate(): %v", err)
+	}
+	if want := ip.TotalLen(); len(ip) != want {
+		t.Fatalf("len(ip) = %v, want %v", len(ip), want)
+	}
 	requireSums(t, ip)
 	return ip
 }
@@ -28,8 +36,12 @@ func (f *fixture) reply(t *testing.T) packet.IPv4 {
 // 53, both without backends.
 func emptyFixture(t *testing.T, mods ...func(*Options)) *fixture {
 	f := newFixture(t, mods...)
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{}))
-	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{}))
+	if err := f.nat.SetListener(lTCP, ListenerConfig{}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{}): %v", err)
+	}
+	if err := f.nat.SetListener(lUDP, ListenerConfig{}); err != nil {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{}): %v", err)
+	}
 	return f
 }
 
@@ -48,26 +60,54 @@ func TestRefuseTCPSynWithRST(t *testing.T) {
 			p := P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: c.dport,
 				Flags: packet.TCPFlagSYN, Seq: 0xfffffffa, Payload: pay}.Build()
 			r := f.host(p)
-			require.Equal(t, Result{Verdict: Drop, Reason: ReasonRefused}, r)
+			if want := (Result{Verdict: Drop, Reason: ReasonRefused}); r != want {
+				t.Fatalf("r = %v, want %v", r, want)
+			}
 			ip := f.reply(t)
-			require.Equal(t, packet.ProtoTCP, ip.Protocol())
-			require.Equal(t, vipAddr, ip.Src(), "from the VIP")
-			require.Equal(t, localAddr, ip.Dst())
+			if got := ip.Protocol(); got != packet.ProtoTCP {
+				t.Fatalf("ip.Protocol() = %v, want %v", got, packet.ProtoTCP)
+			}
+			if got := ip.Src(); got != vipAddr {
+				t.Fatalf("from the VIP: ip.Src() = %v, want %v", got, vipAddr)
+			}
+			if got := ip.Dst(); got != localAddr {
+				t.Fatalf("ip.Dst() = %v, want %v", got, localAddr)
+			}
 			tc := packet.TCP(ip.Payload())
-			require.Equal(t, c.dport, tc.SrcPort())
-			require.Equal(t, uint16(40000), tc.DstPort())
-			require.Equal(t, uint32(0), tc.Seq())
+			if got := tc.SrcPort(); got != c.dport {
+				t.Fatalf("tc.SrcPort() = %v, want %v", got, c.dport)
+			}
+			if got := tc.DstPort(); got != uint16(40000) {
+				t.Fatalf("tc.DstPort() = %v, want %v", got, uint16(40000))
+			}
+			if got := tc.Seq(); got != uint32(0) {
+				t.Fatalf("tc.Seq() = %v, want %v", got, uint32(0))
+			}
 			// SYN's seq + 1 (the SYN) + payload, wrapping.
-			require.Equal(t, uint32(0xfffffffa)+1+uint32(len(pay)), tc.Ack())
-			require.Equal(t, uint8(packet.TCPFlagRST|packet.TCPFlagACK), tc.Flags())
-			require.Empty(t, tc.Payload())
+			if got := tc.Ack(); got != uint32(0xfffffffa)+1+uint32(len(pay)) {
+				t.Fatalf("tc.Ack() = %v, want %v", got, uint32(0xfffffffa)+1+uint32(len(pay)))
+			}
+			if got := tc.Flags(); got != uint8(packet.TCPFlagRST|packet.TCPFlagACK) {
+				t.Fatalf("tc.Flags() = %v, want %v", got, uint8(packet.TCPFlagRST|packet.TCPFlagACK))
+			}
+			if got := tc.Payload(); len(got) != 0 {
+				t.Fatalf("tc.Payload() = %v, want empty", got)
+			}
 			st := f.nat.Stats()
-			require.Equal(t, uint64(1), st.Drops[ReasonRefused])
-			require.Zero(t, st.Drops[c.cause], "counted as refused, not as its cause")
+			if st.Drops[ReasonRefused] != uint64(1) {
+				t.Fatalf("st.Drops[ReasonRefused] = %v, want %v", st.Drops[ReasonRefused], uint64(1))
+			}
+			if st.Drops[c.cause] != 0 {
+				t.Fatalf("counted as refused, not as its cause: st.Drops[c.cause] = %v, want 0", st.Drops[c.cause])
+			}
 			if c.cause == ReasonNoBackend {
 				ls, ok := f.nat.ListenerStats(lTCP)
-				require.True(t, ok)
-				require.Equal(t, uint64(1), ls.Drops[ReasonRefused])
+				if !ok {
+					t.Fatal("ok is false")
+				}
+				if ls.Drops[ReasonRefused] != uint64(1) {
+					t.Fatalf("ls.Drops[ReasonRefused] = %v, want %v", ls.Drops[ReasonRefused], uint64(1))
+				}
 			}
 		})
 	}
@@ -79,16 +119,26 @@ func TestRefuseTCPNonSyn(t *testing.T) {
 	f.host(P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443,
 		Flags: packet.TCPFlagACK | packet.TCPFlagPSH, Seq: 100, Ack: 7777, Payload: []byte("abc")}.Build())
 	tc := packet.TCP(f.reply(t).Payload())
-	require.Equal(t, uint32(7777), tc.Seq())
-	require.Equal(t, uint8(packet.TCPFlagRST), tc.Flags())
+	if got := tc.Seq(); got != uint32(7777) {
+		t.Fatalf("tc.Seq() = %v, want %v", got, uint32(7777))
+	}
+	if got := tc.Flags(); got != uint8(packet.TCPFlagRST) {
+		t.Fatalf("tc.Flags() = %v, want %v", got, uint8(packet.TCPFlagRST))
+	}
 	// Without ACK (a FIN alone): <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>,
 	// the FIN counting one.
 	f.host(P{Src: localAddr, Dst: vipAddr, Proto: ProtoTCP, Sport: 40000, Dport: 443,
 		Flags: packet.TCPFlagFIN, Seq: 100, Payload: []byte("ab")}.Build())
 	tc = packet.TCP(f.reply(t).Payload())
-	require.Equal(t, uint32(0), tc.Seq())
-	require.Equal(t, uint32(103), tc.Ack())
-	require.Equal(t, uint8(packet.TCPFlagRST|packet.TCPFlagACK), tc.Flags())
+	if got := tc.Seq(); got != uint32(0) {
+		t.Fatalf("tc.Seq() = %v, want %v", got, uint32(0))
+	}
+	if got := tc.Ack(); got != uint32(103) {
+		t.Fatalf("tc.Ack() = %v, want %v", got, uint32(103))
+	}
+	if got := tc.Flags(); got != uint8(packet.TCPFlagRST|packet.TCPFlagACK) {
+		t.Fatalf("tc.Flags() = %v, want %v", got, uint8(packet.TCPFlagRST|packet.TCPFlagACK))
+	}
 }
 
 func TestRefuseUDPWithPortUnreachable(t *testing.T) {
@@ -101,18 +151,36 @@ func TestRefuseUDPWithPortUnreachable(t *testing.T) {
 			p := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: c.dport,
 				Payload: []byte("a query longer than eight bytes"), Options: []byte{1, 1, 1, 1}}.Build()
 			orig := append([]byte(nil), p...)
-			require.Equal(t, Result{Verdict: Drop, Reason: ReasonPortUnreachable}, f.host(p))
+			if want, got := (Result{Verdict: Drop, Reason: ReasonPortUnreachable}), f.host(p); got != want {
+				t.Fatalf("f.host(p) = %v, want %v", got, want)
+			}
 			ip := f.reply(t)
-			require.Equal(t, packet.ProtoICMP, ip.Protocol())
-			require.Equal(t, vipAddr, ip.Src(), "from the VIP")
-			require.Equal(t, localAddr, ip.Dst())
+			if got := ip.Protocol(); got != packet.ProtoICMP {
+				t.Fatalf("ip.Protocol() = %v, want %v", got, packet.ProtoICMP)
+			}
+			if got := ip.Src(); got != vipAddr {
+				t.Fatalf("from the VIP: ip.Src() = %v, want %v", got, vipAddr)
+			}
+			if got := ip.Dst(); got != localAddr {
+				t.Fatalf("ip.Dst() = %v, want %v", got, localAddr)
+			}
 			ic := packet.ICMPv4(ip.Payload())
-			require.Equal(t, uint8(packet.ICMPDestUnreachable), ic.Type())
-			require.Equal(t, uint8(packet.ICMPCodePortUnreach), ic.Code())
+			if got := ic.Type(); got != uint8(packet.ICMPDestUnreachable) {
+				t.Fatalf("ic.Type() = %v, want %v", got, uint8(packet.ICMPDestUnreachable))
+			}
+			if got := ic.Code(); got != uint8(packet.ICMPCodePortUnreach) {
+				t.Fatalf("ic.Code() = %v, want %v", got, uint8(packet.ICMPCodePortUnreach))
+			}
 			// The original IP header (with its options) and 8 bytes of data.
-			require.Equal(t, orig[:24+8], ic.Quoted())
-			require.Equal(t, uint64(1), f.nat.Stats().Drops[ReasonPortUnreachable])
-			require.Equal(t, uint64(1), f.nat.Stats().ICMPSent)
+			if want, got := orig[:24+8], ic.Quoted(); !bytes.Equal(got, want) {
+				t.Fatalf("ic.Quoted() = %v, want %v", got, want)
+			}
+			if got := f.nat.Stats().Drops[ReasonPortUnreachable]; got != uint64(1) {
+				t.Fatalf("f.nat.Stats().Drops[ReasonPortUnreachable] = %v, want %v", got, uint64(1))
+			}
+			if got := f.nat.Stats().ICMPSent; got != uint64(1) {
+				t.Fatalf("f.nat.Stats().ICMPSent = %v, want %v", got, uint64(1))
+			}
 		})
 	}
 }
@@ -136,8 +204,12 @@ func TestRefuseNeverAnswers(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := f.host(c.pkt)
-			require.Equal(t, Result{Verdict: Drop, Reason: c.cause}, r)
-			require.Empty(t, f.takeOut(), "no reply")
+			if want := (Result{Verdict: Drop, Reason: c.cause}); r != want {
+				t.Fatalf("r = %v, want %v", r, want)
+			}
+			if got := f.takeOut(); len(got) != 0 {
+				t.Fatalf("no reply: f.takeOut() = %v, want empty", got)
+			}
 		})
 	}
 }
@@ -148,16 +220,28 @@ func TestRefuseFragments(t *testing.T) {
 	p := P{Src: localAddr, Dst: vipAddr, Proto: ProtoUDP, Sport: 5000, Dport: 53, Payload: big, ID: 9}.Build()
 	first, second := fragmentAt(t, p, 32)
 	// A later fragment alone is never answered (it waits, then expires).
-	require.Equal(t, Consumed, f.host(second).Verdict)
-	require.Empty(t, f.takeOut())
+	if got := f.host(second).Verdict; got != Consumed {
+		t.Fatalf("f.host(second).Verdict = %v, want %v", got, Consumed)
+	}
+	if got := f.takeOut(); len(got) != 0 {
+		t.Fatalf("f.takeOut() = %v, want empty", got)
+	}
 	// The datagram, once whole, is answered once, quoting its first bytes.
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPortUnreachable}, f.host(first))
+	if want, got := (Result{Verdict: Drop, Reason: ReasonPortUnreachable}), f.host(first); got != want {
+		t.Fatalf("f.host(first) = %v, want %v", got, want)
+	}
 	ip := f.reply(t)
 	ic := packet.ICMPv4(ip.Payload())
-	require.Equal(t, uint8(packet.ICMPCodePortUnreach), ic.Code())
+	if got := ic.Code(); got != uint8(packet.ICMPCodePortUnreach) {
+		t.Fatalf("ic.Code() = %v, want %v", got, uint8(packet.ICMPCodePortUnreach))
+	}
 	q := packet.IPv4(ic.Quoted())
-	require.Zero(t, q.FragOffset())
-	require.Equal(t, uint64(1), f.nat.Stats().Drops[ReasonPortUnreachable])
+	if got := q.FragOffset(); got != 0 {
+		t.Fatalf("q.FragOffset() = %v, want 0", got)
+	}
+	if got := f.nat.Stats().Drops[ReasonPortUnreachable]; got != uint64(1) {
+		t.Fatalf("f.nat.Stats().Drops[ReasonPortUnreachable] = %v, want %v", got, uint64(1))
+	}
 }
 
 // fragmentAt splits a whole datagram into two fragments at offset off
@@ -190,15 +274,25 @@ func TestRefuseRateLimit(t *testing.T) {
 		if r.Reason == ReasonRefused {
 			n++
 		} else {
-			require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoBackend}, r, "over the limit: dropped silently")
+			if want := (Result{Verdict: Drop, Reason: ReasonNoBackend}); r != want {
+				t.Fatalf("over the limit: dropped silently: r = %v, want %v", r, want)
+			}
 		}
 	}
-	require.Equal(t, DefaultReplyBurst, n, "the burst, then nothing")
-	require.Len(t, f.takeOut(), DefaultReplyBurst)
+	if n != DefaultReplyBurst {
+		t.Fatalf("the burst, then nothing: n = %v, want %v", n, DefaultReplyBurst)
+	}
+	if got := f.takeOut(); len(got) != DefaultReplyBurst {
+		t.Fatalf("len(f.takeOut()) = %d, want %d: %v", len(got), DefaultReplyBurst, got)
+	}
 	// Tokens come back at DefaultReplyRate per second, on the NAT's clock.
 	f.clock.Advance(time.Second / DefaultReplyRate)
-	require.Equal(t, ReasonRefused, f.host(syn(1, 1)).Reason)
-	require.Equal(t, ReasonNoBackend, f.host(syn(2, 1)).Reason)
+	if got := f.host(syn(1, 1)).Reason; got != ReasonRefused {
+		t.Fatalf("f.host(syn(1, 1)).Reason = %v, want %v", got, ReasonRefused)
+	}
+	if got := f.host(syn(2, 1)).Reason; got != ReasonNoBackend {
+		t.Fatalf("f.host(syn(2, 1)).Reason = %v, want %v", got, ReasonNoBackend)
+	}
 	f.clock.Advance(time.Hour)
 	n = 0
 	for i := 0; i < 2*DefaultReplyBurst; i++ {
@@ -206,19 +300,31 @@ func TestRefuseRateLimit(t *testing.T) {
 			n++
 		}
 	}
-	require.Equal(t, DefaultReplyBurst, n, "the bucket holds at most the burst")
+	if n != DefaultReplyBurst {
+		t.Fatalf("the bucket holds at most the burst: n = %v, want %v", n, DefaultReplyBurst)
+	}
 }
 
 func TestRefuseDefaultsPinned(t *testing.T) {
-	require.Equal(t, 100, DefaultReplyRate)
-	require.Equal(t, 20, DefaultReplyBurst)
+	if DefaultReplyRate != 100 {
+		t.Fatalf("DefaultReplyRate = %v, want %v", DefaultReplyRate, 100)
+	}
+	if DefaultReplyBurst != 20 {
+		t.Fatalf("DefaultReplyBurst = %v, want %v", DefaultReplyBurst, 20)
+	}
 }
 
 func TestRefuseDisabled(t *testing.T) {
 	f := emptyFixture(t, func(o *Options) { o.ReplyRate = -1 })
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoBackend}, f.host(syn(1, 1)))
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoBackend}, f.host(udpTo(1, "x")))
-	require.Empty(t, f.takeOut())
+	if want, got := (Result{Verdict: Drop, Reason: ReasonNoBackend}), f.host(syn(1, 1)); got != want {
+		t.Fatalf("f.host(syn(1, 1)) = %v, want %v", got, want)
+	}
+	if want, got := (Result{Verdict: Drop, Reason: ReasonNoBackend}), f.host(udpTo(1, "x")); got != want {
+		t.Fatalf("f.host(udpTo(1, \"x\")) = %v, want %v", got, want)
+	}
+	if got := f.takeOut(); len(got) != 0 {
+		t.Fatalf("f.takeOut() = %v, want empty", got)
+	}
 }
 
 func TestRefuseOnlyEmpty(t *testing.T) {
@@ -226,38 +332,88 @@ func TestRefuseOnlyEmpty(t *testing.T) {
 	// SYN is dropped silently so that a retransmission can find a backend
 	// that recovers.
 	f := newFixture(t)
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}): %v", err)
+	}
 	f.sel.setDown(be1, true)
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonNoBackend}, f.host(syn(1, 1)))
-	require.Empty(t, f.takeOut())
+	if want, got := (Result{Verdict: Drop, Reason: ReasonNoBackend}), f.host(syn(1, 1)); got != want {
+		t.Fatalf("f.host(syn(1, 1)) = %v, want %v", got, want)
+	}
+	if got := f.takeOut(); len(got) != 0 {
+		t.Fatalf("f.takeOut() = %v, want empty", got)
+	}
 }
 
 func TestClaimVIPRefuses(t *testing.T) {
 	f := newFixture(t)
-	require.Equal(t, Pass, f.host(syn(1, 1)).Verdict, "an unclaimed address is not the NAT's")
-	require.NoError(t, f.nat.ClaimVIP(vipAddr))
-	require.NoError(t, f.nat.ClaimVIP(vipAddr), "idempotent")
-	require.True(t, f.nat.IsVIP(vipAddr))
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonRefused}, f.host(syn(1, 1)))
-	require.Equal(t, Result{Verdict: Drop, Reason: ReasonPortUnreachable}, f.host(udpTo(1, "x")))
-	require.Len(t, f.takeOut(), 2)
+	if got := f.host(syn(1, 1)).Verdict; got != Pass {
+		t.Fatalf("an unclaimed address is not the NAT's: f.host(syn(1, 1)).Verdict = %v, want %v", got, Pass)
+	}
+	if err := f.nat.ClaimVIP(vipAddr); err != nil {
+		t.Fatalf("f.nat.ClaimVIP(vipAddr): %v", err)
+	}
+	if err := f.nat.ClaimVIP(vipAddr); err != nil {
+		t.Fatalf("idempotent: f.nat.ClaimVIP(vipAddr): %v", err)
+	}
+	if !f.nat.IsVIP(vipAddr) {
+		t.Fatal("f.nat.IsVIP(vipAddr) is false")
+	}
+	if want, got := (Result{Verdict: Drop, Reason: ReasonRefused}), f.host(syn(1, 1)); got != want {
+		t.Fatalf("f.host(syn(1, 1)) = %v, want %v", got, want)
+	}
+	if want, got := (Result{Verdict: Drop, Reason: ReasonPortUnreachable}), f.host(udpTo(1, "x")); got != want {
+		t.Fatalf("f.host(udpTo(1, \"x\")) = %v, want %v", got, want)
+	}
+	if got := f.takeOut(); len(got) != 2 {
+		t.Fatalf("len(f.takeOut()) = %d, want %d: %v", len(got), 2, got)
+	}
 	// A listener added and removed leaves the claim; releasing it ends it.
-	require.NoError(t, f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}))
-	require.True(t, f.nat.RemoveListener(lTCP))
-	require.True(t, f.nat.IsVIP(vipAddr))
-	require.True(t, f.nat.ReleaseVIP(vipAddr))
-	require.False(t, f.nat.ReleaseVIP(vipAddr))
-	require.False(t, f.nat.IsVIP(vipAddr))
-	require.Equal(t, Pass, f.host(syn(1, 1)).Verdict)
+	if err := f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}); err != nil {
+		t.Fatalf("f.nat.SetListener(lTCP, ListenerConfig{Backends: []Backend{be1}}): %v", err)
+	}
+	if !f.nat.RemoveListener(lTCP) {
+		t.Fatal("f.nat.RemoveListener(lTCP) is false")
+	}
+	if !f.nat.IsVIP(vipAddr) {
+		t.Fatal("f.nat.IsVIP(vipAddr) is false")
+	}
+	if !f.nat.ReleaseVIP(vipAddr) {
+		t.Fatal("f.nat.ReleaseVIP(vipAddr) is false")
+	}
+	if f.nat.ReleaseVIP(vipAddr) {
+		t.Fatal("f.nat.ReleaseVIP(vipAddr) is true")
+	}
+	if f.nat.IsVIP(vipAddr) {
+		t.Fatal("f.nat.IsVIP(vipAddr) is true")
+	}
+	if got := f.host(syn(1, 1)).Verdict; got != Pass {
+		t.Fatalf("f.host(syn(1, 1)).Verdict = %v, want %v", got, Pass)
+	}
 	// Released while a listener holds it: the listener keeps it.
-	require.NoError(t, f.nat.ClaimVIP(vipAddr))
-	require.NoError(t, f.nat.SetListener(lUDP, ListenerConfig{}))
-	require.True(t, f.nat.ReleaseVIP(vipAddr))
-	require.True(t, f.nat.IsVIP(vipAddr))
-	require.ErrorIs(t, f.nat.ClaimVIP(localAddr), ErrInvalidListener)
-	require.ErrorIs(t, f.nat.ClaimVIP(netip.MustParseAddr("::1")), ErrInvalidListener)
-	require.NoError(t, f.nat.Close())
-	require.ErrorIs(t, f.nat.ClaimVIP(vip2Addr), ErrClosed)
+	if err := f.nat.ClaimVIP(vipAddr); err != nil {
+		t.Fatalf("f.nat.ClaimVIP(vipAddr): %v", err)
+	}
+	if err := f.nat.SetListener(lUDP, ListenerConfig{}); err != nil {
+		t.Fatalf("f.nat.SetListener(lUDP, ListenerConfig{}): %v", err)
+	}
+	if !f.nat.ReleaseVIP(vipAddr) {
+		t.Fatal("f.nat.ReleaseVIP(vipAddr) is false")
+	}
+	if !f.nat.IsVIP(vipAddr) {
+		t.Fatal("f.nat.IsVIP(vipAddr) is false")
+	}
+	if err := f.nat.ClaimVIP(localAddr); !errors.Is(err, ErrInvalidListener) {
+		t.Fatalf("f.nat.ClaimVIP(localAddr) = %v, want ErrInvalidListener", err)
+	}
+	if err := f.nat.ClaimVIP(netip.MustParseAddr("::1")); !errors.Is(err, ErrInvalidListener) {
+		t.Fatalf("f.nat.ClaimVIP(netip.MustParseAddr(\"::1\")) = %v, want ErrInvalidListener", err)
+	}
+	if err := f.nat.Close(); err != nil {
+		t.Fatalf("f.nat.Close(): %v", err)
+	}
+	if err := f.nat.ClaimVIP(vip2Addr); !errors.Is(err, ErrClosed) {
+		t.Fatalf("f.nat.ClaimVIP(vip2Addr) = %v, want ErrClosed", err)
+	}
 }
 
 func TestReplyOptionsBounds(t *testing.T) {
@@ -273,9 +429,13 @@ func TestReplyOptionsBounds(t *testing.T) {
 	} {
 		_, err := New(Options{LocalAddr: localAddr, Selector: &testSel{}, ReplyRate: c.rate, ReplyBurst: c.burst})
 		if c.ok {
-			require.NoError(t, err, "%+v", c)
+			if err != nil {
+				t.Fatalf("%+v: %v", c, err)
+			}
 		} else {
-			require.ErrorIs(t, err, ErrInvalidOptions, "%+v", c)
+			if !errors.Is(err, ErrInvalidOptions) {
+				t.Fatalf("%+v: error %v, want ErrInvalidOptions", c, err)
+			}
 		}
 	}
 	// At the largest rate and burst the bucket still counts exactly.
@@ -286,6 +446,8 @@ func TestReplyOptionsBounds(t *testing.T) {
 			t.Fatalf("refusal %d of the burst not sent", i)
 		}
 	}
-	require.Equal(t, ReasonNoBackend, f.host(syn(1, 1)).Reason)
+	if got := f.host(syn(1, 1)).Reason; got != ReasonNoBackend {
+		t.Fatalf("f.host(syn(1, 1)).Reason = %v, want %v", got, ReasonNoBackend)
+	}
 	f.out = nil
 }

@@ -29,12 +29,17 @@ type MemReserverOptions struct {
 // sockets off the shadow ports. It is safe for concurrent use; the zero
 // value is not usable.
 type MemReserver struct {
-	mu     sync.Mutex
-	lo, hi int
-	per    bool
-	rng    *rand.Rand
-	sets   map[memKey]*portSet
-	inUse  int
+	lo  int  // +checklocksignore: immutable after NewMemReserver
+	hi  int  // +checklocksignore: immutable after NewMemReserver
+	per bool // +checklocksignore: immutable after NewMemReserver
+
+	mu sync.Mutex
+	// +checklocks:mu
+	rng *rand.Rand
+	// +checklocks:mu
+	sets map[memKey]*portSet
+	// +checklocks:mu
+	inUse int
 }
 
 type memKey struct {

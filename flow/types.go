@@ -16,17 +16,17 @@ var (
 	// ErrClosed is returned by control methods after Close. It matches
 	// transport.ErrClosed.
 	ErrClosed = transport.ErrClosed
-	// ErrInvalidOptions: New was given options it cannot use (no LocalAddr,
-	// no Selector, a capacity or MTU out of range, ...).
+	// ErrInvalidOptions means New was given options it cannot use (no
+	// LocalAddr, no Selector, a capacity or MTU out of range, ...).
 	ErrInvalidOptions = errors.New("flow: invalid options")
-	// ErrInvalidListener: a listener that is not an IPv4 VIP with TCP or UDP
-	// and a nonzero port, or a VIP equal to the local address.
+	// ErrInvalidListener reports a listener that is not an IPv4 VIP with TCP
+	// or UDP and a nonzero port, or a VIP equal to the local address.
 	ErrInvalidListener = errors.New("flow: invalid listener")
-	// ErrInvalidBackend: a backend without an IPv4 address and port, or whose
-	// peer does not match its address (the local address belongs to
+	// ErrInvalidBackend reports a backend without an IPv4 address and port,
+	// or whose peer does not match its address (the local address belongs to
 	// LocalPeer and only to it).
 	ErrInvalidBackend = errors.New("flow: invalid backend")
-	// ErrLimit: a configuration exceeds Options.MaxBackends or
+	// ErrLimit means a configuration exceeds Options.MaxBackends or
 	// Options.MaxListenersPerVIP.
 	ErrLimit = errors.New("flow: limit exceeded")
 	// ErrPortsExhausted is returned by a PortReserver that has no free

@@ -11,7 +11,9 @@ import (
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
-// The spec's "Ziti, container" list, on the model controller.
+// The projection's end state in Ziti, checked on the model controller:
+// config bodies, who can bind, one override per passive, the removal order
+// without a 500, and a delete that leaves no override.
 func TestContainerListOnTheModelController(t *testing.T) {
 	e := newEnv(t, nil)
 	e.agents(account, "a1", "a2", "p1", "p2", "outsider")

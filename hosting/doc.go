@@ -15,7 +15,7 @@
 //   - Validator: at least one active; no overlap; at most MaxHosts (8);
 //     every agent live and in the share's account, with one message for
 //     every agent failure; the messages are the Msg* constants;
-//   - Projection: the Ziti writes, in the spec's order (create or add:
+//   - Projection: the Ziti writes, in a fixed order (create or add:
 //     standby config → overrides → bind policy; remove a passive: bind
 //     policy → override → standby config; delete: policies → service →
 //     configs), over the Ziti interface, which *ziti.Client implements;
@@ -31,7 +31,7 @@
 //     clean-up and the Ingress teardown before a cascade;
 //   - the event wire format (Event.Message, DecodeAgentDeleted) of
 //     docs/hosting-events.md; settings (HealthCheckFromSettings,
-//     MaxHostsFromSettings) under the spec's names;
+//     MaxHostsFromSettings) under frontdoor's property names;
 //   - DeriveStatus and Classify: the precedence × role table and the states.
 //
 // Subpackages: hosting/api is the HTTP API (HAL+JSON, problem+json);

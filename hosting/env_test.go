@@ -2,7 +2,6 @@ package hosting_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -12,11 +11,12 @@ import (
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 const (
@@ -45,24 +45,6 @@ type env struct {
 	ctx   context.Context
 }
 
-func startFake(t testing.TB) *zititest.Fake {
-	t.Helper()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		for _, err := range f.BadAnswers() {
-			t.Errorf("the fake answered outside the specification: %v", err)
-		}
-	})
-	return f
-}
-
 func newEnv(t *testing.T, st hosting.Store) *env { return newEnvTB(t, st) }
 
 func newEnvB(b *testing.B) *env { return newEnvTB(b, nil) }
@@ -76,7 +58,7 @@ func newEnvWith(t *testing.T, st hosting.Store, opt func(*hosting.Options)) *env
 
 func newEnvWithTB(t testing.TB, st hosting.Store, opt func(*hosting.Options)) *env {
 	t.Helper()
-	f := startFake(t)
+	f := zitifake.Start(t, zititest.Options{})
 	if st == nil {
 		st = hosting.NewMemStore()
 	}

@@ -53,7 +53,7 @@ type AgentDeleted struct {
 	AccountID string `json:"accountId,omitempty"`
 }
 
-// ErrEvent: an event body is not the contract's.
+// ErrEvent means an event body is not the contract's.
 var ErrEvent = errors.New("hosting: bad event")
 
 // Message encodes a share event for the bus.

@@ -163,7 +163,7 @@ func (e *env) state(id string) hosting.State {
 	return v.Hosting.State
 }
 
-// The spec's "Live, manual" check, automated on the model controller: two
+// The failover a live deployment shows, on the model controller: two
 // agents on one share, real port checks against loopback targets.
 func TestLiveCheckOnTheModelController(t *testing.T) {
 	e := newEnv(t, nil)

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 	"unicode/utf8"
+
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // Role is a host's role on a share.
@@ -219,16 +221,11 @@ type Update struct {
 // trailing data are refused, with ErrBadUpdate.
 func DecodeUpdate(b []byte, m Method) (Update, error) {
 	var u Update
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&u); err != nil {
+	if err := jsonx.Decode(b, &u); err != nil {
 		if errorsIsBadUpdate(err) {
 			return Update{}, err
 		}
 		return Update{}, fmt.Errorf("%w: %v", ErrBadUpdate, err)
-	}
-	if d.More() {
-		return Update{}, fmt.Errorf("%w: trailing data after the object", ErrBadUpdate)
 	}
 	u.Method = m
 	return u, nil

@@ -153,7 +153,8 @@ type ProjectionOptions struct {
 // Projection writes a share's hosts to Ziti: the share's host.v1 at
 // precedence required, the standby host.v1 at default while the share has a
 // passive, one override per passive (service → standby config), and the bind
-// policy naming every host. Its writes follow the spec's order table. It is
+// policy naming every host. Its writes follow the order in the package
+// doc, so that a passive never binds at required. It is
 // safe for concurrent use; writes for one share must be serialized by the
 // caller (the store's lock does it).
 type Projection struct {
@@ -169,10 +170,10 @@ type Projection struct {
 // NewProjection checks the options and returns a projection over z.
 func NewProjection(z Ziti, o ProjectionOptions) (*Projection, error) {
 	if z == nil {
-		return nil, fmt.Errorf("%w: no Ziti client", ErrSettings)
+		return nil, fmt.Errorf("%w: no Ziti client", ErrInvalidOptions)
 	}
 	if o.FrontdoorID == "" {
-		return nil, fmt.Errorf("%w: no frontdoor id", ErrSettings)
+		return nil, fmt.Errorf("%w: no frontdoor id", ErrInvalidOptions)
 	}
 	if err := o.HealthCheck.Validate(); err != nil {
 		return nil, err
@@ -473,7 +474,7 @@ func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct st
 	return roles, nil
 }
 
-// Update moves Ziti from prev to cur, in the spec's order. deleted names the
+// Update moves Ziti from prev to cur, in the package doc's order. deleted names the
 // hosts whose agents are deleted: they are skipped on assign, and a missing
 // identity on remove is expected. Update is symmetric, so Update(ctx, cur,
 // prev, deleted) is the compensation of a failed Update(ctx, prev, cur, …).

@@ -348,8 +348,9 @@ func TestCompensationOnZitiFailure(t *testing.T) {
 	}
 }
 
-// TestRoundTripAgainstFake is the spec's container test list, against the
-// fake controller over HTTP.
+// TestRoundTripAgainstFake checks the projection's end state in Ziti
+// (as TestContainerListOnTheModelController does), against the fake
+// controller over HTTP.
 func TestRoundTripAgainstFake(t *testing.T) {
 	e := newEnv(t, nil)
 	e.agents(account, "a1", "a2", "p1", "p2", "outsider")

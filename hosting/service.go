@@ -91,7 +91,7 @@ type Service struct {
 // NewService returns a service. It fails when Store or Projection is nil.
 func NewService(o Options) (*Service, error) {
 	if o.Store == nil || o.Projection == nil {
-		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrSettings)
+		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrInvalidOptions)
 	}
 	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox, kick: o.OnOutbox}, nil
 }
@@ -421,51 +421,50 @@ func (sv *Service) Delete(ctx context.Context, id string) error {
 // retry of the whole call tears it down. It returns the events it
 // published.
 func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Event, error) {
-	if sv.ing != nil {
-		only, err := sv.st.FindLiveHostedOnlyBy(ctx, agent)
-		if err != nil {
-			return nil, err
-		}
-		if err := sv.tearDownIngress(ctx, only); err != nil {
-			return nil, err
-		}
-	}
-	evs, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
-		ids, err := tx.SharesHostedBy(ctx, agent)
-		if err != nil || len(ids) == 0 {
-			return err
-		}
-		locked, err := tx.Lock(ctx, ids...)
-		if err != nil {
-			return err
-		}
-		for _, cur := range locked {
+	return sv.cascade(ctx,
+		func(ctx context.Context) ([]Share, error) { return sv.st.FindLiveHostedOnlyBy(ctx, agent) },
+		func(ctx context.Context, tx Tx) ([]string, error) { return tx.SharesHostedBy(ctx, agent) },
+		func(ctx context.Context, tx Tx, cur Share, done *[]change) error {
 			if _, hosts := cur.Hosts.RoleOf(agent); !cur.Live() || !hosts {
-				continue // changed before we got the lock
+				return nil // changed before we got the lock
 			}
 			rest, _ := cur.Hosts.Without(agent)
 			if rest.Empty() {
-				if err := sv.remove(ctx, tx, cur, done); err != nil {
-					return err
-				}
-				continue
+				return sv.remove(ctx, tx, cur, done)
 			}
 			next := cur.Clone()
 			next.Hosts = rest
-			if err := sv.update(ctx, tx, cur, next, done); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return evs, err
+			return sv.update(ctx, tx, cur, next, done)
+		})
 }
 
 // RemoveAccount deletes every share of an account, under the same locks,
 // tearing their ingress down first.
 func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, error) {
+	return sv.cascade(ctx,
+		func(ctx context.Context) ([]Share, error) { return sv.st.Find(ctx, Filter{AccountID: account}) },
+		func(ctx context.Context, tx Tx) ([]string, error) { return tx.SharesOfAccount(ctx, account) },
+		func(ctx context.Context, tx Tx, cur Share, done *[]change) error {
+			if !cur.Live() || cur.AccountID != account {
+				return nil
+			}
+			return sv.remove(ctx, tx, cur, done)
+		})
+}
+
+// cascade changes many shares in one transaction. When the service has an
+// ingress, it first tears down the ingress of the shares that unlocked
+// reads, outside the transaction. In the transaction it locks the shares
+// whose ids ids lists and passes each, locked, to step, which checks that
+// the share still qualifies and changes it. It returns the events
+// published.
+func (sv *Service) cascade(ctx context.Context,
+	unlocked func(ctx context.Context) ([]Share, error),
+	ids func(ctx context.Context, tx Tx) ([]string, error),
+	step func(ctx context.Context, tx Tx, cur Share, done *[]change) error,
+) ([]Event, error) {
 	if sv.ing != nil {
-		ss, err := sv.st.Find(ctx, Filter{AccountID: account})
+		ss, err := unlocked(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -473,26 +472,22 @@ func (sv *Service) RemoveAccount(ctx context.Context, account string) ([]Event, 
 			return nil, err
 		}
 	}
-	evs, err := sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
-		ids, err := tx.SharesOfAccount(ctx, account)
-		if err != nil || len(ids) == 0 {
+	return sv.run(ctx, func(ctx context.Context, tx Tx, done *[]change) error {
+		list, err := ids(ctx, tx)
+		if err != nil || len(list) == 0 {
 			return err
 		}
-		locked, err := tx.Lock(ctx, ids...)
+		locked, err := tx.Lock(ctx, list...)
 		if err != nil {
 			return err
 		}
 		for _, cur := range locked {
-			if !cur.Live() || cur.AccountID != account {
-				continue
-			}
-			if err := sv.remove(ctx, tx, cur, done); err != nil {
+			if err := step(ctx, tx, cur, done); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	return evs, err
 }
 
 // eventsOf makes one event per changed share.

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func violations(err error) []hosting.Violation {
@@ -149,7 +151,7 @@ func TestHealthCheckSettings(t *testing.T) {
 	if _, err := hosting.NewProjection(nil, hosting.ProjectionOptions{}); !errors.Is(err, hosting.ErrSettings) {
 		t.Fatal(err)
 	}
-	f := startFake(t)
+	f := zitifake.Start(t, zititest.Options{})
 	if _, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd"}); !errors.Is(err, hosting.ErrSettings) {
 		t.Fatalf("zero health check accepted: %v", err)
 	}

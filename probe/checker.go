@@ -26,7 +26,7 @@ var _ Dialer = (*net.Dialer)(nil)
 type CheckerConfig struct {
 	Clock         transport.Clock // nil: the real clock
 	Dialer        Dialer          // nil: a zero net.Dialer
-	MaxChecks     int             // active shared checks; default 32 (the spec's limit)
+	MaxChecks     int             // active shared checks; default 32 (docs/defaults.md)
 	MaxConcurrent int             // connects in flight at once; default 32
 	Tick          time.Duration   // the worker tick; default 250 ms
 }

@@ -62,7 +62,7 @@ func newRealChecker(t *testing.T, env tcpEnv) *Checker {
 	return c
 }
 
-// fastCheck keeps the spec's thresholds (2 failures, 1 success) with short
+// fastCheck keeps the default thresholds (2 failures, 1 success) with short
 // timings so that the real-time tests stay quick.
 var fastCheck = CheckConfig{Interval: 40 * time.Millisecond, Timeout: 2 * time.Second}
 

@@ -36,7 +36,8 @@
 //     smoothed RTT (local backends 0; unknown or stale RTT after every known
 //     one, never as zero; deterministic ties).
 //
-// Every timing and limit is configurable; the defaults are the spec's.
+// Every timing and limit is configurable; docs/defaults.md lists the
+// defaults and their reasons.
 // Probe bytes are counted by the Prober and the Responder, apart from user
 // traffic.
 //

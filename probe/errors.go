@@ -10,11 +10,17 @@ import (
 // Sentinel errors. Functions wrap them with %w and add detail; match them
 // with errors.Is.
 var (
-	// ErrInvalidConfig is returned by the constructors when an option is
-	// out of range (negative durations, a probe timeout spanning more
-	// outstanding probes than MaxOutstanding, ...). The message names the
-	// option.
-	ErrInvalidConfig = errors.New("probe: invalid config")
+	// ErrInvalidOptions is returned by the constructors and by Acquire
+	// when an option is out of range (negative durations, a probe timeout
+	// spanning more outstanding probes than MaxOutstanding, ...). The
+	// message names the option.
+	ErrInvalidOptions = errors.New("probe: invalid options")
+
+	// ErrInvalidConfig is another name for ErrInvalidOptions: the same
+	// error value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrInvalidConfig = ErrInvalidOptions
 
 	// ErrMalformed is returned by ParseMessage, Prober.HandleReply and
 	// Responder for a probe message that is too short, too long or lacks the
@@ -80,5 +86,5 @@ var (
 )
 
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 }

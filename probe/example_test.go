@@ -84,7 +84,7 @@ func ExampleNewChecker() {
 		Network: "home",
 		Node:    probe.NodeID{2},
 		Addr:    netip.MustParseAddrPort(ln.Addr().String()),
-	}, probe.CheckConfig{}) // the spec's defaults: 3 s, 2 s, 2 failures, 1 success
+	}, probe.CheckConfig{}) // the defaults: 3 s, 2 s, 2 failures, 1 success
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Defaults of ProberConfig: the spec's values.
+// Defaults of ProberConfig (docs/defaults.md gives their reasons).
 const (
 	DefaultProbeInterval = time.Second      // one probe exchange per second per peer
 	DefaultProbeTimeout  = 3 * time.Second  // a probe expires after three seconds
@@ -24,8 +24,8 @@ const (
 	MaxOutstanding = 64
 )
 
-// ProberConfig tunes a Prober. Zero fields take the defaults (the spec's
-// values); negative values are invalid.
+// ProberConfig tunes a Prober. Zero fields take the defaults above;
+// negative values are invalid.
 type ProberConfig struct {
 	Interval   time.Duration // between probes to one peer; default 1 s
 	Timeout    time.Duration // a probe unanswered this long is missing; default 3 s
@@ -168,7 +168,7 @@ type peer struct {
 // returns the probes to send and the time it wants to be polled again, and
 // every method takes now. Drive runs it on a transport.Clock.
 //
-// Timing (defaults from the spec, all configurable): each peer is probed
+// Timing (defaults in docs/defaults.md, all configurable): each peer is probed
 // every Interval, starting at the first Poll at or after AddPeer. A probe
 // unanswered Timeout after it was sent is missing (a reply arriving at
 // exactly Timeout is too late). MissLimit consecutive missing probes, or

@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// Defaults of CheckConfig and SchedulerConfig: the spec's values.
+// Defaults of CheckConfig and SchedulerConfig (docs/defaults.md gives
+// their reasons).
 const (
 	DefaultCheckInterval  = 3 * time.Second        // between connects to one target
 	DefaultCheckTimeout   = 2 * time.Second        // a connect slower than this fails
@@ -225,7 +226,7 @@ type Subscription struct {
 
 // Acquire subscribes to the check for key with cfg's thresholds, creating
 // the check (first due at now) when no listener uses the target yet. It
-// fails with ErrInvalidConfig, or with ErrCheckLimit when a new target would
+// fails with ErrInvalidOptions, or with ErrCheckLimit when a new target would
 // exceed MaxChecks.
 func (s *Scheduler) Acquire(key CheckKey, cfg CheckConfig, now time.Time) (*Subscription, error) {
 	cfg, err := cfg.withDefaults()

@@ -57,7 +57,7 @@ func TestSchedulerConfig(t *testing.T) {
 }
 
 func TestSchedulerLimitAndSharing(t *testing.T) {
-	s := newScheduler(t, SchedulerConfig{}) // the spec's 32
+	s := newScheduler(t, SchedulerConfig{}) // the default 32
 	var subs []*Subscription
 	for i := 0; i < DefaultMaxChecks; i++ {
 		subs = append(subs, mustAcquire(t, s, checkKey(i), CheckConfig{}, t0))

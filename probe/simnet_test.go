@@ -88,7 +88,7 @@ func TestSimCutExcludedAtSpecTiming(t *testing.T) {
 		name string
 		cfg  ProberConfig
 	}{
-		{"spec defaults", ProberConfig{}},
+		{"defaults", ProberConfig{}},
 		{"configured", ProberConfig{Interval: 500 * time.Millisecond, Timeout: 2 * time.Second, MissLimit: 3, StaleAfter: 4 * time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -120,9 +120,14 @@ func TestAdoptInWireGuardGoProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The echo goroutines end before the devices close (Cleanup):
+	// netstack's TUN must not be closed while a write is in flight.
+	echoes := make(chan struct{}, 2)
+	defer func() { <-echoes; <-echoes }()
 	defer ln.Close()
 	seen := make(chan net.Addr, 1)
 	go func() {
+		defer func() { echoes <- struct{}{} }()
 		c, err := ln.Accept()
 		if err != nil {
 			return
@@ -137,6 +142,7 @@ func TestAdoptInWireGuardGoProgram(t *testing.T) {
 	}
 	defer uc.Close()
 	go func() {
+		defer func() { echoes <- struct{}{} }()
 		buf := make([]byte, 2048)
 		for {
 			n, from, err := uc.ReadFrom(buf)

@@ -18,7 +18,13 @@
 //   - Batch-safe drops. The buffers belong to wireguard-go. An inbound drop
 //     leaves the packet out of the slice handed to the TUN; an outbound
 //     batch is read into the Wrapper's own buffers and only the packets the
-//     Filter keeps are copied into wireguard-go's.
+//     Filter keeps are copied into wireguard-go's (wireguard-go ties each
+//     of its read buffers to a queue element, so they cannot be swapped).
+//   - Read-ahead. A reader goroutine reads the inner TUN into a ring of
+//     Options.ReadAhead batches and runs ahead of wireguard-go's Read,
+//     which takes the oldest batch; so Read waits only when the host has
+//     sent nothing, and the reader only when the ring is full. It is what
+//     lets Read return an injected packet while no host traffic arrives.
 //   - Injection both ways. InjectOutbound queues a packet for wireguard-go
 //     to encrypt as if the host had sent it; InjectInbound writes a packet
 //     into the host as if a peer had sent it. Both copy the packet, may be
@@ -53,17 +59,19 @@ import (
 
 	"github.com/vipkit/vipkit/flow"
 	"github.com/vipkit/vipkit/packet"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // Errors.
 var (
-	// ErrClosed: the Wrapper is closed. It matches os.ErrClosed, which
+	// ErrClosed means the Wrapper is closed. It matches transport.ErrClosed,
+	// like every package's ErrClosed, and os.ErrClosed, which
 	// wireguard-go checks to stop its TUN goroutines.
-	ErrClosed = fmt.Errorf("tunwrap: closed: %w", os.ErrClosed)
-	// ErrQueueFull: an injection queue is full; the packet was dropped and
+	ErrClosed = fmt.Errorf("tunwrap: closed: %w: %w", transport.ErrClosed, os.ErrClosed)
+	// ErrQueueFull means an injection queue is full; the packet was dropped and
 	// counted.
 	ErrQueueFull = errors.New("tunwrap: injection queue full")
-	// ErrPacketSize: an injected packet is empty or longer than the TUN's
+	// ErrPacketSize means an injected packet is empty or longer than the TUN's
 	// buffers.
 	ErrPacketSize = errors.New("tunwrap: bad injected packet size")
 )
@@ -110,6 +118,12 @@ type Options struct {
 	// packets' buffers; 0 means 65535 (a TUN with offloads returns
 	// segments of up to 64 KiB).
 	BufSize int
+	// ReadAhead is how many batches the reader goroutine may read from the
+	// inner TUN before Read takes them, each of the TUN's BatchSize
+	// buffers of BufSize bytes. 0 means enough batches for 16 packets, at
+	// least 2 and at most 8; 1 makes the reader wait for each batch to be
+	// taken.
+	ReadAhead int
 }
 
 // Stats counts what a Wrapper did.
@@ -118,6 +132,7 @@ type Stats struct {
 	OutboundReflected, InboundReflected uint64 // hairpins
 	InjectedOutbound, InjectedInbound   uint64 // packets injected and delivered
 	InjectDropped                       uint64 // injections refused: queue full
+	Oversized                           uint64 // longer than wireguard-go's buffer: dropped
 }
 
 // Offset is the headroom the Wrapper leaves in front of injected inbound
@@ -133,12 +148,21 @@ type Wrapper struct {
 	peerOf func(netip.Addr) (flow.PeerID, bool) // +checklocksignore: set by New, read-only after
 	bufSz  int
 
-	// The reader goroutine reads the inner TUN into rbufs and hands each
-	// batch to Read through batches; Read gives the buffers back on free.
-	rbufs   [][]byte
-	rsizes  []int
-	batches chan rbatch
-	free    chan struct{}
+	// The reader goroutine fills the batches of a ring: it takes an empty
+	// one from empty, reads the inner TUN into it and sends it on full;
+	// Read takes it from full and, once all its packets are handed on,
+	// back to empty. Both channels hold every batch, so neither send ever
+	// blocks. cur is a batch Read has only partly handed on (wireguard-go
+	// offered fewer buffers than it holds), from packet curPos.
+	bs    int // the inner TUN's batch size
+	empty chan *rbatch
+	full  chan *rbatch
+	// rmu serializes Read and guards cur and curPos.
+	rmu sync.Mutex
+	// +checklocks:rmu
+	cur *rbatch
+	// +checklocks:rmu
+	curPos int
 
 	outQ chan []byte // InjectOutbound → Read
 
@@ -151,7 +175,8 @@ type Wrapper struct {
 	inMu sync.Mutex
 	// +checklocks:inMu
 	inQ      [][]byte
-	queueLen int // +checklocksignore: set by New, read-only after
+	inLen    atomic.Int32 // len(inQ), read without inMu on the packet path
+	queueLen int          // +checklocksignore: set by New, read-only after
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -159,13 +184,16 @@ type Wrapper struct {
 	done      chan struct{} // the reader goroutine has returned
 
 	st struct {
-		outDrop, inDrop, outRefl, inRefl, injOut, injIn, injDrop atomic.Uint64
+		outDrop, inDrop, outRefl, inRefl, injOut, injIn, injDrop, oversized atomic.Uint64
 	}
 }
 
+// rbatch is one read of the inner TUN.
 type rbatch struct {
-	n   int
-	err error
+	bufs  [][]byte
+	sizes []int
+	n     int
+	err   error
 }
 
 var _ tun.Device = (*Wrapper)(nil)
@@ -183,37 +211,42 @@ func Wrap(t tun.Device, o Options) *Wrapper {
 		o.PeerOf = func(netip.Addr) (flow.PeerID, bool) { return 0, false }
 	}
 	bs := max(t.BatchSize(), 1)
+	depth := o.ReadAhead
+	if depth <= 0 {
+		depth = min(max(16/bs, 2), 8)
+	}
 	w := &Wrapper{
-		tun: t, filter: o.Filter, peerOf: o.PeerOf, bufSz: o.BufSize,
-		rbufs: make([][]byte, bs), rsizes: make([]int, bs),
-		batches: make(chan rbatch), free: make(chan struct{}),
+		tun: t, filter: o.Filter, peerOf: o.PeerOf, bufSz: o.BufSize, bs: bs,
+		empty: make(chan *rbatch, depth), full: make(chan *rbatch, depth),
 		outQ:     make(chan []byte, o.QueueLen),
 		queueLen: o.QueueLen,
 		closed:   make(chan struct{}), done: make(chan struct{}),
 	}
-	for i := range w.rbufs {
-		w.rbufs[i] = make([]byte, Offset+o.BufSize)
+	for range depth {
+		b := &rbatch{bufs: make([][]byte, bs), sizes: make([]int, bs)}
+		for i := range b.bufs {
+			b.bufs[i] = make([]byte, Offset+o.BufSize)
+		}
+		w.empty <- b
 	}
 	go w.readLoop()
 	return w
 }
 
-// readLoop reads the inner TUN, one batch in flight at a time.
+// readLoop reads the inner TUN into the ring's empty batches until the
+// Wrapper or the inner TUN closes.
 func (w *Wrapper) readLoop() {
 	defer close(w.done)
 	for {
-		n, err := w.tun.Read(w.rbufs, w.rsizes, Offset)
+		var b *rbatch
 		select {
-		case w.batches <- rbatch{n, err}:
+		case b = <-w.empty:
 		case <-w.closed:
 			return
 		}
-		select {
-		case <-w.free:
-		case <-w.closed:
-			return
-		}
-		if err != nil && errors.Is(err, os.ErrClosed) {
+		b.n, b.err = w.tun.Read(b.bufs, b.sizes, Offset)
+		w.full <- b // never blocks: full has room for every batch
+		if b.err != nil && errors.Is(b.err, os.ErrClosed) {
 			return
 		}
 	}
@@ -232,14 +265,18 @@ func (w *Wrapper) Name() (string, error) { return w.tun.Name() }
 func (w *Wrapper) Events() <-chan tun.Event { return w.tun.Events() }
 
 // BatchSize implements tun.Device: the inner TUN's batch size.
-func (w *Wrapper) BatchSize() int { return len(w.rbufs) }
+func (w *Wrapper) BatchSize() int { return w.bs }
 
 // Read implements tun.Device for wireguard-go: packets for peers. Injected
-// outbound packets come first; then a batch read from the inner TUN, of
-// which only the packets the Filter accepts are copied into bufs (a
-// reflected one is written back into the host). It may return 0 packets
-// when the Filter dropped a whole batch.
+// outbound packets come first; then the oldest batch read from the inner
+// TUN (and any later ones already read, while bufs has room), of which
+// only the packets the Filter accepts are copied into bufs (a reflected
+// one is written back into the host). A packet longer than its buffer in
+// bufs is dropped and counted in Stats.Oversized. Read may return 0
+// packets when all of them were dropped. Calls are serialized.
 func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
 	select {
 	case <-w.closed:
 		return 0, ErrClosed
@@ -248,25 +285,37 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	if n := w.readInjected(bufs, sizes, offset, 0); n > 0 {
 		return n, nil
 	}
-	select {
-	case <-w.closed:
-		return 0, ErrClosed
-	case p := <-w.outQ:
-		sizes[0] = copy(bufs[0][offset:], p)
-		w.st.injOut.Add(1)
-		return w.readInjected(bufs, sizes, offset, 1), nil
-	case b := <-w.batches:
-		n, reflected := 0, false
-		for i := 0; i < b.n && n < len(bufs); i++ {
-			pkt := w.rbufs[i][Offset : Offset+w.rsizes[i]]
+	b := w.cur
+	if b == nil {
+		select {
+		case <-w.closed:
+			return 0, ErrClosed
+		case p := <-w.outQ:
+			return w.readInjected(bufs, sizes, offset, w.put(bufs, sizes, offset, 0, p, &w.st.injOut)), nil
+		case b = <-w.full:
+		case <-w.done:
+			// The reader stopped (the inner TUN closed); it sent its
+			// last batch before.
+			select {
+			case b = <-w.full:
+			default:
+				return 0, ErrClosed
+			}
+		}
+	}
+	n, reflected := 0, false
+	var err error
+	for {
+		i := w.curPos
+		for ; i < b.n && n < len(bufs); i++ {
+			pkt := b.bufs[i][Offset : Offset+b.sizes[i]]
 			v := Accept
 			if w.filter != nil {
 				v = w.filter.Outbound(pkt)
 			}
 			switch v {
 			case Accept:
-				sizes[n] = copy(bufs[n][offset:], pkt)
-				n++
+				n = w.put(bufs, sizes, offset, n, pkt, nil)
 			case Reflect:
 				w.st.outRefl.Add(1)
 				reflected = w.injectInbound(pkt) || reflected
@@ -274,19 +323,45 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 				w.st.outDrop.Add(1)
 			}
 		}
+		if i < b.n { // bufs is full: the rest waits for the next Read
+			w.cur, w.curPos = b, i
+			break
+		}
+		w.cur, w.curPos = nil, 0
+		err = b.err
+		w.empty <- b // never blocks: empty has room for every batch
+		if err != nil || n == len(bufs) {
+			break
+		}
 		select {
-		case w.free <- struct{}{}:
-		case <-w.closed: // the reader has stopped; nobody takes the buffers back
+		case b = <-w.full:
+			continue
+		default:
 		}
-		if reflected {
-			w.kickInbound()
-		}
-		err := b.err
-		if err != nil && errors.Is(err, os.ErrClosed) {
-			err = ErrClosed
-		}
-		return n, err
+		break
 	}
+	if reflected {
+		w.kickInbound()
+	}
+	if err != nil && errors.Is(err, os.ErrClosed) {
+		err = ErrClosed
+	}
+	return n, err
+}
+
+// put copies pkt into bufs[n] and returns the new count, counting it in
+// delivered if that is not nil; a packet longer than the buffer is dropped
+// and counted (Stats.Oversized), never cut short.
+func (w *Wrapper) put(bufs [][]byte, sizes []int, offset, n int, pkt []byte, delivered *atomic.Uint64) int {
+	if len(pkt) > len(bufs[n])-offset {
+		w.st.oversized.Add(1)
+		return n
+	}
+	sizes[n] = copy(bufs[n][offset:], pkt)
+	if delivered != nil {
+		delivered.Add(1)
+	}
+	return n + 1
 }
 
 // readInjected moves queued outbound injections into bufs[n:] without
@@ -295,9 +370,7 @@ func (w *Wrapper) readInjected(bufs [][]byte, sizes []int, offset, n int) int {
 	for n < len(bufs) {
 		select {
 		case p := <-w.outQ:
-			sizes[n] = copy(bufs[n][offset:], p)
-			w.st.injOut.Add(1)
-			n++
+			n = w.put(bufs, sizes, offset, n, p, &w.st.injOut)
 		default:
 			return n
 		}
@@ -412,23 +485,19 @@ func (w *Wrapper) injectInbound(pkt []byte) bool {
 		return false
 	}
 	w.inQ = append(w.inQ, b)
+	w.inLen.Store(int32(len(w.inQ)))
 	return true
 }
 
 // kickInbound writes queued inbound injections unless a writer holds the
 // lock (it writes them before releasing it). The loop closes the window
-// between that writer's flush and its unlock.
+// between that writer's flush and its unlock. With nothing queued it costs
+// one atomic load, so Write calls it after every batch.
 //
 // +checklocksignore: the analyzer does not model TryLock, so it cannot see
 // that flushInLocked runs with w.wmu held.
 func (w *Wrapper) kickInbound() {
-	for {
-		w.inMu.Lock()
-		empty := len(w.inQ) == 0
-		w.inMu.Unlock()
-		if empty || !w.wmu.TryLock() {
-			return
-		}
+	for w.inLen.Load() != 0 && w.wmu.TryLock() {
 		w.flushInLocked()
 		w.wmu.Unlock()
 	}
@@ -438,9 +507,13 @@ func (w *Wrapper) kickInbound() {
 //
 // +checklocks:w.wmu
 func (w *Wrapper) flushInLocked() {
+	if w.inLen.Load() == 0 {
+		return
+	}
 	w.inMu.Lock()
 	q := w.inQ
 	w.inQ = nil
+	w.inLen.Store(0)
 	w.inMu.Unlock()
 	if len(q) == 0 {
 		return
@@ -456,7 +529,7 @@ func (w *Wrapper) Stats() Stats {
 		OutboundDropped: w.st.outDrop.Load(), InboundDropped: w.st.inDrop.Load(),
 		OutboundReflected: w.st.outRefl.Load(), InboundReflected: w.st.inRefl.Load(),
 		InjectedOutbound: w.st.injOut.Load(), InjectedInbound: w.st.injIn.Load(),
-		InjectDropped: w.st.injDrop.Load(),
+		InjectDropped: w.st.injDrop.Load(), Oversized: w.st.oversized.Load(),
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	"slices"
 )
 
-// ErrRangeFull: the overlay range has no free address for a VIP.
+// ErrRangeFull means the overlay range has no free address for a VIP.
 var ErrRangeFull = fmt.Errorf("%w: overlay range has no free address", ErrLimit)
 
 // hostRange returns the first usable address of an IPv4 prefix and how many

@@ -104,7 +104,7 @@ func Collisions(nodes []NodeInfo, res []Reservation) []AddrCollision {
 	return out
 }
 
-// ErrNoNodeAddress: every usable address of the range is avoided.
+// ErrNoNodeAddress means every usable address of the range is avoided.
 var ErrNoNodeAddress = fmt.Errorf("%w: no address of the overlay range is free for a node", ErrLimit)
 
 // ChooseNodeAddr picks an overlay address for a new node: it walks prefix

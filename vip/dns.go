@@ -12,7 +12,7 @@ import (
 	"github.com/miekg/dns"
 )
 
-// DNSTTL is the TTL of every answer: 30 s, as the spec sets. DNS does not
+// DNSTTL is the TTL of every answer: 30 s (docs/defaults.md). DNS does not
 // migrate established connections or make applications drop cached
 // addresses; existing NAT bindings keep their VIP address while they drain.
 const DNSTTL = 30 * time.Second
@@ -39,7 +39,8 @@ type DNSServer struct {
 	o      DNSOptions
 	suffix string // ".home."
 
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	srv *dns.Server
 }
 

@@ -2,27 +2,25 @@ package vip
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vipkit/vipkit/flow"
-	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
 )
 
 // Engine errors.
 var (
-	// ErrEngineOptions: NewEngine was given options it cannot use (no
-	// Registry or Host, a Self that is not a member with an IPv4 overlay
-	// address, a negative duration).
-	ErrEngineOptions = errors.New("vip: invalid engine options")
+	// ErrEngineOptions is another name for ErrInvalidOptions: the same
+	// error value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrEngineOptions = ErrInvalidOptions
 	// ErrEngineClosed is returned by the engine's methods after Close. It
 	// matches transport.ErrClosed (and so net.ErrClosed).
 	ErrEngineClosed = fmt.Errorf("vip: engine closed: %w", transport.ErrClosed)
@@ -65,8 +63,8 @@ type EngineOptions struct {
 	// PathInterval is how often PathUp is asked and health changes are
 	// passed on to UDP bindings; 0 means the prober's interval.
 	PathInterval time.Duration
-	// Prober tunes the RTT prober (zero: the spec's 1 s / 3 s / 2 misses /
-	// 10 s).
+	// Prober tunes the RTT prober (zero: 1 s / 3 s / 2 misses / 10 s,
+	// docs/defaults.md).
 	Prober probe.ProberConfig
 	// ProbePort is the reserved UDP probe port; 0 means probe.DefaultPort.
 	ProbePort uint16
@@ -145,7 +143,7 @@ type Engine struct {
 	prefix    netip.Prefix
 	local4    uint32
 	probePort uint16
-	pathEvery time.Duration
+	pathEvery time.Duration // +checklocksignore: immutable after NewEngine
 
 	nat       *flow.NAT
 	prober    *probe.Prober
@@ -153,61 +151,88 @@ type Engine struct {
 	responder probe.Responder
 	unreach   *probe.Unreachable
 	checker   *probe.Checker
-	sel       probe.Selector
+	selector  probe.Selector
 
 	peers  atomic.Pointer[peerTable]
 	routes atomic.Pointer[routeTable]
 
-	// Selector scratch, used only under the NAT's lock.
+	// Selector scratch. flow calls the selector with the NAT's lock held,
+	// which serializes its use (a lock of another package, which
+	// checklocks cannot name).
 	selStatus   []probe.Status
 	selBackends []probe.Backend
 
-	cfgMu    sync.Mutex
-	peerIDs  map[NodeID]flow.PeerID
+	// cfgMu guards the applied configuration: Apply, the path poll and
+	// Close take it.
+	cfgMu sync.Mutex
+	// +checklocks:cfgMu
+	peerIDs map[NodeID]flow.PeerID
+	// +checklocks:cfgMu
 	nextPeer flow.PeerID
-	applied  map[flow.Listener]*route
+	// +checklocks:cfgMu
+	applied map[flow.Listener]*route
+	// +checklocks:cfgMu
 	draining map[flow.Listener]*route
-	vips     map[netip.Addr]bool // VIPs claimed in the NAT (flow.NAT.ClaimVIP), listeners or not
-	subs     map[subKey]*probe.Subscription
-	used     map[NodeID]bool // peers of configured backends
-	probed   map[NodeID]bool
+	// +checklocks:cfgMu
+	vips map[netip.Addr]bool // VIPs claimed in the NAT (flow.NAT.ClaimVIP), listeners or not
+	// +checklocks:cfgMu
+	subs map[subKey]*probe.Subscription
+	// +checklocks:cfgMu
+	used map[NodeID]bool // peers of configured backends
+	// +checklocks:cfgMu
+	probed map[NodeID]bool
+	// +checklocks:cfgMu
 	eligible map[NodeID]bool
+	// +checklocks:cfgMu
 	applyErr error
-	closed   bool
+	// +checklocks:cfgMu
+	closed bool
 
-	// Packet path.
-	mtu      int
-	free     chan *batch
-	full     chan *batch
-	cur      *batch
-	curPos   int
-	inject   chan []byte   // engine-made packets toward the overlay
-	hostQ    chan []byte   // engine-made packets toward the host (flow's Emit)
-	hostMu   sync.Mutex    // serializes Host.Write
-	wout     [][]byte      // Write's scratch
-	wrun     [][]byte      // Write's run of one peer's packets (views)
-	wrunBufs [][]byte      // the same run's whole buffers
-	wres     []flow.Result // the NAT's results for a run
-	reflect  [][]byte      // the pump's scratch
-	done     chan struct{}
-	pumpDone chan struct{}
-	hostErr  atomic.Pointer[error]
-	hostDead chan struct{}
-	deadOnce sync.Once
-	once     sync.Once
+	// Packet path. Three goroutines drive it, each owning its scratch:
+	// the pump (reflect; it fills batches from free into full), the
+	// caller of Read (readBatch, readPos; wireguard-go's one TUN reader)
+	// and the caller of Write (writeOut, writeRun, writeRunBufs,
+	// writeResults; wireguard-go serializes its writes). The channels
+	// hand batches and engine-made packets between them; hostMu is taken
+	// by the pump and Write around every Host.Write.
+	mtu          int
+	free         chan *batch
+	full         chan *batch
+	readBatch    *batch        // Read's goroutine
+	readPos      int           // Read's goroutine
+	inject       chan []byte   // engine-made packets toward the overlay
+	hostQ        chan []byte   // engine-made packets toward the host (flow's Emit)
+	hostMu       sync.Mutex    // serializes Host.Write; guards no field
+	writeOut     [][]byte      // Write's goroutine: its scratch
+	writeRun     [][]byte      // Write's goroutine: a run of one peer's packets (views)
+	writeRunBufs [][]byte      // Write's goroutine: the same run's whole buffers
+	writeResults []flow.Result // Write's goroutine: the NAT's results for a run
+	reflect      [][]byte      // the pump's goroutine: hairpinned packets of a batch
+	done         chan struct{}
+	pumpDone     chan struct{}
+	hostErr      atomic.Pointer[error]
+	hostDead     chan struct{}
+	deadOnce     sync.Once
+	once         sync.Once
 
-	pathMu    sync.Mutex
+	pathMu sync.Mutex
+	// +checklocks:pathMu
 	pathTimer transport.Timer
 
-	// Per-VIP totals (status.go). totMu is a leaf lock: it is taken inside
+	// Per-VIP totals (status.go). totalsMu is a leaf lock: it is taken inside
 	// the NAT's lock (listenerGone), so nothing holding it calls the NAT.
-	totMu    sync.Mutex
-	flSvc    map[flow.Listener]ServiceID // the service of every listener the NAT has
-	carried  map[ServiceID]*vipCarry     // counts of the services' listeners the NAT forgot
-	services map[ServiceID]bool          // the services of the last Apply
-	totGen   atomic.Uint64               // counts listenerGone calls: Status retries across one
+	totalsMu sync.Mutex
+	// +checklocks:totalsMu
+	listenerService map[flow.Listener]ServiceID // the service of every listener the NAT has
+	// +checklocks:totalsMu
+	carried map[ServiceID]*vipCarry // counts of the services' listeners the NAT forgot
+	// services is only touched with both cfgMu and totalsMu held.
+	// +checklocks:cfgMu
+	// +checklocks:totalsMu
+	services  map[ServiceID]bool // the services of the last Apply
+	totalsGen atomic.Uint64      // counts listenerGone calls: Status retries across one
 
-	c engineCounters
+	counters engineCounters
 }
 
 var (
@@ -216,16 +241,16 @@ var (
 )
 
 type engineCounters struct {
-	passOutPkts, passOutBytes atomic.Uint64 // host → overlay, not NAT traffic
-	passInPkts, passInBytes   atomic.Uint64 // overlay → host, not NAT traffic
-	probeOutPkts, probeOutB   atomic.Uint64 // probe requests and replies this engine sent
-	probeInPkts, probeInB     atomic.Uint64 // probe packets received
-	probeBad                  atomic.Uint64 // probe packets refused (malformed, unknown peer, late)
-	queueFull                 atomic.Uint64 // engine-made packets dropped: queue full
-	tooBig                    atomic.Uint64 // packets larger than wireguard-go's buffer
-	unknownPeer               atomic.Uint64 // packets from a source that is no member's address
-	hostWriteErr              atomic.Uint64 // host writes that failed
-	malformed                 atomic.Uint64 // packets from peers that are neither IPv4 nor IPv6
+	passOutPkts, passOutBytes   atomic.Uint64 // host → overlay, not NAT traffic
+	passInPkts, passInBytes     atomic.Uint64 // overlay → host, not NAT traffic
+	probeOutPkts, probeOutBytes atomic.Uint64 // probe requests and replies this engine sent
+	probeInPkts, probeInBytes   atomic.Uint64 // probe packets received
+	probeBad                    atomic.Uint64 // probe packets refused (malformed, unknown peer, late)
+	queueFull                   atomic.Uint64 // engine-made packets dropped: queue full
+	tooBig                      atomic.Uint64 // packets larger than wireguard-go's buffer
+	unknownPeer                 atomic.Uint64 // packets from a source that is no member's address
+	hostWriteErr                atomic.Uint64 // host writes that failed
+	malformed                   atomic.Uint64 // packets from peers that are neither IPv4 nor IPv6
 }
 
 // batch is one read from the host.
@@ -282,10 +307,10 @@ type subKey struct {
 // PacketIO.
 func NewEngine(o EngineOptions) (*Engine, error) {
 	if o.Registry == nil || o.Host == nil {
-		return nil, fmt.Errorf("%w: Registry and Host are required", ErrEngineOptions)
+		return nil, fmt.Errorf("%w: Registry and Host are required", ErrInvalidOptions)
 	}
 	if o.PathInterval < 0 || o.UnreachableHold < 0 || o.CheckTick < 0 || o.Queue < 0 {
-		return nil, fmt.Errorf("%w: negative duration or queue", ErrEngineOptions)
+		return nil, fmt.Errorf("%w: negative duration or queue", ErrInvalidOptions)
 	}
 	var selfAddr netip.Addr
 	for _, n := range o.Registry.Nodes() {
@@ -294,7 +319,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		}
 	}
 	if !selfAddr.Is4() {
-		return nil, fmt.Errorf("%w: self %s is not a member with an IPv4 overlay address", ErrEngineOptions, o.Self.String()[:12])
+		return nil, fmt.Errorf("%w: self %s is not a member with an IPv4 overlay address", ErrInvalidOptions, o.Self.String()[:12])
 	}
 	if o.ProbePort == 0 {
 		o.ProbePort = probe.DefaultPort
@@ -308,7 +333,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		peerIDs: map[NodeID]flow.PeerID{}, nextPeer: 1,
 		applied: map[flow.Listener]*route{}, draining: map[flow.Listener]*route{},
 		subs: map[subKey]*probe.Subscription{}, probed: map[NodeID]bool{}, eligible: map[NodeID]bool{},
-		flSvc: map[flow.Listener]ServiceID{}, carried: map[ServiceID]*vipCarry{}, services: map[ServiceID]bool{},
+		listenerService: map[flow.Listener]ServiceID{}, carried: map[ServiceID]*vipCarry{}, services: map[ServiceID]bool{},
 		mtu:    o.Host.MTU(),
 		inject: make(chan []byte, o.Queue), hostQ: make(chan []byte, o.Queue),
 		done: make(chan struct{}), pumpDone: make(chan struct{}), hostDead: make(chan struct{}),
@@ -321,16 +346,16 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 
 	var err error
 	if e.prober, err = probe.NewProber(o.Prober); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	e.pathEvery = o.PathInterval
 	if e.pathEvery == 0 {
 		e.pathEvery = e.prober.Config().Interval
 	}
 	if e.unreach, err = probe.NewUnreachable(probe.UnreachableConfig{Hold: o.UnreachableHold, MaxEntries: o.Registry.Limits().FlowReservations}); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
-	e.sel = probe.Selector{Prober: e.prober, Unreachable: e.unreach}
+	e.selector = probe.Selector{Prober: e.prober, Unreachable: e.unreach}
 	lim := o.Registry.Limits()
 	fo := flow.Options{
 		LocalAddr:          selfAddr,
@@ -351,7 +376,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		o.Flow(&fo)
 	}
 	if e.nat, err = flow.New(fo); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	dialer := o.Dialer
 	if dialer == nil {
@@ -359,7 +384,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	}
 	if e.checker, err = probe.NewChecker(probe.CheckerConfig{Clock: e.clock, Dialer: dialer, MaxChecks: lim.ActiveTCPChecks, Tick: o.CheckTick}); err != nil {
 		e.nat.Close()
-		return nil, fmt.Errorf("%w: %w", ErrEngineOptions, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 
 	bsize := o.Host.BatchSize()
@@ -372,7 +397,7 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 		}
 		e.free <- b
 	}
-	e.wout = make([][]byte, 0, bsize)
+	e.writeOut = make([][]byte, 0, bsize)
 	e.reflect = make([][]byte, 0, bsize)
 
 	e.Apply()
@@ -438,658 +463,6 @@ func (e *Engine) isClosed() bool {
 		return false
 	}
 }
-
-// ---- configuration ----
-
-// Apply brings routing in line with the Registry: the peer table from
-// Registry.Nodes, and every listener of every Routable service from
-// Registry.List. Every routed VIP address is claimed in the NAT, so that
-// one without listeners, like a listener without backends, refuses new
-// flows at once (a RST or an ICMP port unreachable, see docs/empty-vips.md)
-// instead of dropping them silently. Listeners, backends and VIP addresses that went away stop
-// taking new bindings; their existing bindings drain until idle expiry with
-// their original VIP address. Connect-check subscriptions and probed peers
-// follow the backends in use. Call it from RegistryOptions.OnChange (it
-// reads the Registry and never calls its mutating methods) and after
-// membership changes. It returns the problems of listeners the NAT or the
-// checker refused (also reported in Status), or ErrEngineClosed after
-// Close.
-func (e *Engine) Apply() error {
-	e.cfgMu.Lock()
-	defer e.cfgMu.Unlock()
-	if e.closed {
-		return ErrEngineClosed
-	}
-	now := e.clock.Now()
-	pt := e.buildPeers()
-	e.peers.Store(pt)
-
-	desired := map[flow.Listener]*route{}
-	usedPeers := map[NodeID]bool{}
-	newSubs := map[subKey]*probe.Subscription{}
-	services := map[ServiceID]bool{}
-	vips := map[netip.Addr]bool{}
-	var errs []error
-	for _, v := range e.reg.List() {
-		services[v.ID] = true
-		if !v.Routable || !v.Addr.Is4() {
-			continue
-		}
-		vips[v.Addr] = true
-		for _, l := range v.Listeners {
-			fl := flow.Listener{VIP: v.Addr, Proto: flow.Proto(l.Proto), Port: l.Port}
-			r := &route{svc: v.ID, name: v.Name, key: l.Key(), gen: l.Generation, fl: fl, idle: time.Duration(l.IdleTimeout)}
-			chk := l.Check.Effective()
-			for _, b := range l.Backends {
-				addr, ok := pt.addr[b.Node]
-				if !ok || !addr.Is4() {
-					r.missing = append(r.missing, b)
-					continue
-				}
-				local := b.Node == e.self
-				fb := flow.Backend{Peer: flow.LocalPeer, Addr: e.selfAddr, Port: b.Port}
-				if !local {
-					fb = flow.Backend{Peer: e.peerIDs[b.Node], Addr: addr, Port: b.Port}
-					usedPeers[b.Node] = true
-				}
-				// A draining backend stays a NAT candidate (configured: its
-				// counters go on), but the selector never picks it for a new
-				// binding; Available ignores the flag, so bindings it has go
-				// on (docs/backend-drain.md).
-				pb := probe.Backend{Node: probe.NodeID(b.Node), Local: local, Proto: uint8(l.Proto), Addr: fb.AddrPort(), Disabled: l.Draining(b)}
-				if l.Proto == TCP && l.Check.Enabled() {
-					cc := probe.CheckConfig{Interval: time.Duration(chk.Interval), Timeout: time.Duration(chk.Timeout), Failures: chk.Failures, Successes: chk.Successes}
-					k := subKey{fl: fl, b: fb, cfg: cc}
-					sub := newSubs[k]
-					if sub == nil {
-						sub = e.subs[k]
-					}
-					if sub == nil {
-						var err error
-						sub, err = e.checker.Acquire(probe.CheckKey{Network: e.reg.Network(), Node: probe.NodeID(b.Node), Addr: fb.AddrPort()}, cc)
-						if err != nil {
-							r.err = errors.Join(r.err, fmt.Errorf("vip: connect check of %s on %s: %w", b, l.Key(), err))
-						}
-					}
-					if sub != nil {
-						newSubs[k] = sub
-						pb.Check = sub
-					}
-				}
-				r.cfg = append(r.cfg, b)
-				r.backends = append(r.backends, fb)
-				r.pbs = append(r.pbs, pb)
-			}
-			desired[fl] = r
-		}
-	}
-	// The totals' listener → service map gains the new listeners before
-	// the NAT has them (a removed listener keeps its entry until the NAT
-	// forgets it: listenerGone).
-	e.totMu.Lock()
-	for fl, r := range desired {
-		e.flSvc[fl] = r.svc
-	}
-	e.services = services
-	e.totMu.Unlock()
-	// Publish the new selection state first, so that the NAT's next Select
-	// sees the new backends' health inputs, then the listeners.
-	e.routes.Store(&routeTable{m: desired})
-	// Remove first, so that a listener replaced on the same VIP never
-	// counts twice against the per-VIP listener limit.
-	for fl, r := range e.applied {
-		if _, ok := desired[fl]; !ok {
-			e.nat.RemoveListener(fl)
-			e.draining[fl] = r
-		}
-	}
-	for fl, r := range desired {
-		if err := e.nat.SetListener(fl, flow.ListenerConfig{Backends: r.backends, IdleTimeout: r.idle}); err != nil {
-			r.err = errors.Join(r.err, err)
-		}
-		if r.err != nil {
-			errs = append(errs, fmt.Errorf("vip: %s %s: %w", r.name, r.key, r.err))
-		}
-		delete(e.draining, fl)
-	}
-	e.applied = desired
-	// Every routed VIP is claimed, so that an empty one (no listener)
-	// refuses its traffic like a port without a listener.
-	for a := range e.vips {
-		if !vips[a] {
-			e.nat.ReleaseVIP(a)
-		}
-	}
-	for a := range vips {
-		if err := e.nat.ClaimVIP(a); err != nil {
-			errs = append(errs, fmt.Errorf("vip: VIP %v: %w", a, err))
-			delete(vips, a)
-		}
-	}
-	e.vips = vips
-	for k, s := range e.subs {
-		if newSubs[k] != s {
-			s.Release()
-		}
-	}
-	e.subs = newSubs
-	e.used = usedPeers
-	errs = append(errs, e.syncProbedLocked(now)...)
-	e.pruneDrainingLocked()
-	e.pruneTotals()
-	e.applyErr = errors.Join(errs...)
-	e.nat.HealthChanged()
-	return e.applyErr
-}
-
-// buildPeers assigns stable compact peer ids to members and maps their
-// overlay addresses. Called with cfgMu held.
-func (e *Engine) buildPeers() *peerTable {
-	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}, member: map[NodeID]bool{}}
-	if e.reg.o.FormerNodes != nil {
-		for _, n := range e.reg.o.FormerNodes() {
-			pt.name[n.ID] = n.Name
-		}
-	}
-	for _, n := range e.reg.Nodes() {
-		pt.name[n.ID] = n.Name
-		pt.member[n.ID] = true
-		if n.ID == e.self {
-			pt.addr[n.ID] = e.selfAddr
-			continue
-		}
-		id, ok := e.peerIDs[n.ID]
-		if !ok {
-			id = e.nextPeer
-			e.nextPeer++
-			e.peerIDs[n.ID] = id
-		}
-		pt.node[id] = n.ID
-		if n.Addr.Is4() {
-			pt.addr[n.ID] = n.Addr
-			a := n.Addr.As4()
-			pt.byAddr[binary.BigEndian.Uint32(a[:])] = id
-		}
-	}
-	return pt
-}
-
-// syncProbedLocked makes the prober track exactly the peers of configured
-// backends and the peers that removed backends' active bindings still
-// use: a draining UDP binding keeps its backend while the backend's path is
-// healthy, which only probing tells. Called with cfgMu held.
-func (e *Engine) syncProbedLocked(now time.Time) []error {
-	want := make(map[NodeID]bool, len(e.used))
-	for id := range e.used {
-		want[id] = true
-	}
-	pt := e.peers.Load()
-	for _, b := range e.nat.DrainingBackends() {
-		if b.Backend.Peer == flow.LocalPeer {
-			continue
-		}
-		if id, ok := pt.node[b.Backend.Peer]; ok {
-			want[id] = true
-		}
-	}
-	var errs []error
-	for id := range want {
-		if !e.probed[id] {
-			if err := e.prober.AddPeer(probe.NodeID(id), now); err != nil {
-				errs = append(errs, fmt.Errorf("vip: probe %s: %w", id.String()[:12], err))
-				continue
-			}
-			e.probed[id] = true
-		}
-	}
-	for id := range e.probed {
-		if !want[id] {
-			e.prober.RemovePeer(probe.NodeID(id))
-			delete(e.probed, id)
-			delete(e.eligible, id)
-		}
-	}
-	return errs
-}
-
-// pruneDrainingLocked forgets removed listeners whose bindings are gone.
-func (e *Engine) pruneDrainingLocked() {
-	for fl := range e.draining {
-		if _, ok := e.nat.ListenerStats(fl); !ok {
-			delete(e.draining, fl)
-		}
-	}
-}
-
-// pathTick passes the data-path input to the prober and tells the NAT when
-// a peer's eligibility changed, so that UDP bindings fail over.
-func (e *Engine) pathTick() {
-	if e.isClosed() {
-		return
-	}
-	now := e.clock.Now()
-	changed := false
-	e.cfgMu.Lock()
-	_ = e.syncProbedLocked(now) // no peer is added here: draining peers were probed
-	e.pruneTotals()
-	for id := range e.probed {
-		if e.o.PathUp != nil {
-			_ = e.prober.SetPath(probe.NodeID(id), e.o.PathUp(id))
-		}
-		el := e.prober.Health(probe.NodeID(id), now).Eligible()
-		if prev, ok := e.eligible[id]; !ok || prev != el {
-			e.eligible[id] = el
-			changed = true
-		}
-	}
-	e.pruneDrainingLocked()
-	e.cfgMu.Unlock()
-	if changed {
-		e.nat.HealthChanged()
-	}
-	e.pathMu.Lock()
-	if !e.isClosed() {
-		e.pathTimer.Reset(e.pathEvery)
-	}
-	e.pathMu.Unlock()
-}
-
-// admit is flow's Admit: the source must be in the overlay range, then the
-// caller's rule applies.
-func (e *Engine) admit(peer flow.PeerID, src, dst netip.Addr) bool {
-	if !e.prefix.Contains(src) {
-		return false
-	}
-	if e.o.Admit == nil {
-		return true
-	}
-	return e.o.Admit(e.peers.Load().node[peer], src, dst)
-}
-
-// ---- selection (flow.Selector) ----
-
-// engineSelector is the Engine seen as flow's Selector: flow calls it with
-// its lock held, which serializes the use of the scratch slices.
-type engineSelector Engine
-
-func (s *engineSelector) Select(req flow.SelectRequest) int {
-	e := (*Engine)(s)
-	bs := e.backendsFor(req.Listener, req.Candidates)
-	var i int
-	e.selStatus, i = e.sel.Select(bs, req.Now, e.selStatus[:0])
-	return i
-}
-
-func (s *engineSelector) Available(l flow.Listener, b flow.Backend, now time.Time) bool {
-	e := (*Engine)(s)
-	pb := e.probeBackend(l, b)
-	pb.Disabled = false // a draining backend keeps the bindings it has
-	return e.sel.Evaluate(&pb, now).Eligible()
-}
-
-// backendsFor returns the probe view of cands: the route's own slice when
-// the NAT's candidates are the applied ones (always, but for a change in
-// flight), else one built in the scratch slice.
-func (e *Engine) backendsFor(l flow.Listener, cands []flow.Backend) []probe.Backend {
-	r := e.routes.Load().m[l]
-	if r != nil && slices.Equal(r.backends, cands) {
-		return r.pbs
-	}
-	e.selBackends = e.selBackends[:0]
-	for _, c := range cands {
-		e.selBackends = append(e.selBackends, e.probeBackend(l, c))
-	}
-	return e.selBackends
-}
-
-// probeBackend returns the probe view of backend b of listener l.
-func (e *Engine) probeBackend(l flow.Listener, b flow.Backend) probe.Backend {
-	if r := e.routes.Load().m[l]; r != nil {
-		for i := range r.backends {
-			if r.backends[i] == b {
-				return r.pbs[i]
-			}
-		}
-	}
-	pb := probe.Backend{Local: b.Peer == flow.LocalPeer, Proto: uint8(l.Proto), Addr: b.AddrPort()}
-	if b.Peer == flow.LocalPeer {
-		pb.Node = probe.NodeID(e.self)
-	} else {
-		pb.Node = probe.NodeID(e.peers.Load().node[b.Peer])
-	}
-	return pb
-}
-
-// portUnreachable is flow's OnPortUnreachable: the backend is excluded for
-// UnreachableHold (flow then re-asks Available of UDP bindings).
-func (e *Engine) portUnreachable(l flow.Listener, b flow.Backend) {
-	pb := e.probeBackend(l, b)
-	_, _ = e.unreach.Report(probe.UnreachableKey{Node: pb.Node, Proto: pb.Proto, Addr: pb.Addr}, e.clock.Now())
-}
-
-// ---- packet path ----
-
-// emit is flow's Emit: it copies the packet to the queue of its direction.
-func (e *Engine) emit(dir flow.Direction, pkt []byte) {
-	q := e.inject
-	if dir == flow.ToHost {
-		q = e.hostQ
-	}
-	select {
-	case q <- append([]byte(nil), pkt...):
-	default:
-		e.c.queueFull.Add(1)
-	}
-}
-
-// injectOverlay queues an engine-made packet for wireguard-go.
-func (e *Engine) injectOverlay(pkt []byte) bool {
-	select {
-	case e.inject <- pkt:
-		return true
-	default:
-		e.c.queueFull.Add(1)
-		return false
-	}
-}
-
-// sendProbe is the prober driver's send: a probe request through the
-// tunnel to the peer's overlay address.
-func (e *Engine) sendProbe(p probe.Probe) {
-	addr, ok := e.peers.Load().addr[NodeID(p.Peer)]
-	if !ok {
-		return
-	}
-	pkt, err := p.AppendIPv4(make([]byte, 0, probe.PacketLen), e.selfAddr, addr, e.probePort)
-	if err != nil {
-		return
-	}
-	if e.injectOverlay(pkt) {
-		e.c.probeOutPkts.Add(1)
-		e.c.probeOutB.Add(uint64(len(pkt)))
-	}
-}
-
-// pump reads the host in batches, runs each packet through the NAT and
-// hands what goes to the overlay to Read.
-func (e *Engine) pump() {
-	defer close(e.pumpDone)
-	for {
-		var b *batch
-		select {
-		case b = <-e.free:
-		case <-e.done:
-			return
-		}
-		n, err := e.host.Read(b.bufs, b.sizes, 0)
-		b.n = 0
-		if n > 0 {
-			e.fromHost(b, n)
-		}
-		if b.n > 0 {
-			select {
-			case e.full <- b:
-			case <-e.done:
-				return
-			}
-		} else {
-			e.free <- b
-		}
-		if err != nil {
-			// Like wireguard-go's TUN reader, a read error ends the
-			// pump: Read then reports it.
-			e.hostErr.Store(&err)
-			e.deadOnce.Do(func() { close(e.hostDead) })
-			return
-		}
-	}
-}
-
-// fromHost translates the n packets read into b: overlay-bound ones stay
-// (compacted to the front), hairpinned ones are written back to the host.
-func (e *Engine) fromHost(b *batch, n int) {
-	now := e.clock.Now()
-	k := 0
-	var passPkts, passBytes uint64
-	e.reflect = e.reflect[:0]
-	// One batch call: at large flow tables the NAT overlaps the cache
-	// misses of a batch's lookups (flow's BenchmarkTranslate *-batch64).
-	if len(b.pkts) < n {
-		b.pkts, b.res = make([][]byte, len(b.bufs)), make([]flow.Result, len(b.bufs))
-	}
-	for i := 0; i < n; i++ {
-		b.pkts[i] = b.bufs[i][:b.sizes[i]]
-	}
-	e.nat.FromHostBatch(b.pkts[:n], now, b.res[:n])
-	for i := 0; i < n; i++ {
-		size := b.sizes[i]
-		pkt := b.pkts[i]
-		switch r := b.res[i]; r.Verdict {
-		case flow.Pass:
-			passPkts++
-			passBytes += uint64(size)
-			fallthrough
-		case flow.Forward:
-			b.bufs[k], b.bufs[i] = b.bufs[i], b.bufs[k]
-			b.sizes[k] = size
-			k++
-		case flow.Reflect:
-			e.reflect = append(e.reflect, pkt)
-		}
-	}
-	b.n = k
-	if passPkts > 0 {
-		e.c.passOutPkts.Add(passPkts)
-		e.c.passOutBytes.Add(passBytes)
-	}
-	if len(e.reflect) > 0 {
-		e.writeHost(e.reflect, 0)
-		clear(e.reflect)
-	}
-	e.flushHostQ()
-}
-
-// flushHostQ writes the NAT's host-bound output (reassembled and
-// refragmented datagrams) to the host.
-func (e *Engine) flushHostQ() {
-	for {
-		select {
-		case p := <-e.hostQ:
-			e.writeHost([][]byte{p}, 0)
-		default:
-			return
-		}
-	}
-}
-
-func (e *Engine) writeHost(bufs [][]byte, offset int) {
-	e.hostMu.Lock()
-	_, err := e.host.Write(bufs, offset)
-	e.hostMu.Unlock()
-	if err != nil {
-		e.c.hostWriteErr.Add(1)
-	}
-}
-
-// Read implements transport.PacketIO for wireguard-go: the packets to
-// encrypt, translated host traffic and the engine's own packets. It blocks
-// until at least one is available and returns ErrEngineClosed after Close,
-// or the host's error if the host failed.
-func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
-	n := 0
-	for n == 0 {
-		if e.cur == nil {
-			select {
-			case b := <-e.full:
-				e.cur, e.curPos = b, 0
-			case p := <-e.inject:
-				n = e.put(bufs, sizes, offset, n, p)
-			case <-e.done:
-				return 0, ErrEngineClosed
-			case <-e.hostDead:
-				if p := e.hostErr.Load(); p != nil {
-					return 0, fmt.Errorf("vip: engine host: %w", *p)
-				}
-				return 0, ErrEngineClosed
-			}
-		}
-		if b := e.cur; b != nil {
-			for e.curPos < b.n && n < len(bufs) {
-				n = e.put(bufs, sizes, offset, n, b.bufs[e.curPos][:b.sizes[e.curPos]])
-				e.curPos++
-			}
-			if e.curPos >= b.n {
-				e.cur = nil
-				e.free <- b
-			}
-		}
-		for n < len(bufs) {
-			select {
-			case p := <-e.inject:
-				n = e.put(bufs, sizes, offset, n, p)
-				continue
-			default:
-			}
-			break
-		}
-	}
-	return n, nil
-}
-
-// put copies pkt into bufs[n] (dropping it if it does not fit) and returns
-// the new count.
-func (e *Engine) put(bufs [][]byte, sizes []int, offset, n int, pkt []byte) int {
-	if len(bufs[n])-offset < len(pkt) {
-		e.c.tooBig.Add(1)
-		return n
-	}
-	sizes[n] = copy(bufs[n][offset:], pkt)
-	return n + 1
-}
-
-// Write implements transport.PacketIO for wireguard-go: the packets it
-// decrypted. Probes to this node are answered or measured; the rest goes
-// through the NAT's peer path (admission, reverse NAT) into the host. It
-// returns len(bufs): drops are counted, not errors.
-func (e *Engine) Write(bufs [][]byte, offset int) (int, error) {
-	if e.isClosed() {
-		return 0, ErrEngineClosed
-	}
-	now := e.clock.Now()
-	pt := e.peers.Load()
-	out := e.wout[:0]
-	if cap(e.wrun) < len(bufs) {
-		e.wrun = make([][]byte, 0, len(bufs))
-		e.wrunBufs = make([][]byte, 0, len(bufs))
-		e.wres = make([]flow.Result, len(bufs))
-	}
-	// Packets go to the NAT in runs from one peer (a wireguard-go Write
-	// carries one peer's packets), one batch call per run: at large flow
-	// tables the NAT overlaps the runs' cache misses.
-	run, runBufs := e.wrun[:0], e.wrunBufs[:0]
-	runPeer := unknownPeer
-	var passPkts, passBytes uint64
-	for i := 0; i <= len(bufs); i++ {
-		var pkt []byte
-		peer := unknownPeer
-		if i < len(bufs) {
-			buf := bufs[i]
-			if len(buf) < offset {
-				continue
-			}
-			pkt = buf[offset:]
-			v := packet.Version(pkt)
-			if v != 4 && v != 6 {
-				e.c.malformed.Add(1) // wireguard-go drops these too; never hand them on
-				continue
-			}
-			if ip := packet.IPv4(pkt); v == 4 && len(pkt) >= packet.IPv4MinHeaderLen {
-				if id, ok := pt.byAddr[ip.Src32()]; ok {
-					peer = id
-				} else {
-					e.c.unknownPeer.Add(1)
-				}
-				if ip.Dst32() == e.local4 && probe.IsProbePacket(pkt, e.probePort) {
-					e.handleProbe(pkt, pt, peer, now)
-					continue
-				}
-			}
-		}
-		if len(run) > 0 && (i == len(bufs) || peer != runPeer) {
-			res := e.wres[:len(run)]
-			e.nat.FromPeerBatch(run, runPeer, now, res)
-			for j := range run {
-				switch res[j].Verdict {
-				case flow.Pass:
-					passPkts++
-					passBytes += uint64(len(run[j]))
-					out = append(out, runBufs[j])
-				case flow.Forward:
-					out = append(out, runBufs[j])
-				}
-			}
-			clear(run)
-			clear(runBufs)
-			run, runBufs = run[:0], runBufs[:0]
-		}
-		if i < len(bufs) {
-			run, runBufs, runPeer = append(run, pkt), append(runBufs, bufs[i]), peer
-		}
-	}
-	e.wrun, e.wrunBufs = run, runBufs
-	if passPkts > 0 {
-		e.c.passInPkts.Add(passPkts)
-		e.c.passInBytes.Add(passBytes)
-	}
-	if len(out) > 0 {
-		e.writeHost(out, offset)
-	}
-	clear(out)
-	e.wout = out[:0]
-	e.flushHostQ()
-	return len(bufs), nil
-}
-
-// handleProbe answers a probe request or measures a probe reply; probes
-// never reach the host and never count as user traffic.
-func (e *Engine) handleProbe(pkt []byte, pt *peerTable, peer flow.PeerID, now time.Time) {
-	e.c.probeInPkts.Add(1)
-	e.c.probeInB.Add(uint64(len(pkt)))
-	_, dst, payload, err := probe.ParseIPv4UDP(pkt)
-	if err != nil || len(payload) < 4 || dst.Port() != e.probePort {
-		e.c.probeBad.Add(1)
-		return
-	}
-	switch probe.MessageType(payload[3]) {
-	case probe.TypeRequest:
-		if peer == unknownPeer { // only members are answered
-			e.c.probeBad.Add(1)
-			return
-		}
-		reply, err := e.responder.RespondIPv4(pkt, make([]byte, 0, probe.PacketLen))
-		if err != nil {
-			e.c.probeBad.Add(1)
-			return
-		}
-		if e.injectOverlay(reply) {
-			e.c.probeOutPkts.Add(1)
-			e.c.probeOutB.Add(uint64(len(reply)))
-		}
-	case probe.TypeReply:
-		node, ok := pt.node[peer]
-		if !ok {
-			e.c.probeBad.Add(1)
-			return
-		}
-		if e.prober.HandleReply(probe.NodeID(node), payload, now) != nil {
-			e.c.probeBad.Add(1)
-		}
-	default:
-		e.c.probeBad.Add(1)
-	}
-}
-
-// ---- DNS ----
 
 // DNSOptions returns the options of the network's DNS responder: the
 // network's domain, Lookup resolving node names to their overlay addresses

@@ -217,9 +217,9 @@ func TestEngineTotalsGoWithTheService(t *testing.T) {
 	sizes := func() (int, int) {
 		u.e.cfgMu.Lock()
 		defer u.e.cfgMu.Unlock()
-		u.e.totMu.Lock()
-		defer u.e.totMu.Unlock()
-		return len(u.e.carried), len(u.e.flSvc)
+		u.e.totalsMu.Lock()
+		defer u.e.totalsMu.Unlock()
+		return len(u.e.carried), len(u.e.listenerService)
 	}
 	if c, l := sizes(); c != 0 || l != 2 {
 		t.Fatalf("with two listeners: %d carried, %d listener entries", c, l)

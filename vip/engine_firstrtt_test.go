@@ -27,10 +27,11 @@ const (
 // counts the messages it held.
 type delayBind struct {
 	conn.Bind
-	delay time.Duration
+	delay time.Duration // +checklocksignore: set before use
 	held  atomic.Int64
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	timers []*time.Timer
 }
 

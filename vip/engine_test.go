@@ -76,7 +76,7 @@ func apiService(t *testing.T, c *cluster) ServiceView {
 	return v
 }
 
-// failover runs the scenario of the issue: a client on c reaches
+// failover runs the failover scenario: a client on c reaches
 // api.home:443, served by a and b, on the closer backend a; a dies; new
 // connections go to b within limit; the established one stays bound to a.
 func failover(t *testing.T, prober probe.ProberConfig, limit time.Duration) time.Duration {
@@ -162,7 +162,7 @@ func backendEligible(e *Engine, id probe.NodeID) bool {
 	now := e.clock.Now()
 	for _, r := range e.routes.Load().m {
 		for i := range r.pbs {
-			if r.pbs[i].Node == id && !e.sel.Evaluate(&r.pbs[i], now).Eligible() {
+			if r.pbs[i].Node == id && !e.selector.Evaluate(&r.pbs[i], now).Eligible() {
 				return false
 			}
 		}
@@ -191,10 +191,10 @@ func TestEngineClosestBackendAndFastFailover(t *testing.T) {
 // so a run that needs the slack shows it.
 const observeSlack = 250 * time.Millisecond
 
-// The spec's default timings (a probe per second, expiring after 3 s, two
-// missing exclude): the first unanswered probe is sent at most one interval
-// after the death, the second one an interval later, and it expires 3 s
-// after that: the bound is 1 + 1 + 3 = 5 s (4.5 s on average, as the
+// The default timings of docs/defaults.md (a probe per second, expiring
+// after 3 s, two missing exclude): the first unanswered probe is sent at
+// most one interval after the death, the second one an interval later,
+// and it expires 3 s after that: the bound is 1 + 1 + 3 = 5 s (4.5 s on average, as the
 // death's phase against the probe clock is random).
 func TestEngineFailoverDefaultTimings(t *testing.T) {
 	if testing.Short() {

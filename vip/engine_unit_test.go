@@ -31,7 +31,8 @@ type unitEngine struct {
 	peer  NodeInfo
 	svc   ServiceView
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	nodes []NodeInfo // the membership Registry.Nodes reports
 }
 

@@ -9,27 +9,32 @@ import (
 // Sentinel errors. Match them with errors.Is; the concrete errors carry
 // details (ConflictError, AmbiguousError, ValidationError, LimitError).
 var (
-	// ErrInvalid: a configuration field is invalid (ValidationError names
+	// ErrInvalid means a configuration field is invalid (ValidationError names
 	// every bad field).
 	ErrInvalid = errors.New("vip: invalid configuration")
-	// ErrLimit: a configuration or a merged state exceeds a limit
+	// ErrLimit means a configuration or a merged state exceeds a limit
 	// (LimitError names the limit and its value).
 	ErrLimit = errors.New("vip: limit exceeded")
-	// ErrConflict: a draft was based on a revision that is no longer
+	// ErrConflict means a draft was based on a revision that is no longer
 	// current; nothing was written (ConflictError carries the current one).
 	ErrConflict = errors.New("vip: stale draft")
-	// ErrAmbiguous: a selector matched more than one candidate; nothing
+	// ErrAmbiguous means a selector matched more than one candidate; nothing
 	// changed (AmbiguousError lists them).
 	ErrAmbiguous = errors.New("vip: ambiguous selector")
-	// ErrNotFound: a selector matched nothing.
+	// ErrNotFound means a selector matched nothing.
 	ErrNotFound = errors.New("vip: not found")
-	// ErrExists: a create or add names something that already exists.
+	// ErrExists means a create or add names something that already exists.
 	ErrExists = errors.New("vip: already exists")
-	// ErrNetworkDown: configuration updates need the network to be up
+	// ErrNetworkDown means configuration updates need the network to be up
 	// locally.
 	ErrNetworkDown = errors.New("vip: network is not up locally")
-	// ErrDeleted: the service was deleted (its tombstone is permanent).
+	// ErrDeleted means the service was deleted (its tombstone is permanent).
 	ErrDeleted = errors.New("vip: service deleted")
+	// ErrInvalidOptions is returned by NewEngine for options it cannot use
+	// (no Registry or Host, a Self that is not a member with an IPv4
+	// overlay address, a negative duration). It is not ErrInvalid, which
+	// reports a bad service configuration.
+	ErrInvalidOptions = errors.New("vip: invalid options")
 )
 
 // FieldError is one invalid field of a configuration.

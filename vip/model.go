@@ -263,14 +263,14 @@ func (c Check) Effective() Check {
 // Enabled reports whether connect checks are on.
 func (c Check) Enabled() bool { return c.PortCheck == nil || *c.PortCheck }
 
-// Spec defaults.
+// Default idle timeouts of a listener's bindings (docs/defaults.md).
 const (
 	DefaultTCPIdle = 7200 * time.Second
 	DefaultUDPIdle = 120 * time.Second
 )
 
-// DefaultCheck returns the spec's check defaults: on, 3 s interval, 2 s
-// timeout, 2 failures to exclude, 1 success to recover.
+// DefaultCheck returns the connect check's defaults: on, 3 s interval, 2 s
+// timeout, 2 failures to exclude, 1 success to recover (docs/defaults.md).
 func DefaultCheck() Check {
 	on := true
 	return Check{PortCheck: &on, Interval: Duration(3 * time.Second), Timeout: Duration(2 * time.Second), Failures: 2, Successes: 1}

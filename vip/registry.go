@@ -92,11 +92,14 @@ func (v ServiceView) Error() error { return v.err }
 // A Registry is safe for concurrent use. Mutations are serialized.
 type Registry struct {
 	o  RegistryOptions
-	mu sync.Mutex // serializes mutations (read, validate, edit)
+	mu sync.Mutex // serializes mutations (read, validate, edit); guards no field
 
+	// viewMu guards the derived state, rebuilt after every change.
 	viewMu sync.RWMutex
-	views  []ServiceView // derived state, rebuilt after every change
-	byID   map[ServiceID]int
+	// +checklocks:viewMu
+	views []ServiceView
+	// +checklocks:viewMu
+	byID map[ServiceID]int
 }
 
 // NewRegistry returns a Registry over o.Replica.

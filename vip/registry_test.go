@@ -17,10 +17,13 @@ import (
 // testNet is a network of members, each with a replica and a registry,
 // wired by hand (tests move snapshots between them explicitly).
 type testNet struct {
-	t       testing.TB
-	netID   crdt.NetworkID
-	prefix  netip.Prefix
-	keys    []ed25519.PrivateKey
+	t      testing.TB
+	netID  crdt.NetworkID
+	prefix netip.Prefix
+	keys   []ed25519.PrivateKey
+	// mu guards nodes against the Registries' Nodes callbacks; the test's
+	// goroutine, its only writer, writes under mu and reads without it
+	// (which checklocks cannot express, so nodes carries no annotation).
 	mu      sync.Mutex
 	nodes   []NodeInfo
 	regs    []*Registry

@@ -46,10 +46,10 @@ const (
 
 // Replication errors.
 var (
-	// ErrFrame: a control frame is malformed (bad magic, version, type or
+	// ErrFrame means a control frame is malformed (bad magic, version, type or
 	// length); it is dropped and counted.
 	ErrFrame = errors.New("vip: malformed control frame")
-	// ErrFrameTooLarge: a control frame exceeds the control frame limit.
+	// ErrFrameTooLarge means a control frame exceeds the control frame limit.
 	ErrFrameTooLarge = errors.New("vip: control frame exceeds the limit")
 )
 
@@ -97,12 +97,15 @@ type ReplicationStats struct {
 // It is safe for concurrent use.
 type Replicator struct {
 	o     ReplicatorOptions
-	clock transport.Clock
+	clock transport.Clock // +checklocksignore: immutable after NewReplicator
 	limit int
 
-	mu      sync.Mutex
-	rng     *rand.Rand
-	timer   transport.Timer
+	mu sync.Mutex
+	// +checklocks:mu
+	rng *rand.Rand
+	// +checklocks:mu
+	timer transport.Timer
+	// +checklocks:mu
 	stopped bool
 
 	framesSent, bytesSent, framesRecv, bytesRecv, merged, rejected, rotations atomic.Uint64

@@ -72,7 +72,7 @@ const (
 //	               successes uvarint, idle timeout ms uvarint (0 = default)
 const schemaVersion = 1
 
-// ErrSchema: a field's key or value does not follow the schema. On merge
+// ErrSchema means a field's key or value does not follow the schema. On merge
 // CheckField refuses such a field (it is counted and never stored); a
 // held one (written before a check existed) makes its service be
 // reported with the error and left out of routing.

@@ -246,18 +246,18 @@ func (v *vipCarry) totals() Totals {
 // listenerGone is flow's OnListenerGone: a removed listener's final counts
 // fold into its service's totals. It runs with the NAT's lock held.
 func (e *Engine) listenerGone(ls flow.ListenerStats) {
-	e.totMu.Lock()
-	defer e.totMu.Unlock()
-	if svc, ok := e.flSvc[ls.Listener]; ok {
+	e.totalsMu.Lock()
+	defer e.totalsMu.Unlock()
+	if svc, ok := e.listenerService[ls.Listener]; ok {
 		c := e.carried[svc]
 		if c == nil {
 			c = &vipCarry{}
 			e.carried[svc] = c
 		}
 		c.add(&ls)
-		delete(e.flSvc, ls.Listener)
+		delete(e.listenerService, ls.Listener)
 	}
-	e.totGen.Add(1)
+	e.totalsGen.Add(1)
 }
 
 // pruneTotals forgets the listener → service entries of listeners that
@@ -265,19 +265,20 @@ func (e *Engine) listenerGone(ls flow.ListenerStats) {
 // reaches listenerGone) and the carried totals of services that are gone
 // from the configuration and have no listener left. Called with cfgMu
 // held, after pruneDrainingLocked.
+// +checklocks:e.cfgMu
 func (e *Engine) pruneTotals() {
-	e.totMu.Lock()
-	defer e.totMu.Unlock()
-	for fl := range e.flSvc {
+	e.totalsMu.Lock()
+	defer e.totalsMu.Unlock()
+	for fl := range e.listenerService {
 		if e.applied[fl] == nil && e.draining[fl] == nil {
-			delete(e.flSvc, fl)
+			delete(e.listenerService, fl)
 		}
 	}
 	if len(e.carried) == 0 {
 		return
 	}
-	inNAT := make(map[ServiceID]bool, len(e.flSvc))
-	for _, svc := range e.flSvc {
+	inNAT := make(map[ServiceID]bool, len(e.listenerService))
+	for _, svc := range e.listenerService {
 		inNAT[svc] = true
 	}
 	for svc := range e.carried {
@@ -320,7 +321,7 @@ func (e *Engine) Status() Status {
 		carried map[ServiceID]Totals
 	)
 	for try := 0; ; try++ {
-		gen := e.totGen.Load()
+		gen := e.totalsGen.Load()
 		lstats = make(map[flow.Listener]flow.ListenerStats, len(applied)+len(draining))
 		for fl := range applied {
 			if ls, ok := e.nat.ListenerStats(fl); ok {
@@ -333,13 +334,13 @@ func (e *Engine) Status() Status {
 			}
 		}
 		bstats = e.nat.BackendStats()
-		e.totMu.Lock()
+		e.totalsMu.Lock()
 		carried = make(map[ServiceID]Totals, len(e.carried))
 		for svc, c := range e.carried {
 			carried[svc] = c.totals()
 		}
-		e.totMu.Unlock()
-		if e.totGen.Load() == gen || try == 3 {
+		e.totalsMu.Unlock()
+		if e.totalsGen.Load() == gen || try == 3 {
 			break
 		}
 	}
@@ -435,13 +436,13 @@ func (e *Engine) Status() Status {
 
 	ps, rs := e.prober.Stats(), e.responder.Stats()
 	st.PassThrough = Traffic{
-		PacketsOut: e.c.passOutPkts.Load(), BytesOut: e.c.passOutBytes.Load(),
-		PacketsIn: e.c.passInPkts.Load(), BytesIn: e.c.passInBytes.Load(),
+		PacketsOut: e.counters.passOutPkts.Load(), BytesOut: e.counters.passOutBytes.Load(),
+		PacketsIn: e.counters.passInPkts.Load(), BytesIn: e.counters.passInBytes.Load(),
 	}
 	st.Probe = ProbeTraffic{
-		PacketsOut: e.c.probeOutPkts.Load(), BytesOut: e.c.probeOutB.Load(),
-		PacketsIn: e.c.probeInPkts.Load(), BytesIn: e.c.probeInB.Load(),
-		Rejected: e.c.probeBad.Load(), Answered: rs.Answered, Expired: ps.Expired,
+		PacketsOut: e.counters.probeOutPkts.Load(), BytesOut: e.counters.probeOutBytes.Load(),
+		PacketsIn: e.counters.probeInPkts.Load(), BytesIn: e.counters.probeInBytes.Load(),
+		Rejected: e.counters.probeBad.Load(), Answered: rs.Answered, Expired: ps.Expired,
 	}
 	fs := e.nat.Stats()
 	st.Flow = FlowStatus{
@@ -449,9 +450,9 @@ func (e *Engine) Status() Status {
 		Failovers: fs.Failovers, Retargets: fs.Retargets, Refused: fs.Refused, Drops: dropMap(&fs.Drops),
 	}
 	for name, v := range map[string]uint64{
-		"queue-full": e.c.queueFull.Load(), "too-big": e.c.tooBig.Load(),
-		"unknown-peer": e.c.unknownPeer.Load(), "host-write": e.c.hostWriteErr.Load(),
-		"malformed": e.c.malformed.Load(),
+		"queue-full": e.counters.queueFull.Load(), "too-big": e.counters.tooBig.Load(),
+		"unknown-peer": e.counters.unknownPeer.Load(), "host-write": e.counters.hostWriteErr.Load(),
+		"malformed": e.counters.malformed.Load(),
 	} {
 		if v > 0 {
 			if st.Drops == nil {
@@ -499,7 +500,7 @@ func (e *Engine) listenerStatus(r *route, draining bool, v *statusView) Listener
 		ls.Traffic = Traffic{PacketsOut: fs.PacketsOut, BytesOut: fs.BytesOut, PacketsIn: fs.PacketsIn, BytesIn: fs.BytesIn}
 		ls.Drops = dropMap(&fs.Drops)
 	}
-	statuses, next := e.sel.Select(r.pbs, now, make([]probe.Status, 0, len(r.pbs)))
+	statuses, next := e.selector.Select(r.pbs, now, make([]probe.Status, 0, len(r.pbs)))
 	if next >= 0 && !draining {
 		b := r.cfg[next]
 		ls.Next = &BackendRef{Node: b.Node, NodeName: pt.name[b.Node], Port: b.Port}
@@ -509,7 +510,7 @@ func (e *Engine) listenerStatus(r *route, draining bool, v *statusView) Listener
 		if r.pbs[i].Disabled {
 			pb := r.pbs[i]
 			pb.Disabled = false
-			path := backendStatus(bs.BackendRef, pb, e.sel.Evaluate(&pb, now))
+			path := backendStatus(bs.BackendRef, pb, e.selector.Evaluate(&pb, now))
 			path.Reason, path.PathReason, path.Drain, path.Eligible = "drained", path.Reason, true, false
 			bs = path
 		}
@@ -529,7 +530,7 @@ func (e *Engine) listenerStatus(r *route, draining bool, v *statusView) Listener
 		}
 		pb := e.probeBackend(r.fl, fb.Backend)
 		node := NodeID(pb.Node)
-		bs := backendStatus(BackendRef{Node: node, NodeName: pt.name[node], Port: fb.Backend.Port}, pb, e.sel.Evaluate(&pb, now))
+		bs := backendStatus(BackendRef{Node: node, NodeName: pt.name[node], Port: fb.Backend.Port}, pb, e.selector.Evaluate(&pb, now))
 		bs.Draining = true
 		bs.addCounters(fb)
 		ls.DrainingBackends = append(ls.DrainingBackends, bs)

@@ -20,7 +20,8 @@ type Limits struct {
 	FieldsPerService    int // signed fields per active service (192)
 }
 
-// DefaultLimits returns the spec's limits.
+// DefaultLimits returns the default limits (docs/defaults.md gives each
+// with its reason).
 func DefaultLimits() Limits {
 	return Limits{
 		Listeners:           16,

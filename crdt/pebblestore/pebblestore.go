@@ -85,7 +85,8 @@ import (
 )
 
 // FormatVersion is the format version this package writes and reads:
-// 2 since the witness; format 1 databases are upgraded on Open.
+// 2 is the format with the witness; a format 1 database (without it) is
+// upgraded on Open.
 const FormatVersion = 2
 
 // WitnessFile is the name of the witness file in the store's directory.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/claim/etcdkv"
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // helperCarrier is the controller's claim.Carrier: every carry and route
@@ -186,7 +187,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		if s.RenewalAge >= 0 {
 			cs.RenewalAgeMs = s.RenewalAge.Milliseconds()
 		}
-		writeJSON(w, http.StatusOK, cs)
+		jsonx.Write(w, http.StatusOK, cs)
 	})
 	mux.HandleFunc(promotePath, func(w http.ResponseWriter, r *http.Request) {
 		body, ok := readBody(w, r, maxPrivateBody)
@@ -208,7 +209,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, rep)
+		jsonx.Write(w, http.StatusOK, rep)
 	})
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnContext: connContext}
 	done := make(chan error, 1)

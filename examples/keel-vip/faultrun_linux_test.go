@@ -176,7 +176,7 @@ func nameOf(n *node) string {
 
 // settle waits until exactly one member carries the VIP, within 45 s of
 // the heal; if both members are fenced, none may carry, and a planned
-// promote follows (the only way out, as the spec says).
+// promote follows (the only way out of a fence; docs/security.md).
 func (f *faultRun) settle(healed time.Duration) {
 	deadline := time.Now().Add(45 * time.Second)
 	for {

@@ -110,6 +110,7 @@ func TestHelperChecksMembers(t *testing.T) {
 		{"release from self", enc(map[string]string{"op": "release", "release": b64(relA.Encode())}), a, claim.ErrNotPairMember},
 		{"release relayed", enc(map[string]string{"op": "release", "release": b64(relB.Encode())}), netip.MustParseAddr("fd00:1::2:3"), claim.ErrWrongSender},
 		{"unknown field", []byte(`{"op":"epoch","x":1}`), b, claim.ErrMalformed},
+		{"trailing data", append(enc(map[string]string{"op": "claim", "claim": b64Claim(cb2)}), '}'), b, claim.ErrMalformed},
 		{"unknown op", enc(map[string]string{"op": "take"}), b, claim.ErrMalformed},
 		{"bad base64", enc(map[string]string{"op": "claim", "claim": "%%%"}), b, claim.ErrMalformed},
 	} {

@@ -27,6 +27,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/transport/wg"
 )
 
@@ -821,7 +822,7 @@ func (h *helper) serveCarrier(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, fmt.Errorf("%w: %w", ErrRefused, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, struct{}{})
+	jsonx.Write(w, http.StatusOK, struct{}{})
 }
 
 // controllerSeen notes that the controller process pid sent a request.
@@ -901,7 +902,7 @@ func (h *helper) serveMembers(w http.ResponseWriter, r *http.Request) {
 	}
 	from, err := netip.ParseAddr(r.Header.Get(fromHeader))
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, errorReply{Error: "sender: " + err.Error(), Code: "malformed"})
+		jsonx.Write(w, http.StatusBadRequest, errorReply{Error: "sender: " + err.Error(), Code: "malformed"})
 		return
 	}
 	body, ok := readBody(w, r, claim.MaxRequestBody)
@@ -984,7 +985,7 @@ func (h *helper) controller() *http.Client {
 func (h *helper) forward(w http.ResponseWriter, ctx context.Context, path string, body []byte, from netip.Addr) {
 	hc := h.controller()
 	if hc == nil {
-		writeJSON(w, http.StatusServiceUnavailable, errorReply{Error: "controller not started"})
+		jsonx.Write(w, http.StatusServiceUnavailable, errorReply{Error: "controller not started"})
 		return
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://control"+path, bytesReader(body))
@@ -998,7 +999,7 @@ func (h *helper) forward(w http.ResponseWriter, ctx context.Context, path string
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, errorReply{Error: "controller: " + err.Error()})
+		jsonx.Write(w, http.StatusServiceUnavailable, errorReply{Error: "controller: " + err.Error()})
 		return
 	}
 	defer resp.Body.Close()
@@ -1072,7 +1073,7 @@ func (h *helper) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, s)
+		jsonx.Write(w, http.StatusOK, s)
 	case r.URL.Path == promotePath && r.Method == http.MethodPost:
 		body, ok := readBody(w, r, maxPrivateBody)
 		if !ok {

@@ -43,7 +43,7 @@ const (
 // in the unit's cgroup (read from /proc/PID/cgroup; a process cannot move
 // itself into a system unit's cgroup). Without children to start or
 // directories to hand over, the helper then needs CAP_NET_ADMIN and
-// CAP_DAC_OVERRIDE only, as the spec's review asks.
+// CAP_DAC_OVERRIDE only (docs/security.md).
 type Units struct {
 	// ControllerCgroup and ListenerCgroup are the units' cgroup paths as
 	// /proc/PID/cgroup shows them; "" means the Default ones.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // ListenerConfig is all the members' listener is given: its node id, the
@@ -42,7 +43,7 @@ func (m *Mesh) ListenerConfig() []byte {
 // ParseListenerConfig parses and checks a ListenerConfig (unknown fields,
 // such as a mesh file's keys, are refused).
 func ParseListenerConfig(r io.Reader) (*ListenerConfig, error) {
-	b, err := io.ReadAll(io.LimitReader(r, 4096))
+	b, err := jsonx.ReadAll(r, 4096)
 	if err != nil {
 		return nil, fmt.Errorf("keelvip: listener config: %w", err)
 	}
@@ -90,7 +91,7 @@ func RunListener(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		ap, err := netip.ParseAddrPort(r.RemoteAddr)
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, errorReply{Error: "sender: " + err.Error()})
+			jsonx.Write(w, http.StatusBadRequest, errorReply{Error: "sender: " + err.Error()})
 			return
 		}
 		body, ok := readBody(w, r, claim.MaxRequestBody)
@@ -107,7 +108,7 @@ func RunListener(ctx context.Context, in io.Reader, logw io.Writer) error {
 		resp, err := hc.Do(req)
 		if err != nil {
 			log.Warn("forward", "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, errorReply{Error: "helper unavailable"})
+			jsonx.Write(w, http.StatusServiceUnavailable, errorReply{Error: "helper unavailable"})
 			return
 		}
 		defer resp.Body.Close()

@@ -1,10 +1,8 @@
 package keelvip
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/transport/wg"
 )
 
@@ -221,21 +220,16 @@ func LoadMesh(path string) (*Mesh, error) {
 // fields are refused; every error wraps ErrMesh (and ErrTooLarge's
 // equivalent, claim.ErrTooLarge, for a file over MaxMeshFileSize).
 func ParseMesh(r io.Reader) (*Mesh, error) {
-	data, err := io.ReadAll(io.LimitReader(r, MaxMeshFileSize+1))
+	data, err := jsonx.ReadAll(r, MaxMeshFileSize)
+	if errors.Is(err, jsonx.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w: over %d bytes", ErrMesh, claim.ErrTooLarge, MaxMeshFileSize)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("keelvip: mesh file: %w", err)
 	}
-	if len(data) > MaxMeshFileSize {
-		return nil, fmt.Errorf("%w: %w: over %d bytes", ErrMesh, claim.ErrTooLarge, MaxMeshFileSize)
-	}
 	var mf meshFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&mf); err != nil {
+	if err := jsonx.Decode(data, &mf); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrMesh, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data after the object", ErrMesh)
 	}
 	return mf.mesh()
 }

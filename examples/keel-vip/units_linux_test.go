@@ -154,7 +154,7 @@ func (c *cluster) startUnits() {
 // TestPrivilegeSplitUnits runs every node as the shipped systemd units
 // have it, with plain processes standing in for systemd (no systemd as PID
 // 1 here): the helper's bounding set is CAP_NET_ADMIN|CAP_DAC_OVERRIDE and
-// nothing else, as the spec's review asks, and it starts no process; the
+// nothing else (docs/security.md), and it starts no process; the
 // controller and the listener are found by their units' cgroups. The
 // kernel's view is checked from /proc, a process with the controller's
 // uid outside its unit is refused on the helper's socket, and a promote

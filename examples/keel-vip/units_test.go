@@ -36,7 +36,8 @@ func unitDirectives(t *testing.T, path string) map[string]string {
 	return out
 }
 
-// TestUnitHardening checks the hardening the spec lists in every unit.
+// TestUnitHardening checks the hardening of every shipped unit
+// (docs/security.md).
 func TestUnitHardening(t *testing.T) {
 	common := map[string]string{
 		"NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
@@ -47,7 +48,7 @@ func TestUnitHardening(t *testing.T) {
 	}
 	for unit, want := range map[string]map[string]string{
 		"keel-vip.service": {
-			// The spec's review: the helper holds CAP_NET_ADMIN and
+			// The helper holds CAP_NET_ADMIN and
 			// CAP_DAC_OVERRIDE, nothing else (systemd starts the units).
 			"CapabilityBoundingSet": "CAP_NET_ADMIN CAP_DAC_OVERRIDE",
 			"ExecStart":             "/usr/bin/keel-vip tend --children units --mesh /etc/keel/mesh.json",

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // The private sockets between the root helper, the controller and the
@@ -87,34 +88,26 @@ func sentinelOf(code string) error {
 	return nil
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 func writeErr(w http.ResponseWriter, err error) {
 	code, ok := claim.RefusalCode(err)
 	status := http.StatusServiceUnavailable
 	if ok {
 		status = http.StatusConflict
 	}
-	writeJSON(w, status, errorReply{Error: err.Error(), Code: code})
+	jsonx.Write(w, status, errorReply{Error: err.Error(), Code: code})
 }
 
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	b, err := jsonx.ReadBody(w, r, limit)
 	if err != nil {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errorReply{Error: fmt.Sprintf("%v: body over %d bytes", claim.ErrTooLarge, limit), Code: "too-large"})
+		jsonx.Write(w, http.StatusRequestEntityTooLarge, errorReply{Error: fmt.Sprintf("%v: body over %d bytes", claim.ErrTooLarge, limit), Code: "too-large"})
 		return nil, false
 	}
 	return b, true
 }
 
 func decodeStrict(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := jsonx.Decode(b, v); err != nil {
 		return fmt.Errorf("%w: %v", claim.ErrMalformed, err)
 	}
 	return nil

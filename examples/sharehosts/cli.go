@@ -11,7 +11,7 @@
 //	sharehosts demo                            everything in one process
 //
 // The config file is YAML; keys may be nested or dotted. The health check
-// and the cap on hosts are under the spec's names:
+// and the cap on hosts are under frontdoor's property names:
 //
 //	frontdoor-id: fd-1
 //	api:

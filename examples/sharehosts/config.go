@@ -15,7 +15,7 @@ import (
 
 // Setting keys of the config file besides the hosting ones
 // (hosting.SettingInterval, SettingTimeout, SettingFailures and
-// SettingMaxHosts, under the spec's names). A key may be written dotted
+// SettingMaxHosts, under frontdoor's property names). A key may be written dotted
 // or nested; both read the same.
 const (
 	KeyFrontdoorID = "frontdoor-id"
@@ -31,7 +31,7 @@ const (
 	KeyZitiCA      = "ziti.ca-file" // PEM CA bundle of the controller
 )
 
-// ErrConfig: the config file is missing a setting, has one out of range,
+// ErrConfig means the config file is missing a setting, has one out of range,
 // or has a key this program does not know.
 var ErrConfig = errors.New("sharehosts: bad config")
 

@@ -26,10 +26,11 @@ import (
 	"github.com/vipkit/vipkit/hosting/pgstore/pgtest"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 const good = `
@@ -136,14 +137,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rmq.Stop()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := zitifake.Start(t, zititest.Options{})
 	f.AddUser("admin", "secret")
 	dsn, err := pg.NewDatabase(ctx)
 	if err != nil {

@@ -16,20 +16,13 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/hosting/zititest"
-	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 // The config's certificate login: the client presents the key pair from
 // the files and trusts the controller through the CA file.
 func TestZitiCertLoginFromTheConfig(t *testing.T) {
-	f, err := zititest.Start(zititest.Options{TLS: true})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := zitifake.Start(t, zititest.Options{TLS: true})
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "sharehosts"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}

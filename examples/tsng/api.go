@@ -2,16 +2,15 @@ package tsng
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -216,23 +215,17 @@ func ListenUnix(path string) (net.Listener, error) {
 	return l, nil
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
 func writeErr(w http.ResponseWriter, err error) {
 	e := toAPIError(err)
-	writeJSON(w, httpStatus(e.Code), e)
+	jsonx.WriteIndent(w, httpStatus(e.Code), e)
 }
 
 func (s *APIServer) decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, s.maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	data, err := jsonx.ReadAll(r.Body, s.maxBody)
+	if err == nil {
+		err = jsonx.Decode(data, v)
+	}
+	if err != nil {
 		return &APIError{Code: CodeInvalid, Message: "tsng: bad request body: " + err.Error()}
 	}
 	return nil
@@ -299,7 +292,7 @@ func (s *APIServer) listNetworks(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, ns)
 	}
-	writeJSON(w, http.StatusOK, out)
+	jsonx.WriteIndent(w, http.StatusOK, out)
 }
 
 func (s *APIServer) ui(w http.ResponseWriter, _ *http.Request) {
@@ -308,7 +301,7 @@ func (s *APIServer) ui(w http.ResponseWriter, _ *http.Request) {
 		writeErr(w, &APIError{Code: CodeNotFound, Message: "tsng: this agent does not serve the editor (config \"ui\": \"off\")"})
 		return
 	}
-	writeJSON(w, http.StatusOK, uiInfo{URL: p.UIURL()})
+	jsonx.WriteIndent(w, http.StatusOK, uiInfo{URL: p.UIURL()})
 }
 
 func (s *APIServer) upDown(up bool) http.HandlerFunc {
@@ -332,7 +325,7 @@ func (s *APIServer) upDown(up bool) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
+		jsonx.WriteIndent(w, http.StatusOK, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
 	}
 }
 
@@ -353,7 +346,7 @@ func (s *APIServer) listNodes(w http.ResponseWriter, r *http.Request) {
 	for _, m := range n.Registry.Nodes() {
 		out = append(out, NodeDoc{ID: m.ID, Name: m.Name, Addr: m.Addr.String()})
 	}
-	writeJSON(w, http.StatusOK, out)
+	jsonx.WriteIndent(w, http.StatusOK, out)
 }
 
 func (s *APIServer) listVIPs(w http.ResponseWriter, r *http.Request) {
@@ -366,7 +359,7 @@ func (s *APIServer) listVIPs(w http.ResponseWriter, r *http.Request) {
 	for _, v := range n.Registry.List() {
 		out = append(out, s.doc(n, v))
 	}
-	writeJSON(w, http.StatusOK, out)
+	jsonx.WriteIndent(w, http.StatusOK, out)
 }
 
 func (s *APIServer) show(w http.ResponseWriter, r *http.Request) {
@@ -380,7 +373,7 @@ func (s *APIServer) show(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.doc(n, v))
+	jsonx.WriteIndent(w, http.StatusOK, s.doc(n, v))
 }
 
 func (s *APIServer) remove(w http.ResponseWriter, r *http.Request) {
@@ -469,7 +462,7 @@ func mutation[Req any](s *APIServer, status int, fn func(ctx context.Context, re
 			writeErr(w, err)
 			return
 		}
-		writeJSON(w, status, s.doc(n, v))
+		jsonx.WriteIndent(w, status, s.doc(n, v))
 	}
 }
 

@@ -1,16 +1,11 @@
 package tsng
 
 import (
-	"context"
-	"crypto/ed25519"
-	"encoding/base64"
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/vipkit/vipkit/transport/wg"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -20,30 +15,10 @@ import (
 // works, unrelated edits of the service succeed, a departed node cannot be
 // added as a new backend, and status names server2's backends departed.
 func TestCLIDepartedNode(t *testing.T) {
-	dir, err := os.MkdirTemp("", "tsngdep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	seed := make([]byte, 32)
-	seed[0] = 1
-	peer := func(b byte) (PeerConfig, string) {
-		s := make([]byte, 32)
-		s[0] = b
-		id := hexOf(ed25519.NewKeyFromSeed(s).Public().(ed25519.PublicKey))
-		return PeerConfig{Name: "server" + string('0'+b), Address: "100.80.0." + string('0'+b), Identity: id, WireGuardKey: wg.GeneratePrivateKey().PublicKey()}, id
-	}
-	p2, id2 := peer(2)
-	p3, _ := peer(3)
-	nc := NetworkConfig{Name: "home", Overlay: "100.80.0.0/24", DNSPort: 5353,
-		Node:  NodeConfig{Name: "server1", Address: "100.80.0.1", IdentityKey: base64.StdEncoding.EncodeToString(seed), WireGuardKey: wg.GeneratePrivateKey()},
-		Peers: []PeerConfig{p2, p3}}
-	cfg := &Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"), Metrics: "127.0.0.1:0", Networks: []NetworkConfig{nc}}
-	ctx := context.Background()
-	d, err := NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p2, id2 := testPeer(2)
+	p3, _ := testPeer(3)
+	cfg := oneNodeConfig(socketDir(t, "tsngdep"), p2, p3)
+	d := startDaemon(t, cfg)
 	f := &apiFixture{t: t, socket: cfg.Socket}
 	f.must("vip", "create", "home", "api")
 	f.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443", "--backend", "server2:7443")
@@ -54,10 +29,7 @@ func TestCLIDepartedNode(t *testing.T) {
 
 	// server2 leaves the member list.
 	cfg.Networks[0].Peers = []PeerConfig{p3}
-	d, err = NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d = startDaemon(t, cfg)
 	defer d.Close()
 
 	// Status names the backends departed, by the name this agent knew.

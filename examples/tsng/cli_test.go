@@ -32,11 +32,7 @@ type apiFixture struct {
 func (f *apiFixture) Networks() []*Network { return f.nets }
 
 func newAPIFixture(t *testing.T) *apiFixture {
-	dir, err := os.MkdirTemp("", "tsng")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsng")
 	f := &apiFixture{t: t, socket: filepath.Join(dir, "api.sock"), up: map[string]*atomic.Bool{}}
 	key := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
 	var self vip.NodeID

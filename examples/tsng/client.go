@@ -11,9 +11,11 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
-// ErrAgentUnreachable: the CLI could not reach the agent's local API.
+// ErrAgentUnreachable means the CLI could not reach the agent's local API.
 var ErrAgentUnreachable = errors.New("tsng: agent not reachable")
 
 // Client talks to an agent's local API over its Unix socket.
@@ -56,7 +58,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("%w at %s: %v (is `tsng daemon` running?)", ErrAgentUnreachable, c.Socket, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	data, err := jsonx.ReadAll(resp.Body, 16<<20)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vipkit/vipkit/crdt"
 	"github.com/vipkit/vipkit/crdt/pebblestore"
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -41,7 +42,7 @@ func (s *APIServer) reservations(w http.ResponseWriter, r *http.Request) {
 	for _, m := range n.Registry.Nodes() {
 		d.Nodes = append(d.Nodes, NodeDoc{ID: m.ID, Name: m.Name, Addr: m.Addr.String()})
 	}
-	writeJSON(w, http.StatusOK, d)
+	jsonx.WriteIndent(w, http.StatusOK, d)
 }
 
 // collisionOf returns the collision of service id's reservation with a

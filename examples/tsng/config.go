@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -13,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/transport/wg"
 	"github.com/vipkit/vipkit/vip"
 )
@@ -103,7 +103,7 @@ type PeerConfig struct {
 	Endpoint     string `json:"endpoint,omitempty"`
 }
 
-// ErrConfig: the config file is invalid; the message names the field.
+// ErrConfig means the config file is invalid; the message names the field.
 var ErrConfig = errors.New("tsng: invalid config")
 
 // LoadConfig reads and validates a config file.
@@ -113,9 +113,7 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, err
 	}
 	var c Config
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
+	if err := jsonx.Decode(b, &c); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, jsonError(b, err))
 	}
 	if err := c.Validate(); err != nil {

@@ -100,7 +100,7 @@ type peerConn struct {
 	q chan []byte
 }
 
-// ErrFrameTooLarge: a frame over the control frame limit.
+// ErrFrameTooLarge reports a frame over the control frame limit.
 var ErrFrameTooLarge = errors.New("tsng: control frame over the limit")
 
 // NewControl starts listening on Self:Port.

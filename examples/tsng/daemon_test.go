@@ -1,18 +1,11 @@
 package tsng
 
 import (
-	"context"
-	"crypto/ed25519"
-	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/vipkit/vipkit/transport/wg"
 )
 
 // TestCLIAgainstDaemon runs the CLI against a real running agent (one
@@ -20,25 +13,9 @@ import (
 // observation, metrics, and the network-down error, then a restart that
 // keeps the configuration.
 func TestCLIAgainstDaemon(t *testing.T) {
-	dir, err := os.MkdirTemp("", "tsngd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	seed := make([]byte, 32)
-	seed[0] = 1
-	peerSeed := make([]byte, 32)
-	peerSeed[0] = 2
-	peerID := ed25519.NewKeyFromSeed(peerSeed).Public().(ed25519.PublicKey)
-	cfg := &Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"), Metrics: "127.0.0.1:0",
-		Networks: []NetworkConfig{{Name: "home", Overlay: "100.80.0.0/24", DNSPort: 5353,
-			Node:  NodeConfig{Name: "server1", Address: "100.80.0.1", IdentityKey: base64.StdEncoding.EncodeToString(seed), WireGuardKey: wg.GeneratePrivateKey()},
-			Peers: []PeerConfig{{Name: "server2", Address: "100.80.0.2", Identity: hexOf(peerID), WireGuardKey: wg.GeneratePrivateKey().PublicKey()}}}}}
-	ctx := context.Background()
-	d, err := NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p2, _ := testPeer(2)
+	cfg := oneNodeConfig(socketDir(t, "tsngd"), p2)
+	d := startDaemon(t, cfg)
 	f := &apiFixture{t: t, socket: cfg.Socket}
 	f.must("vip", "create", "home", "api")
 	f.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443", "--backend", "server2:7443")
@@ -90,10 +67,7 @@ func TestCLIAgainstDaemon(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
-	d, err = NewDaemon(ctx, cfg, DaemonOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d = startDaemon(t, cfg)
 	defer d.Close()
 	if err := json.Unmarshal([]byte(f.must("vip", "show", "home", "api", "--json")), &doc); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -186,11 +185,7 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // uiDaemonWith is uiDaemon with its config changed by mut first.
 func uiDaemonWith(t *testing.T, mut func(*Config)) (*Daemon, *apiFixture) {
-	dir, err := os.MkdirTemp("", "tsngdns")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsngdns")
 	k1, _ := GenerateKeys()
 	k2, _ := GenerateKeys()
 	cfg := &Config{DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "api.sock"), UI: "off",

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -142,9 +143,7 @@ func runEdit(ctx context.Context, c *cliCtx, _ *opts, a []string) error {
 		return invalid(resolveErr)
 	}
 	var ef editFile
-	dec := json.NewDecoder(bytes.NewReader(resolved))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ef); err != nil {
+	if err := jsonx.Decode(resolved, &ef); err != nil {
 		return invalid(jsonError(resolved, err))
 	}
 	var saved ServiceDoc

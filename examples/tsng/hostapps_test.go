@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -39,11 +38,7 @@ type hostApps struct {
 }
 
 func newHostApps(t *testing.T) *hostApps {
-	dir, err := os.MkdirTemp("", "tsnghost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsnghost")
 	names := []string{"server1", "server2", "client"}
 	cfgs, err := demoConfigs(dir, names)
 	if err != nil {

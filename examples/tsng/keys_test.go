@@ -9,37 +9,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vipkit/vipkit/transport/wg"
 )
 
-// syncBuffer is a bytes.Buffer safe for a daemon's logger and a test.
-type syncBuffer struct {
-	// mu guards b.
-	mu sync.Mutex
-	// +checklocks:mu
-	b bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // TestKeygenInitCheckDaemon follows a new user: keygen, init, config check,
 // then a daemon starting from the file init wrote, with a peer whose
 // identity is in the other (hex) encoding, accepted with a warning.
 func TestKeygenInitCheckDaemon(t *testing.T) {
-	dir, err := os.MkdirTemp("", "tsngkeys")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsngkeys")
 	f := &apiFixture{t: t, socket: filepath.Join(dir, "api.sock")}
 
 	// keygen: four keys, each 32 bytes of base64, the public halves

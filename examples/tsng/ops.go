@@ -25,7 +25,7 @@ func opsCommands() []*command {
 	}
 }
 
-// ErrLocked: another agent holds the data directory.
+// ErrLocked means another agent holds the data directory.
 var ErrLocked = errors.New("tsng: another tsng is running")
 
 // lockDataDir takes the data directory's lock (tsng.lock, flock) and

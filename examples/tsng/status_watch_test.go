@@ -1,7 +1,6 @@
 package tsng
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -9,10 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,27 +25,7 @@ type restartableAgent struct {
 	cfg  *Config
 	d    *Daemon
 	f    *apiFixture
-	logs lockedBuffer // the agent's log, across restarts
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test at once.
-type lockedBuffer struct {
-	// mu guards b.
-	mu sync.Mutex
-	// +checklocks:mu
-	b bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs syncBuffer // the agent's log, across restarts
 }
 
 func newRestartableAgent(t *testing.T) *restartableAgent { return newAgentIn(t, "100.80.0.0/24") }
@@ -56,11 +33,7 @@ func newRestartableAgent(t *testing.T) *restartableAgent { return newAgentIn(t, 
 // newAgentIn is newRestartableAgent on another overlay range (server1 has
 // its first address, server2 the second).
 func newAgentIn(t *testing.T, overlay string) *restartableAgent {
-	dir, err := os.MkdirTemp("", "tsngwatch")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsngwatch")
 	seed := make([]byte, 32)
 	seed[0] = 5
 	peerSeed := make([]byte, 32)

@@ -24,11 +24,7 @@ import (
 // uiDaemon starts a one-node agent (netstack mode) with its editor and
 // local API, and a second configured member that never comes up.
 func uiDaemon(t *testing.T) (*Daemon, *apiFixture) {
-	dir, err := os.MkdirTemp("", "tsngui")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := socketDir(t, "tsngui")
 	seed := make([]byte, 32)
 	seed[0] = 3
 	peerSeed := make([]byte, 32)

@@ -42,11 +42,9 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"mime"
 	"net/http"
@@ -55,6 +53,7 @@ import (
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/ziti"
+	"github.com/vipkit/vipkit/internal/jsonx"
 )
 
 // DefaultMaxBodyBytes is the default limit of a request body.
@@ -120,7 +119,7 @@ type Handler struct {
 // New returns the API handler.
 func New(o Options) (*Handler, error) {
 	if o.Service == nil {
-		return nil, errors.New("api: no service")
+		return nil, fmt.Errorf("%w: no service", ErrInvalidOptions)
 	}
 	h := &Handler{svc: o.Service, base: strings.TrimSuffix(o.BasePath, "/"), max: o.MaxBodyBytes, agent: o.AgentHref, mux: http.NewServeMux()}
 	if h.max <= 0 {
@@ -205,8 +204,13 @@ type Request struct {
 	PortViolation bool
 }
 
-// ErrDecode: a request body cannot be read as a share request.
-var ErrDecode = errors.New("api: bad request body")
+var (
+	// ErrDecode means a request body cannot be read as a share request.
+	ErrDecode = errors.New("api: bad request body")
+	// ErrInvalidOptions is returned by New for options it cannot use (no
+	// Service).
+	ErrInvalidOptions = errors.New("api: invalid options")
+)
 
 // DecodeRequest decodes a request body for method m (create decodes as
 // Put plus an id). It refuses unknown fields, trailing data, a targetPort
@@ -214,14 +218,8 @@ var ErrDecode = errors.New("api: bad request body")
 // panics.
 func DecodeRequest(b []byte, m hosting.Method, create bool) (Request, error) {
 	var sb shareBody
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
-	d.UseNumber()
-	if err := d.Decode(&sb); err != nil {
+	if err := jsonx.Decode(b, &sb, jsonx.UseNumber); err != nil {
 		return Request{}, fmt.Errorf("%w: %v", ErrDecode, err)
-	}
-	if _, err := d.Token(); err != io.EOF {
-		return Request{}, fmt.Errorf("%w: trailing data after the object", ErrDecode)
 	}
 	if sb.ID != nil && !create {
 		return Request{}, fmt.Errorf("%w: json: unknown field \"id\"", ErrDecode)
@@ -269,13 +267,12 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool
 		writeProblem(w, r, Problem{Type: TypeMediaType, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType, Detail: "the body must be application/json"})
 		return nil, false
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.max))
+	b, err := jsonx.ReadBody(w, r, h.max)
+	if errors.Is(err, jsonx.ErrTooLarge) {
+		writeProblem(w, r, Problem{Type: TypeTooLarge, Title: "Body too large", Status: http.StatusRequestEntityTooLarge, Detail: fmt.Sprintf("the body is over %d bytes", h.max)})
+		return nil, false
+	}
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeProblem(w, r, Problem{Type: TypeTooLarge, Title: "Body too large", Status: http.StatusRequestEntityTooLarge, Detail: fmt.Sprintf("the body is over %d bytes", h.max)})
-			return nil, false
-		}
 		writeProblem(w, r, Problem{Type: TypeBadRequest, Title: "Bad request", Status: http.StatusBadRequest, Detail: "the body could not be read"})
 		return nil, false
 	}
@@ -494,15 +491,11 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p Problem) {
 	if p.Instance == "" {
 		p.Instance = r.URL.Path
 	}
-	w.Header().Set("Content-Type", MediaProblem)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	jsonx.WriteAs(w, p.Status, MediaProblem, p)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", MediaHAL)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	jsonx.WriteAs(w, status, MediaHAL, v)
 }

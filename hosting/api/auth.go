@@ -24,7 +24,7 @@ type bearerToken struct {
 	principal string
 }
 
-// ErrToken: a token or principal is empty, or a token is repeated.
+// ErrToken means a token or principal is empty, or a token is repeated.
 var ErrToken = errors.New("api: bad bearer token")
 
 // NewBearer returns the middleware for tokens (token → principal).

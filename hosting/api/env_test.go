@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -18,10 +17,11 @@ import (
 	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 const acct, other = "acct-1", "acct-2"
@@ -55,19 +55,7 @@ type env struct {
 
 func newEnv(t testing.TB, st hosting.Store) *env {
 	t.Helper()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		for _, err := range f.BadAnswers() {
-			t.Errorf("the fake answered outside the specification: %v", err)
-		}
-	})
+	f := zitifake.Start(t, zititest.Options{})
 	if st == nil {
 		st = hosting.NewMemStore()
 	}

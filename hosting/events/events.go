@@ -53,12 +53,20 @@ func DefaultTopology() Topology {
 		DeadLetterQueue: "vipkit.hosting.agent-deleted.dlq", DeliveryLimit: 5}
 }
 
-// ErrOptions: options are missing or out of range.
-var ErrOptions = errors.New("events: bad options")
+var (
+	// ErrInvalidOptions means a consumer, a relay or a topology was given
+	// options that are missing or out of range.
+	ErrInvalidOptions = errors.New("events: invalid options")
+	// ErrOptions is another name for ErrInvalidOptions: the same error
+	// value, so errors.Is matches either.
+	//
+	// Deprecated: use ErrInvalidOptions.
+	ErrOptions = ErrInvalidOptions
+)
 
 func (t Topology) check() error {
 	if t.Exchange == "" || t.DeadLetterExchange == "" || t.Queue == "" || t.DeadLetterQueue == "" || t.DeliveryLimit < 1 {
-		return fmt.Errorf("%w: topology %+v", ErrOptions, t)
+		return fmt.Errorf("%w: topology %+v", ErrInvalidOptions, t)
 	}
 	return nil
 }
@@ -142,7 +150,7 @@ type Consumer struct {
 // NewConsumer checks the options and returns a consumer.
 func NewConsumer(o ConsumerOptions) (*Consumer, error) {
 	if o.URL == "" || o.Handler == nil {
-		return nil, fmt.Errorf("%w: a consumer needs a URL and a handler", ErrOptions)
+		return nil, fmt.Errorf("%w: a consumer needs a URL and a handler", ErrInvalidOptions)
 	}
 	if o.Topology == (Topology{}) {
 		o.Topology = DefaultTopology()
@@ -323,7 +331,7 @@ type Relay struct {
 // NewRelay checks the options and returns a relay.
 func NewRelay(o RelayOptions) (*Relay, error) {
 	if o.URL == "" || o.Outbox == nil {
-		return nil, fmt.Errorf("%w: a relay needs a URL and an outbox", ErrOptions)
+		return nil, fmt.Errorf("%w: a relay needs a URL and an outbox", ErrInvalidOptions)
 	}
 	if o.Exchange == "" {
 		o.Exchange = DefaultTopology().Exchange

@@ -21,7 +21,7 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// ErrMigration: a migration failed, or the database holds a migration this
+// ErrMigration means a migration failed, or the database holds a migration this
 // build does not know or whose checksum differs from the file's.
 var ErrMigration = errors.New("pgstore: migration")
 

@@ -18,6 +18,7 @@ import (
 	"github.com/vipkit/vipkit/hosting/pgstore"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 // stack is the service on PostgreSQL and the model controller.
@@ -32,14 +33,7 @@ func newStack(b *testing.B) *stack {
 	if server == nil {
 		testenv.Skip(b, "PostgreSQL: %v", startErr)
 	}
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(b, "%v", err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(f.Close)
+	f := zitifake.Start(b, zititest.Options{})
 	st := pgstore.New(poolTB(b, ""), pgstore.Options{})
 	p, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd", HealthCheck: hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}})
 	if err != nil {

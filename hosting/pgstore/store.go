@@ -239,7 +239,13 @@ const hostedBy = `SELECT s.id::text FROM share s WHERE s.deleted_at IS NULL AND 
 	(SELECT h.share_id FROM host h WHERE h.agent_id = $1 AND h.deleted_at IS NULL) ORDER BY s.id`
 
 func sharesHostedBy(ctx context.Context, q querier, agent string) ([]string, error) {
-	rows, err := q.Query(ctx, hostedBy, agent)
+	return queryIDs(ctx, q, hostedBy, agent)
+}
+
+// queryIDs runs sql, whose rows are one id each, and returns the ids (an
+// empty list, not nil, when there is none).
+func queryIDs(ctx context.Context, q querier, sql string, args ...any) ([]string, error) {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, storeErr(err)
 	}
@@ -338,15 +344,7 @@ func (t *tx) SharesHostedBy(ctx context.Context, agent string) ([]string, error)
 }
 
 func (t *tx) SharesOfAccount(ctx context.Context, account string) ([]string, error) {
-	rows, err := t.t.Query(ctx, "SELECT id::text FROM share WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id", account)
-	if err != nil {
-		return nil, storeErr(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if ids == nil {
-		ids = []string{}
-	}
-	return ids, storeErr(err)
+	return queryIDs(ctx, t.t, "SELECT id::text FROM share WHERE account_id = $1 AND deleted_at IS NULL ORDER BY id", account)
 }
 
 func (t *tx) insertHosts(ctx context.Context, id string, role hosting.Role, agents []string, now time.Time, by string) error {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/zititest"
-	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 // Options tune the suite.
@@ -476,14 +476,7 @@ func concurrentCascades(t *testing.T, newStore func(t *testing.T) hosting.Store,
 		ss = &staleStore{Store: st}
 		st = ss
 	}
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := zitifake.Start(t, zititest.Options{})
 	p, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd", HealthCheck: hosting.HealthCheck{Interval: time.Second, Timeout: time.Second, Failures: 1}})
 	if err != nil {
 		t.Fatal(err)

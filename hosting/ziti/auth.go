@@ -35,7 +35,7 @@ func PasswordLogin(username, password string) *Login {
 // HTTPClient presents (its transport's TLSClientConfig.Certificates).
 func CertLogin() *Login { return &Login{Method: MethodCert} }
 
-// ErrLogin: a Login is incomplete.
+// ErrLogin means a Login is incomplete.
 var ErrLogin = errors.New("ziti: bad login")
 
 func (l *Login) check() error {

@@ -16,27 +16,9 @@ import (
 
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
-	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
-
-func startFake(t *testing.T, o zititest.Options) *zititest.Fake {
-	t.Helper()
-	f, err := zititest.Start(o)
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		for _, err := range f.BadAnswers() {
-			t.Errorf("the fake answered outside the specification: %v", err)
-		}
-	})
-	return f
-}
 
 func unauthorized(f *zititest.Fake) int {
 	n := 0
@@ -50,7 +32,7 @@ func unauthorized(f *zititest.Fake) int {
 
 func TestPasswordLoginAndRefreshBeforeExpiry(t *testing.T) {
 	clk := transporttest.NewManualClock()
-	f := startFake(t, zititest.Options{Clock: clk, SessionTTL: 30 * time.Minute})
+	f := zitifake.Start(t, zititest.Options{Clock: clk, SessionTTL: 30 * time.Minute})
 	f.AddUser("admin", "s3cret")
 	c, err := ziti.New(f.URL(), ziti.Options{HTTPClient: f.HTTPClient(nil), Login: ziti.PasswordLogin("admin", "s3cret"), Clock: clk, RefreshBefore: time.Minute})
 	if err != nil {
@@ -87,7 +69,7 @@ func TestPasswordLoginAndRefreshBeforeExpiry(t *testing.T) {
 }
 
 func TestRefreshOn401(t *testing.T) {
-	f := startFake(t, zititest.Options{})
+	f := zitifake.Start(t, zititest.Options{})
 	f.AddUser("admin", "s3cret")
 	c, err := ziti.New(f.URL(), ziti.Options{HTTPClient: f.HTTPClient(nil), Login: ziti.PasswordLogin("admin", "s3cret")})
 	if err != nil {
@@ -144,7 +126,7 @@ func clientCert(t *testing.T, cn string) (tls.Certificate, *x509.Certificate) {
 }
 
 func TestCertLogin(t *testing.T) {
-	f := startFake(t, zititest.Options{TLS: true})
+	f := zitifake.Start(t, zititest.Options{TLS: true})
 	good, goodX := clientCert(t, "hosting-service")
 	other, _ := clientCert(t, "stranger")
 	f.AddCertIdentity(goodX)

@@ -13,10 +13,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vipkit/vipkit/hosting/ziti"
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func serve(t *testing.T, status int, body string) (*ziti.Client, *atomic.Int32) {

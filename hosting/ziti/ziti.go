@@ -172,22 +172,25 @@ type Terminator struct {
 // Errors returned by the client, wrapped in *APIError and matched with
 // errors.Is.
 var (
-	// ErrNotFound: the controller answered 404 NOT_FOUND.
+	// ErrNotFound means the controller answered 404 NOT_FOUND.
 	ErrNotFound = errors.New("ziti: not found")
-	// ErrInvalid: the controller answered 400 (the request does not satisfy
-	// the API specification or the controller's rules).
+	// ErrInvalid means the controller answered 400 (the request does not
+	// satisfy the API specification or the controller's rules).
 	ErrInvalid = errors.New("ziti: invalid request")
-	// ErrUnauthorized: 401, the session is missing or expired.
+	// ErrUnauthorized means the controller answered 401: the session is
+	// missing or expired.
 	ErrUnauthorized = errors.New("ziti: unauthorized")
-	// ErrConflict: 409, the object is referenced by another.
+	// ErrConflict means the controller answered 409: the object is referenced
+	// by another.
 	ErrConflict = errors.New("ziti: conflict")
-	// ErrConfigInUse: 500 "config is in use by identity" on a config delete.
+	// ErrConfigInUse means the controller answered a config delete with
+	// 500 "config is in use by identity".
 	// It is an ordering fault (an override still names the config): never
 	// retry it, remove the override first.
 	ErrConfigInUse = errors.New("ziti: config is in use by identity")
-	// ErrServer: any other 5xx answer.
+	// ErrServer means the controller gave any other 5xx answer.
 	ErrServer = errors.New("ziti: controller error")
-	// ErrProtocol: the answer is not what the API specification promises
+	// ErrProtocol means the answer is not what the API specification promises
 	// (bad JSON, a missing envelope, an unexpected status).
 	ErrProtocol = errors.New("ziti: protocol error")
 )

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,7 +18,7 @@ import (
 	"github.com/vipkit/vipkit/transport"
 )
 
-// ErrNoTerminator: a dial found no terminator for the service.
+// ErrNoTerminator means a dial found no terminator for the service.
 var ErrNoTerminator = errors.New("zititest: service has no terminator")
 
 // AgentOptions configure a simulated hosting agent (a tunneler in
@@ -389,19 +390,9 @@ func (f *Fake) routeLocked(serviceID string) (ziti.Terminator, error) {
 	if len(best) == 0 {
 		return ziti.Terminator{}, fmt.Errorf("%w: %s", ErrNoTerminator, serviceID)
 	}
-	slices.SortFunc(best, func(x, y ziti.Terminator) int { return compareStr(x.ID, y.ID) })
+	slices.SortFunc(best, func(x, y ziti.Terminator) int { return strings.Compare(x.ID, y.ID) })
 	f.rr++
 	return best[f.rr%len(best)], nil
-}
-
-func compareStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Dial opens a new circuit to a service: Route picks the terminator, and

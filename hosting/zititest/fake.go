@@ -64,6 +64,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/vipkit/vipkit/hosting/ziti"
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -333,12 +334,6 @@ type apiError struct {
 
 var metaBody = map[string]any{"apiVersion": "0.29.0", "apiEnrollmentVersion": "0.0.1"}
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 func (f *Fake) writeError(w http.ResponseWriter, status int, code, msg, cause string, vars map[string]string) {
 	e := apiError{Code: code, Message: msg, CauseMessage: cause}
 	e.Args.URLVars = vars
@@ -348,7 +343,7 @@ func (f *Fake) writeError(w http.ResponseWriter, status int, code, msg, cause st
 	f.mu.Lock()
 	e.RequestID = f.newID("req")
 	f.mu.Unlock()
-	writeJSON(w, status, map[string]any{"error": e, "meta": metaBody})
+	jsonx.Write(w, status, map[string]any{"error": e, "meta": metaBody})
 }
 
 // Error codes and messages of the controller's envelope.
@@ -374,8 +369,8 @@ func (f *Fake) serve(w http.ResponseWriter, r *http.Request) {
 		f.writeError(w, http.StatusNotFound, codeNotFound, msgNotFound, "not under "+ziti.BasePath, nil)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err != nil || len(body) > maxBody {
+	body, err := jsonx.ReadAll(r.Body, maxBody)
+	if err != nil {
 		f.writeError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "body unreadable or too long", nil)
 		return
 	}
@@ -480,11 +475,11 @@ func (f *Fake) authenticate(ctx context.Context, in *openapi3filter.Authenticati
 }
 
 func created(w http.ResponseWriter, id, kind string) {
-	writeJSON(w, http.StatusCreated, map[string]any{"data": map[string]any{"id": id, "_links": map[string]any{"self": map[string]any{"href": "./" + kind + "/" + id}}}, "meta": metaBody})
+	jsonx.Write(w, http.StatusCreated, map[string]any{"data": map[string]any{"id": id, "_links": map[string]any{"self": map[string]any{"href": "./" + kind + "/" + id}}}, "meta": metaBody})
 }
 
 func empty(w http.ResponseWriter) {
-	writeJSON(w, http.StatusOK, map[string]any{"data": map[string]any{}, "meta": metaBody})
+	jsonx.Write(w, http.StatusOK, map[string]any{"data": map[string]any{}, "meta": metaBody})
 }
 
 func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, params map[string]string, body []byte) {
@@ -708,7 +703,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 				"config":  map[string]any{"id": sc.ConfigID, "name": f.configs[sc.ConfigID].Name, "entity": "configs"},
 			})
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"data": out, "meta": metaBody})
+		jsonx.Write(w, http.StatusOK, map[string]any{"data": out, "meta": metaBody})
 	case "associateIdentitysServiceConfigs", "disassociateIdentitysServiceConfigs":
 		var scs []ziti.ServiceConfig
 		if len(bytes.TrimSpace(body)) > 0 && !f.decode(w, body, &scs) {
@@ -764,7 +759,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		adv := map[string]any{"identityId": id, "serviceId": svcID,
 			"isBindAllowed": f.allowed(ident, svcID, ziti.PolicyBind), "isDialAllowed": f.allowed(ident, svcID, ziti.PolicyDial),
 			"identityRouterCount": 1, "serviceRouterCount": 1, "commonRouters": []any{}}
-		writeJSON(w, http.StatusOK, map[string]any{"data": adv, "meta": metaBody})
+		jsonx.Write(w, http.StatusOK, map[string]any{"data": adv, "meta": metaBody})
 	case "listTerminators":
 		f.list(w, r, "terminators", func(Filter) []any { return values(f.terms, termJSON) })
 	case "listServiceTerminators":
@@ -818,14 +813,14 @@ func (f *Fake) unlockedError(w http.ResponseWriter, status int, code, msg, cause
 	e := apiError{Code: code, Message: msg, CauseMessage: cause}
 	e.Args.URLVars = map[string]string{}
 	e.RequestID = f.newID("req")
-	writeJSON(w, status, map[string]any{"error": e, "meta": metaBody})
+	jsonx.Write(w, status, map[string]any{"error": e, "meta": metaBody})
 }
 
 func (f *Fake) notFound(w http.ResponseWriter, id string) {
 	e := apiError{Code: codeNotFound, Message: msgNotFound}
 	e.Args.URLVars = map[string]string{"id": id}
 	e.RequestID = f.newID("req")
-	writeJSON(w, http.StatusNotFound, map[string]any{"error": e, "meta": metaBody})
+	jsonx.Write(w, http.StatusNotFound, map[string]any{"error": e, "meta": metaBody})
 }
 
 func (f *Fake) decode(w http.ResponseWriter, body []byte, v any) bool {
@@ -844,7 +839,7 @@ func (f *Fake) detail(w http.ResponseWriter, id string, get func() (any, bool)) 
 		f.notFound(w, id)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"data": v, "meta": metaBody})
+	jsonx.Write(w, http.StatusOK, map[string]any{"data": v, "meta": metaBody})
 }
 
 // list answers a list operation: filter, then sort by id, then page.
@@ -887,7 +882,7 @@ func (f *Fake) list(w http.ResponseWriter, r *http.Request, kind string, all fun
 	}
 	meta := maps.Clone(metaBody)
 	meta["pagination"] = map[string]any{"limit": limit, "offset": offset, "totalCount": total}
-	writeJSON(w, http.StatusOK, map[string]any{"data": page, "meta": meta})
+	jsonx.Write(w, http.StatusOK, map[string]any{"data": page, "meta": meta})
 	_ = kind
 }
 

@@ -14,22 +14,16 @@ import (
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
 func start(t *testing.T) (*zititest.Fake, *ziti.Client) {
 	t.Helper()
-	f, err := zititest.Start(zititest.Options{})
-	if errors.Is(err, zititest.ErrNoSpec) {
-		testenv.Skip(t, "%v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.Close)
+	f := zitifake.Start(t, zititest.Options{})
 	return f, f.Client()
 }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/vipkit/vipkit/hosting/ziti"
 )
 
-// ErrFilter: a filter is outside the subset the fake understands.
+// ErrFilter means a filter is outside the subset the fake understands.
 var ErrFilter = errors.New("zititest: bad filter")
 
 // maxFilterLength bounds a filter, as the controller bounds a query.

@@ -22,7 +22,7 @@ import (
 // the module root (a sibling of the repository), where CI puts it.
 const SpecEnv = "VIPKIT_ZITI_SPEC"
 
-// ErrNoSpec: the specification file cannot be found.
+// ErrNoSpec means the specification file cannot be found.
 var ErrNoSpec = errors.New("zititest: management.yml not found")
 
 // SpecPath returns the path of management.yml.

@@ -62,10 +62,16 @@ const (
 
 // Errors a Resolve or Dial function returns to pick the reply code.
 var (
-	ErrNotAllowed         = errors.New("socks5: not allowed by the ruleset")
+	// ErrNotAllowed means the ruleset refuses the destination; the client
+	// gets reply 2 (connection not allowed by ruleset).
+	ErrNotAllowed = errors.New("socks5: not allowed by the ruleset")
+	// ErrNetworkUnreachable means no route leads to the destination's
+	// network; the client gets reply 3 (network unreachable).
 	ErrNetworkUnreachable = errors.New("socks5: network unreachable")
-	ErrHostUnreachable    = errors.New("socks5: host unreachable")
-	// ErrMalformed: a request or datagram that is not SOCKS5.
+	// ErrHostUnreachable means the destination cannot be reached or its
+	// name does not resolve; the client gets reply 4 (host unreachable).
+	ErrHostUnreachable = errors.New("socks5: host unreachable")
+	// ErrMalformed reports a request or datagram that is not SOCKS5.
 	ErrMalformed = errors.New("socks5: malformed request")
 )
 

@@ -18,6 +18,8 @@ import (
 	"sort"
 	"strconv"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // RequireAll reports whether VIPKIT_REQUIRE_ALL=1: every Skip is a failure.
@@ -88,4 +90,16 @@ func Seed(t testing.TB, def uint64) uint64 {
 		}
 	})
 	return seed
+}
+
+// IdleHTTP are goleak options for the tests of HTTP clients: they ignore
+// the goroutines of keep-alive connections (net/http's read and write
+// loops, and a read they are blocked in), which outlive a test until the
+// server or the transport closes them.
+func IdleHTTP() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vipkit/vipkit/transport"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -33,8 +34,9 @@ const maxNameLen = 64
 
 var (
 	// ErrClosed is returned by operations on a Host (or a Switch, a Link, a
-	// WireGuard) after its Close.
-	ErrClosed = errors.New("netns: host closed")
+	// WireGuard) after its Close. It matches transport.ErrClosed (and so
+	// net.ErrClosed).
+	ErrClosed = fmt.Errorf("netns: host closed: %w", transport.ErrClosed)
 
 	// ErrInvalidName is returned by NewHost and UniqueName for a name or label
 	// that is empty where one is needed, too long, or has characters other
@@ -205,17 +207,14 @@ func createNamespace(path string) (int, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		orig, err := lockAndEnter(func() error {
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				return fmt.Errorf("netns: unshare: %w", err)
+			}
+			return nil
+		})
 		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{-1, fmt.Errorf("netns: open own namespace: %w", err)}
-			return
-		}
-		defer unix.Close(orig)
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{-1, fmt.Errorf("netns: unshare: %w", err)}
+			ch <- result{-1, err}
 			return
 		}
 		r := result{fd: -1}
@@ -226,13 +225,13 @@ func createNamespace(path string) (int, error) {
 			r.fd = -1
 			_ = unmount(path)
 		}
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		if err := leave(orig); err != nil {
 			// Leave the thread locked: it exits with this goroutine.
 			if r.fd >= 0 {
 				unix.Close(r.fd)
 				_ = unmount(path)
 			}
-			ch <- result{-1, fmt.Errorf("%w: %w", ErrThreadLost, err)}
+			ch <- result{-1, err}
 			return
 		}
 		runtime.UnlockOSThread()
@@ -339,16 +338,8 @@ func (h *Host) Do(f func() error) error {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		orig, err := lockAndEnter(h.enter)
 		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("netns: open own namespace: %w", err)}
-			return
-		}
-		defer unix.Close(orig)
-		if err := h.enter(); err != nil {
-			runtime.UnlockOSThread()
 			ch <- result{err: err}
 			return
 		}
@@ -363,10 +354,10 @@ func (h *Host) Do(f func() error) error {
 					r.goexit = true
 				}
 			}
-			if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			if err := leave(orig); err != nil {
 				// Stay locked: the runtime terminates the thread when this
 				// goroutine exits.
-				r.err = errors.Join(r.err, fmt.Errorf("%w: %w", ErrThreadLost, err))
+				r.err = errors.Join(r.err, err)
 			} else {
 				runtime.UnlockOSThread()
 			}
@@ -383,6 +374,37 @@ func (h *Host) Do(f func() error) error {
 		runtime.Goexit()
 	}
 	return r.err
+}
+
+// lockAndEnter locks the calling goroutine to its OS thread and runs enter,
+// which moves the thread into another network namespace. It returns a
+// descriptor of the thread's own namespace, for leave. If it fails, the
+// thread is where it was and unlocked again.
+func lockAndEnter(enter func() error) (orig int, err error) {
+	runtime.LockOSThread()
+	orig, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, fmt.Errorf("netns: open own namespace: %w", err)
+	}
+	if err := enter(); err != nil {
+		unix.Close(orig)
+		runtime.UnlockOSThread()
+		return -1, err
+	}
+	return orig, nil
+}
+
+// leave moves the thread locked by lockAndEnter back into orig, and closes
+// orig. The caller unlocks the thread once leave returns nil. An error wraps
+// ErrThreadLost: the thread is still in the other namespace and must stay
+// locked, so that the runtime discards it when its goroutine exits.
+func leave(orig int) error {
+	defer unix.Close(orig)
+	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("%w: %w", ErrThreadLost, err)
+	}
+	return nil
 }
 
 // enter switches the calling (locked) thread into the namespace.

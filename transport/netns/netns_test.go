@@ -229,6 +229,18 @@ func echoTCP(t *testing.T, h *Host, addr netip.Addr) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
+	done := echoOnce(ln, 0)
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// echoOnce echoes the first connection that ln accepts, for d at most when
+// d > 0. The channel it returns is closed when that is over, or when ln
+// closes first.
+func echoOnce(ln net.Listener, d time.Duration) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -237,13 +249,12 @@ func echoTCP(t *testing.T, h *Host, addr netip.Addr) netip.AddrPort {
 			return
 		}
 		defer c.Close()
+		if d > 0 {
+			_ = c.SetDeadline(time.Now().Add(d))
+		}
 		_, _ = io.Copy(c, c)
 	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-	})
-	return netip.MustParseAddrPort(ln.Addr().String())
+	return done
 }
 
 // dialEcho dials to from inside h, sends msg and checks the echo.

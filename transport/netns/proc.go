@@ -168,22 +168,13 @@ func (h *Host) start(ctx context.Context, name string, cmd *exec.Cmd, o ProcOpti
 // run forks the process from a thread inside the namespace and then holds
 // that thread until the process is reaped.
 func (p *Process) run(h *Host, started chan<- error) {
-	runtime.LockOSThread()
-	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	orig, err := lockAndEnter(h.enter)
 	if err != nil {
-		runtime.UnlockOSThread()
-		started <- fmt.Errorf("netns: open own namespace: %w", err)
-		return
-	}
-	if err := h.enter(); err != nil {
-		unix.Close(orig)
-		runtime.UnlockOSThread()
 		started <- err
 		return
 	}
 	startErr := p.cmd.Start()
-	restored := unix.Setns(orig, unix.CLONE_NEWNET) == nil
-	unix.Close(orig)
+	restored := leave(orig) == nil
 	if startErr != nil {
 		if restored {
 			runtime.UnlockOSThread()

@@ -167,17 +167,7 @@ func echoOverlay(a, b *WireGuard, d time.Duration) error {
 		return err
 	}
 	defer ln.Close()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(d))
-		_, _ = io.Copy(c, c)
-	}()
+	done := echoOnce(ln, d)
 	defer func() { ln.Close(); <-done }()
 	var c net.Conn
 	err := a.Host.Do(func() error {

@@ -45,38 +45,39 @@ const (
 // with the kernel's sockets. After Close, operations return an error that
 // matches transport.ErrClosed (and net.ErrClosed).
 var (
-	// ErrInvalidOptions: New was given an option out of range (a negative
+	// ErrInvalidOptions means New was given an option out of range (a negative
 	// size, an MTU outside [MinMTU, MaxMTU], an IPv6 address with an MTU
 	// below MinMTUv6, an unusable address).
 	ErrInvalidOptions = errors.New("netstack: invalid options")
 
-	// ErrInvalidAddress: an address or prefix is invalid, unspecified,
+	// ErrInvalidAddress means an address or prefix is invalid, unspecified,
 	// multicast, or of the wrong family for the network asked for.
 	ErrInvalidAddress = errors.New("netstack: invalid address")
 
-	// ErrAddressExists: AddAddress was given an address the host already has.
+	// ErrAddressExists means AddAddress was given an address the host already
+	// has.
 	ErrAddressExists = errors.New("netstack: address already assigned")
 
-	// ErrNoSuchAddress: RemoveAddress was given an address the host does not
-	// have.
+	// ErrNoSuchAddress means RemoveAddress was given an address the host does
+	// not have.
 	ErrNoSuchAddress = errors.New("netstack: no such address")
 
-	// ErrUnsupportedNetwork: DialContext or ReservePort was given a network
-	// other than tcp, tcp4, tcp6, udp, udp4, udp6.
+	// ErrUnsupportedNetwork means DialContext or ReservePort was given a
+	// network other than tcp, tcp4, tcp6, udp, udp4, udp6.
 	ErrUnsupportedNetwork = errors.New("netstack: unsupported network")
 
-	// ErrNotReserved: ReleasePort was given a port that ReservePort did not
-	// reserve (or that was already released).
+	// ErrNotReserved means ReleasePort was given a port that ReservePort did
+	// not reserve (or that was already released).
 	ErrNotReserved = errors.New("netstack: port not reserved")
 
-	// ErrPromiscuousLocal: SetPromiscuous(true) on a host without
+	// ErrPromiscuousLocal reports SetPromiscuous(true) on a host without
 	// Options.DisableHandleLocal. gVisor, when it handles local traffic
 	// itself, drops every packet whose source address it would accept as
 	// its own as a martian, and in promiscuous mode it would accept every
 	// address: the host would drop all inbound traffic.
 	ErrPromiscuousLocal = errors.New("netstack: promiscuous mode needs Options.DisableHandleLocal")
 
-	// ErrBadOffset: Read or Write was given a negative offset.
+	// ErrBadOffset means Read or Write was given a negative offset.
 	ErrBadOffset = errors.New("netstack: negative offset")
 )
 

@@ -38,17 +38,9 @@ type reservation struct {
 // transport.ErrClosed after Close. Reservations end with ReleasePort or
 // Close.
 func (h *Host) ReservePort(network string, addr netip.Addr, port uint16) (uint16, error) {
-	_, isTCP, err := parseNetwork(network)
+	proto, addr, err := reservationOf(network, addr)
 	if err != nil {
 		return 0, err
-	}
-	proto := tcpip.TransportProtocolNumber(udp.ProtocolNumber)
-	if isTCP {
-		proto = tcp.ProtocolNumber
-	}
-	addr = addr.Unmap()
-	if addr.IsUnspecified() {
-		addr = netip.Addr{}
 	}
 	res := ports.Reservation{
 		Networks:  []tcpip.NetworkProtocolNumber{ipv4.ProtocolNumber, ipv6.ProtocolNumber},
@@ -76,17 +68,9 @@ func (h *Host) ReservePort(network string, addr netip.Addr, port uint16) (uint16
 // network, address and (returned) port. It fails with ErrNotReserved when
 // there is no such reservation.
 func (h *Host) ReleasePort(network string, addr netip.Addr, port uint16) error {
-	_, isTCP, err := parseNetwork(network)
+	proto, addr, err := reservationOf(network, addr)
 	if err != nil {
 		return err
-	}
-	proto := tcpip.TransportProtocolNumber(udp.ProtocolNumber)
-	if isTCP {
-		proto = tcp.ProtocolNumber
-	}
-	addr = addr.Unmap()
-	if addr.IsUnspecified() {
-		addr = netip.Addr{}
 	}
 	k := portKey{proto, addr, port}
 	h.resMu.Lock()
@@ -100,4 +84,23 @@ func (h *Host) ReleasePort(network string, addr netip.Addr, port uint16) error {
 		return fmt.Errorf("%w: %s %v port %d", ErrNotReserved, network, addr, port)
 	}
 	return nil
+}
+
+// reservationOf is the transport protocol of network ("tcp" or "udp", with
+// an optional "4"/"6") and addr as a reservation keys it: unmapped, and the
+// zero address for any unspecified one.
+func reservationOf(network string, addr netip.Addr) (tcpip.TransportProtocolNumber, netip.Addr, error) {
+	_, isTCP, err := parseNetwork(network)
+	if err != nil {
+		return 0, addr, err
+	}
+	proto := tcpip.TransportProtocolNumber(udp.ProtocolNumber)
+	if isTCP {
+		proto = tcp.ProtocolNumber
+	}
+	addr = addr.Unmap()
+	if addr.IsUnspecified() {
+		addr = netip.Addr{}
+	}
+	return proto, addr, nil
 }

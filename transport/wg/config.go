@@ -13,48 +13,52 @@ import (
 // Errors. Every error the package returns for bad input wraps one of these
 // (match with errors.Is); the message around it names the peer or value.
 var (
-	// ErrBadKey: a key's text is not 32 bytes of base64 (ParseKey) or hex
+	// ErrBadKey means a key's text is not 32 bytes of base64 (ParseKey) or hex
 	// (the UAPI).
 	ErrBadKey = errors.New("wg: bad key")
-	// ErrZeroKey: a private key or a peer's public key is the zero key, or a
-	// preshared key is given as a pointer to the zero key (use nil).
+	// ErrInvalidOptions is returned by NewDevice for arguments it cannot
+	// use (no PacketIO). A bad Config is bad input instead: its errors are
+	// the others of this block.
+	ErrInvalidOptions = errors.New("wg: invalid options")
+	// ErrZeroKey means a private key or a peer's public key is the zero key,
+	// or a preshared key is given as a pointer to the zero key (use nil).
 	ErrZeroKey = errors.New("wg: zero key")
-	// ErrSelfPeer: a peer has the device's own public key. WireGuard ignores
-	// such a peer silently; vipkit refuses it.
+	// ErrSelfPeer means a peer has the device's own public key. WireGuard
+	// ignores such a peer silently; vipkit refuses it.
 	ErrSelfPeer = errors.New("wg: peer has the device's own public key")
-	// ErrDuplicatePeer: two peers of one Config have the same public key.
+	// ErrDuplicatePeer means two peers of one Config have the same public key.
 	ErrDuplicatePeer = errors.New("wg: duplicate peer")
-	// ErrTooManyPeers: more than MaxPeers peers.
+	// ErrTooManyPeers means a Config has more than MaxPeers peers.
 	ErrTooManyPeers = errors.New("wg: too many peers")
-	// ErrBadPrefix: an allowed IP is not a valid prefix, or has bits set
+	// ErrBadPrefix means an allowed IP is not a valid prefix, or has bits set
 	// past its length (10.0.0.1/24: WireGuard would silently mask it).
 	ErrBadPrefix = errors.New("wg: bad allowed IP prefix")
-	// ErrDuplicateAllowedIP: one prefix is listed twice, by one peer or by
+	// ErrDuplicateAllowedIP means one prefix is listed twice, by one peer or by
 	// two. WireGuard would silently give it to the last peer; move it with
 	// MoveAllowedIP instead. Nested prefixes (10.0.0.0/24 on one peer,
 	// 10.0.0.7/32 on another) are allowed: the longest match wins.
 	ErrDuplicateAllowedIP = errors.New("wg: allowed IP listed twice")
-	// ErrTooManyAllowedIPs: a peer has more than MaxAllowedIPs prefixes.
+	// ErrTooManyAllowedIPs means a peer has more than MaxAllowedIPs prefixes.
 	ErrTooManyAllowedIPs = errors.New("wg: too many allowed IPs")
-	// ErrNotHostPrefix: MoveAllowedIP was given a prefix that is not a /32
+	// ErrNotHostPrefix means MoveAllowedIP was given a prefix that is not a /32
 	// or a /128.
 	ErrNotHostPrefix = errors.New("wg: not a /32 or /128 prefix")
-	// ErrBadEndpoint: a peer's endpoint has no address, an unspecified or
+	// ErrBadEndpoint means a peer's endpoint has no address, an unspecified or
 	// multicast address, port 0, or is refused by the Bind.
 	ErrBadEndpoint = errors.New("wg: bad endpoint")
-	// ErrBadKeepalive: a persistent keepalive is negative, not a whole
+	// ErrBadKeepalive means a persistent keepalive is negative, not a whole
 	// number of seconds, or longer than MaxPersistentKeepalive.
 	ErrBadKeepalive = errors.New("wg: bad persistent keepalive")
-	// ErrNoSuchPeer: the device has no peer with that public key.
+	// ErrNoSuchPeer means the device has no peer with that public key.
 	ErrNoSuchPeer = errors.New("wg: no such peer")
-	// ErrUAPI: the device's UAPI text could not be parsed (a bug in
+	// ErrUAPI means the device's UAPI text could not be parsed (a bug in
 	// wireguard-go or in this package, never bad user input).
 	ErrUAPI = errors.New("wg: malformed UAPI text")
-	// ErrDevice: wireguard-go refused an operation (for example the listen
+	// ErrDevice means wireguard-go refused an operation (for example the listen
 	// port is in use); the underlying error is wrapped too.
 	ErrDevice = errors.New("wg: device error")
-	// ErrDeviceClosed: the Device is closed. It matches transport.ErrClosed
-	// and net.ErrClosed as well.
+	// ErrDeviceClosed means the Device is closed. It matches
+	// transport.ErrClosed and net.ErrClosed as well.
 	ErrDeviceClosed = fmt.Errorf("wg: device closed: %w", transport.ErrClosed)
 )
 

@@ -2,7 +2,6 @@ package wg
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -64,7 +63,7 @@ type Device struct {
 // ErrDevice.
 func NewDevice(io transport.PacketIO, cfg Config, o Options) (*Device, error) {
 	if io == nil {
-		return nil, errors.New("wg: NewDevice needs a PacketIO")
+		return nil, fmt.Errorf("%w: NewDevice needs a PacketIO", ErrInvalidOptions)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -140,18 +139,9 @@ func checkEndpointsForBind(b conn.Bind, peers []PeerConfig) error {
 //
 // cfg is validated first; a bad cfg changes nothing.
 func (d *Device) Configure(cfg Config) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if err := checkEndpointsForBind(d.bind, cfg.Peers); err != nil {
-		return err
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
-		return ErrDeviceClosed
-	}
-	cur, _, err := d.readLocked()
+	cur, err := d.beginLocked(cfg.Validate(), cfg.Peers)
 	if err != nil {
 		return err
 	}
@@ -171,18 +161,9 @@ func (d *Device) Configure(cfg Config) error {
 // p.AllowedIPs without a gap in routing. A prefix that another peer already
 // has is refused with ErrDuplicateAllowedIP; use MoveAllowedIP to move it.
 func (d *Device) UpsertPeer(p PeerConfig) error {
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	if err := checkEndpointsForBind(d.bind, []PeerConfig{p}); err != nil {
-		return err
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
-		return ErrDeviceClosed
-	}
-	cur, _, err := d.readLocked()
+	cur, err := d.beginLocked(p.Validate(), []PeerConfig{p})
 	if err != nil {
 		return err
 	}
@@ -212,6 +193,34 @@ func (d *Device) UpsertPeer(p PeerConfig) error {
 	return d.setLocked(diffUAPI(cur, want))
 }
 
+// beginLocked starts a change under d.mu: it returns valid (the change's
+// own validation) if that is an error, then any endpoint in peers that the
+// Bind refuses, then ErrDeviceClosed after Close; otherwise the live
+// configuration the change applies to. Nothing is changed on an error.
+//
+// +checklocks:d.mu
+func (d *Device) beginLocked(valid error, peers []PeerConfig) (Config, error) {
+	if valid != nil {
+		return Config{}, valid
+	}
+	if err := checkEndpointsForBind(d.bind, peers); err != nil {
+		return Config{}, err
+	}
+	return d.liveLocked()
+}
+
+// liveLocked reads the live configuration under d.mu, or fails with
+// ErrDeviceClosed after Close.
+//
+// +checklocks:d.mu
+func (d *Device) liveLocked() (Config, error) {
+	if d.closed {
+		return Config{}, ErrDeviceClosed
+	}
+	c, _, err := d.readLocked()
+	return c, err
+}
+
 // RemovePeer removes the peer with public key pub, its allowed IPs and its
 // sessions. It fails with ErrNoSuchPeer if there is none.
 func (d *Device) RemovePeer(pub Key) error {
@@ -224,10 +233,7 @@ func (d *Device) RemovePeer(pub Key) error {
 func (d *Device) updatePeer(pub Key, body func(w *uapiWriter)) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
-		return ErrDeviceClosed
-	}
-	cur, _, err := d.readLocked()
+	cur, err := d.liveLocked()
 	if err != nil {
 		return err
 	}
@@ -267,11 +273,7 @@ func (d *Device) MoveAllowedIP(p netip.Prefix, to Key) error {
 func (d *Device) Config() (Config, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
-		return Config{}, ErrDeviceClosed
-	}
-	c, _, err := d.readLocked()
-	return c, err
+	return d.liveLocked()
 }
 
 // PeerStats returns the run-time state of the peer pub, or ErrNoSuchPeer.

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.zx2c4.com/wireguard/conn"
-
 	"github.com/vipkit/vipkit/transport/transporttest"
 	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
@@ -164,19 +162,4 @@ func (r *rawNode) quiet(t *testing.T, d time.Duration) {
 			return
 		}
 	}
-}
-
-// rxBufs is one receive batch for a conn.ReceiveFunc.
-type rxBufs struct {
-	bufs  [][]byte
-	sizes []int
-	eps   []conn.Endpoint
-}
-
-func newRx(n, size int) *rxBufs {
-	r := &rxBufs{bufs: make([][]byte, n), sizes: make([]int, n), eps: make([]conn.Endpoint, n)}
-	for i := range r.bufs {
-		r.bufs[i] = make([]byte, size)
-	}
-	return r
 }

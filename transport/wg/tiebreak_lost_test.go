@@ -43,19 +43,7 @@ func TestTieBreakResendsOwnInitiation(t *testing.T) {
 	epA := &wgtest.SimEndpoint{AddrPort: netip.MustParseAddrPort("10.9.0.1:51820")}
 	clock := transporttest.NewManualClock()
 	f := &resendBind{fakeBind: fakeBind{in: make(chan fakeRecv, 8)}}
-	b := newTieBreakBind(f, clock)
-	fns, _, err := b.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bufs, sizes, eps := [][]byte{make([]byte, 256)}, []int{0}, []conn.Endpoint{nil}
-	recv := func(r fakeRecv) int {
-		f.in <- r
-		if n, err := fns[0](bufs, sizes, eps); n != 1 || err != nil {
-			t.Fatalf("receive: %d %v", n, err)
-		}
-		return sizes[0]
-	}
+	b, recv := openTieBreak(t, f, f.in, clock)
 	ours := message(msgInitiation, initiationSize, 5)
 	ours[100] = 0xab // something past the key, to check the copy is whole
 	if err := b.Send([][]byte{ours}, epA); err != nil {
@@ -94,12 +82,12 @@ func TestTieBreakResendsOwnInitiation(t *testing.T) {
 // TestLostInitiationThenCrossing: node a starts first and its initiation to
 // b is lost (b's side is not reachable yet); b then starts and initiates
 // while a's initiation is still inside the tie-break window. When a's lost
-// initiation carries the smaller ephemeral key, a drops b's initiation:
-// before the resend, neither side then had a handshake in flight that could
-// complete, and the leg stayed dead until the 5 s retry (the tsng demo and
-// end-to-end UDP flake). The trial repeats with fresh keys until a has
-// dropped b's initiation several times; each of those trials must still
-// complete the handshake in a few round trips.
+// initiation carries the smaller ephemeral key, a drops b's initiation;
+// without the resend, neither side would then have a handshake in flight
+// that could complete, and the leg would stay dead until wireguard-go's 5 s
+// retry. The trial repeats with fresh keys until a has dropped b's
+// initiation several times; each of those trials must still complete the
+// handshake in a few round trips.
 func TestLostInitiationThenCrossing(t *testing.T) {
 	seed := testenv.Seed(t, 33)
 	const wantDrops = 4

@@ -10,6 +10,7 @@ import (
 	"golang.zx2c4.com/wireguard/conn"
 
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/transporttest"
 	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
@@ -25,6 +26,26 @@ type fakeBind struct {
 type fakeRecv struct {
 	p  []byte
 	ep conn.Endpoint
+}
+
+// openTieBreak opens a tie-break bind on clock over inner, whose receive
+// function reads in, and returns it with recv, which delivers one packet
+// through the tie-break and returns its size there (0: dropped).
+func openTieBreak(t *testing.T, inner conn.Bind, in chan<- fakeRecv, clock transport.Clock) (*tieBreakBind, func(fakeRecv) int) {
+	t.Helper()
+	b := newTieBreakBind(inner, clock)
+	fns, _, err := b.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs, sizes, eps := [][]byte{make([]byte, 256)}, []int{0}, []conn.Endpoint{nil}
+	return b, func(r fakeRecv) int {
+		in <- r
+		if n, err := fns[0](bufs, sizes, eps); n != 1 || err != nil {
+			t.Fatalf("receive: %d %v", n, err)
+		}
+		return sizes[0]
+	}
 }
 
 func (f *fakeBind) Open(uint16) ([]conn.ReceiveFunc, uint16, error) {
@@ -93,19 +114,7 @@ func TestTieBreakRules(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			clock := transporttest.NewManualClock()
 			f := &fakeBind{in: make(chan fakeRecv, 8)}
-			b := newTieBreakBind(f, clock)
-			fns, _, err := b.Open(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			bufs, sizes, eps := [][]byte{make([]byte, 256)}, []int{0}, []conn.Endpoint{nil}
-			recv := func(r fakeRecv) int {
-				f.in <- r
-				if n, err := fns[0](bufs, sizes, eps); n != 1 || err != nil {
-					t.Fatalf("receive: %d %v", n, err)
-				}
-				return sizes[0]
-			}
+			b, recv := openTieBreak(t, f, f.in, clock)
 			if c.sent != nil {
 				if err := b.Send([][]byte{c.sent}, epA); err != nil || f.sent != 1 {
 					t.Fatalf("send: %v, %d sent", err, f.sent)

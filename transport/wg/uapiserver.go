@@ -11,7 +11,7 @@ import (
 // UAPIDir/NAME.sock answers `wg show NAME` and `wg showconf NAME`.
 const UAPIDir = "/var/run/wireguard"
 
-// ErrUAPIDir: the socket directory is not one only root can change.
+// ErrUAPIDir means the socket directory is not one only root can change.
 var ErrUAPIDir = errors.New("wg: UAPI socket directory is not root's alone")
 
 // UAPIOptions configures ServeUAPI.

@@ -7,7 +7,7 @@ import (
 	"fmt"
 )
 
-// ErrUAPIUnsupported: ServeUAPI needs Linux (it checks its peers with
+// ErrUAPIUnsupported means ServeUAPI needs Linux (it checks its peers with
 // SO_PEERCRED).
 var ErrUAPIUnsupported = errors.New("wg: the UAPI socket server needs Linux")
 

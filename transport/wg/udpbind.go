@@ -41,7 +41,7 @@ func (i Impairment) Validate() error {
 
 func (i Impairment) isZero() bool { return i == Impairment{} }
 
-// ErrBadImpairment: an Impairment outside its ranges.
+// ErrBadImpairment reports an Impairment outside its ranges.
 var ErrBadImpairment = errors.New("wg: bad impairment")
 
 // UDPDropReason says why a UDPBind dropped a packet.

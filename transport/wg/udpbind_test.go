@@ -357,14 +357,14 @@ func TestUDPBindLoopback(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rx := newRx(b.BatchSize(), 2048)
+			rx := wgtest.NewBatch(b.BatchSize(), 2048)
 			for {
-				k, err := fn(rx.bufs, rx.sizes, rx.eps)
+				k, err := fn(rx.Bufs, rx.Sizes, rx.Eps)
 				if err != nil {
 					return
 				}
 				for i := range k {
-					if string(rx.bufs[i][:rx.sizes[i]]) == "hello" && rx.eps[i].DstToString() == fmt.Sprintf("127.0.0.1:%d", pa) {
+					if string(rx.Bufs[i][:rx.Sizes[i]]) == "hello" && rx.Eps[i].DstToString() == fmt.Sprintf("127.0.0.1:%d", pa) {
 						got <- time.Now()
 					}
 				}

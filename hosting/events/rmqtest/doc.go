@@ -13,6 +13,6 @@ package rmqtest
 
 import "errors"
 
-// ErrUnavailable: the binaries or the unprivileged user are missing, or
+// ErrUnavailable means the binaries or the unprivileged user are missing, or
 // the system is not a Unix.
 var ErrUnavailable = errors.New("rmqtest: RabbitMQ unavailable")

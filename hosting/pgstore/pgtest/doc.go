@@ -11,6 +11,6 @@ package pgtest
 
 import "errors"
 
-// ErrUnavailable: the binaries or the unprivileged user are missing, or
+// ErrUnavailable means the binaries or the unprivileged user are missing, or
 // the system is not a Unix.
 var ErrUnavailable = errors.New("pgtest: PostgreSQL unavailable")

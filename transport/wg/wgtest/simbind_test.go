@@ -13,20 +13,6 @@ import (
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
-type rxBufs struct {
-	bufs  [][]byte
-	sizes []int
-	eps   []conn.Endpoint
-}
-
-func newRx(n, size int) *rxBufs {
-	r := &rxBufs{bufs: make([][]byte, n), sizes: make([]int, n), eps: make([]conn.Endpoint, n)}
-	for i := range r.bufs {
-		r.bufs[i] = make([]byte, size)
-	}
-	return r
-}
-
 func openSim(t *testing.T, b *SimBind, port uint16) (conn.ReceiveFunc, uint16) {
 	t.Helper()
 	fns, p, err := b.Open(port)
@@ -63,21 +49,21 @@ func TestSimBindBatchAndEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Advance(0)
-	rx := newRx(8, 2048)
-	k, err := recvB(rx.bufs, rx.sizes, rx.eps)
+	rx := NewBatch(8, 2048)
+	k, err := recvB(rx.Bufs, rx.Sizes, rx.Eps)
 	if err != nil || k != len(pkts) {
 		t.Fatalf("receive = %d, %v; want all %d in one batch", k, err, len(pkts))
 	}
 	fromA, _ := b.ParseEndpoint(a.Addr().String())
 	for i := range k {
-		if !bytes.Equal(rx.bufs[i][:rx.sizes[i]], pkts[i]) {
-			t.Fatalf("packet %d: %q", i, rx.bufs[i][:rx.sizes[i]])
+		if !bytes.Equal(rx.Bufs[i][:rx.Sizes[i]], pkts[i]) {
+			t.Fatalf("packet %d: %q", i, rx.Bufs[i][:rx.Sizes[i]])
 		}
-		if rx.eps[i] != fromA { // one endpoint per address: no allocation per packet
-			t.Fatalf("endpoint %v is not the cached %v", rx.eps[i], fromA)
+		if rx.Eps[i] != fromA { // one endpoint per address: no allocation per packet
+			t.Fatalf("endpoint %v is not the cached %v", rx.Eps[i], fromA)
 		}
 	}
-	if e := rx.eps[0]; e.DstToString() != a.Addr().String() || e.DstIP() != a.Addr().Addr() || e.SrcToString() != "" || e.SrcIP().IsValid() || len(e.DstToBytes()) == 0 {
+	if e := rx.Eps[0]; e.DstToString() != a.Addr().String() || e.DstIP() != a.Addr().Addr() || e.SrcToString() != "" || e.SrcIP().IsValid() || len(e.DstToBytes()) == 0 {
 		t.Fatalf("endpoint methods: %v", e)
 	}
 	if s := a.Stats(); s.Sent != uint64(len(pkts)) {
@@ -101,10 +87,10 @@ func TestSimBindCloseReopen(t *testing.T) {
 	}
 
 	// Close unblocks a receiver.
-	rx := newRx(4, 2048)
+	rx := NewBatch(4, 2048)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := recvB(rx.bufs, rx.sizes, rx.eps)
+		_, err := recvB(rx.Bufs, rx.Sizes, rx.Eps)
 		errc <- err
 	}()
 	b.Close()
@@ -136,9 +122,9 @@ func TestSimBindCloseReopen(t *testing.T) {
 	defer b.Close()
 	a.Send([][]byte{[]byte("again")}, ep)
 	clk.Advance(0)
-	k, err := recvB(rx.bufs, rx.sizes, rx.eps)
-	if err != nil || k != 1 || string(rx.bufs[0][:rx.sizes[0]]) != "again" {
-		t.Fatalf("after reopen: %d %v %q", k, err, rx.bufs[0][:rx.sizes[0]])
+	k, err := recvB(rx.Bufs, rx.Sizes, rx.Eps)
+	if err != nil || k != 1 || string(rx.Bufs[0][:rx.Sizes[0]]) != "again" {
+		t.Fatalf("after reopen: %d %v %q", k, err, rx.Bufs[0][:rx.Sizes[0]])
 	}
 }
 
@@ -162,15 +148,15 @@ func TestSimBindOtherPortAndLimits(t *testing.T) {
 	if s := b.Stats(); s.DroppedQueueFull != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	rx := newRx(4, 2048)
-	if k, _ := recvB(rx.bufs, rx.sizes, rx.eps); k != 2 {
+	rx := NewBatch(4, 2048)
+	if k, _ := recvB(rx.Bufs, rx.Sizes, rx.Eps); k != 2 {
 		t.Fatalf("received %d", k)
 	}
 	// A packet bigger than the receive buffer is dropped and counted.
 	a.Send([][]byte{make([]byte, 100), []byte("ok")}, ep)
 	clk.Advance(0)
-	small := newRx(4, 50)
-	if k, err := recvB(small.bufs, small.sizes, small.eps); k != 1 || err != nil || string(small.bufs[0][:small.sizes[0]]) != "ok" {
+	small := NewBatch(4, 50)
+	if k, err := recvB(small.Bufs, small.Sizes, small.Eps); k != 1 || err != nil || string(small.Bufs[0][:small.Sizes[0]]) != "ok" {
 		t.Fatalf("receive = %d %v", k, err)
 	}
 	if s := b.Stats(); s.DroppedTooBig != 1 {
@@ -207,10 +193,10 @@ func TestSimBindOnNode(t *testing.T) {
 	defer b.Close()
 	a.Send([][]byte{[]byte("late")}, ep)
 	clk.Advance(0)
-	rx := newRx(4, 100)
-	k, err := recvB(rx.bufs, rx.sizes, rx.eps)
-	if err != nil || k != 1 || string(rx.bufs[0][:rx.sizes[0]]) != "late" {
-		t.Fatalf("receive = %d %v %q", k, err, rx.bufs[0][:rx.sizes[0]])
+	rx := NewBatch(4, 100)
+	k, err := recvB(rx.Bufs, rx.Sizes, rx.Eps)
+	if err != nil || k != 1 || string(rx.Bufs[0][:rx.Sizes[0]]) != "late" {
+		t.Fatalf("receive = %d %v %q", k, err, rx.Bufs[0][:rx.Sizes[0]])
 	}
 	if b.Stats().DroppedClosed != 1 {
 		t.Fatalf("stats %+v", b.Stats())
@@ -240,9 +226,9 @@ func TestSimBindReceiveAllocs(t *testing.T) {
 	for range runs + 1 {
 		a.Send(pkt, ep) // perfect link on the real clock: delivered at once
 	}
-	rx := newRx(1, 2048)
+	rx := NewBatch(1, 2048)
 	if allocs := testing.AllocsPerRun(runs, func() {
-		if k, err := recvB(rx.bufs, rx.sizes, rx.eps); k != 1 || err != nil {
+		if k, err := recvB(rx.Bufs, rx.Sizes, rx.Eps); k != 1 || err != nil {
 			t.Fatalf("receive %d %v", k, err)
 		}
 	}); allocs != 0 {

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package errvocab
+
+var closedErrorsOS = map[string]error{}

@@ -22,11 +22,19 @@ test: deps
 demo:
 	$(GO) run ./cmd/tsng demo
 
+# gVisor's checklocks analyzer checks the +checklocks annotations on guarded
+# fields (docs/locking.md). gVisor has no tags; this pseudo-version of its go
+# branch builds with Go 1.26 and its own pinned x/tools.
+CHECKLOCKS_VERSION := v0.0.0-20260905035102-160fafc42237
+CHECKLOCKS = $$($(GO) env GOPATH)/bin/checklocks
+
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
 	@command -v staticcheck >/dev/null 2>&1 || GOFLAGS= $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" staticcheck ./...
+	@$(GO) version -m "$(CHECKLOCKS)" 2>/dev/null | grep -q "gvisor.dev/gvisor[[:space:]]*$(CHECKLOCKS_VERSION)" || GOFLAGS= $(GO) install gvisor.dev/gvisor/tools/checklocks/cmd/checklocks@$(CHECKLOCKS_VERSION)
+	$(GO) vet -vettool="$(CHECKLOCKS)" ./...
 
 # The library packages build and vet (tests included) for every GOOS/GOARCH
 # an importer may target; see scripts/cross-check.sh.

@@ -54,7 +54,9 @@ func (r *Replica) OverLimit() OverLimit {
 
 // refreshOver recomputes the over-limit state: the services beyond
 // MaxServices in id order, those beyond MaxFieldsPerService, and a full
-// tombstone history. Called with r.mu held for writing.
+// tombstone history.
+//
+// +checklocks:r.mu
 func (r *Replica) refreshOver() {
 	var o OverLimit
 	var ids []ServiceID

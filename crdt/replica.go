@@ -131,10 +131,21 @@ type Replica struct {
 	check  func(*Field) error
 	rank   func(*Field) uint64
 
-	writeMu sync.Mutex // serializes merges, edits and commits
+	// writeMu serializes merges, edits and commits. With mu it guards the
+	// committed state (services, active, tombs, meta).
+	writeMu sync.Mutex
 
-	mu       sync.RWMutex // guards what follows; readers take it shared
-	closed   bool
+	// mu guards every field below and the error fields of the services;
+	// readers take it shared.
+	//
+	// The committed state is written with writeMu and mu both held, so a
+	// writer (holding writeMu) reads it without mu and a reader reads it
+	// with mu held for reading. The analyzer has no rule for "either of
+	// two locks", so these four fields carry no annotation.
+	mu sync.RWMutex
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
 	members  map[AuthorID]struct{}
 	services map[ServiceID]*service
 	active   int
@@ -142,12 +153,16 @@ type Replica struct {
 	meta     meta
 	// used is the last counter the local author used; counters up to
 	// meta.counter[self] are reserved durably (see reserveCounters).
+	// +checklocks:mu
 	used uint64
 	// refused counts the fields refused since Open, by reason.
+	// +checklocks:mu
 	refused Refusals
 	// dropped counts services not held past MaxHeldServices since Open.
+	// +checklocks:mu
 	dropped uint64
 	// over is the state held beyond the limits (refreshOver).
+	// +checklocks:mu
 	over OverLimit
 }
 
@@ -211,6 +226,9 @@ func Open(ctx context.Context, cfg Config) (*Replica, error) {
 	return r, nil
 }
 
+// load reads the store into r.
+//
+// +checklocksignore: Open calls it before r is shared, with no lock held.
 func (r *Replica) load(ctx context.Context) error {
 	recs, err := r.store.Load(ctx)
 	if err != nil {

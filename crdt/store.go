@@ -58,15 +58,23 @@ type Batch struct {
 // durability. Its durable content survives Close: Reopen returns a new
 // MemStore over it, as a restart would. Safe for concurrent use.
 type MemStore struct {
-	d      *memData
-	mu     sync.Mutex
+	d *memData
+	// mu guards closed.
+	mu sync.Mutex
+	// +checklocks:mu
 	closed bool
 }
 
+// memData is the durable content of a MemStore, shared with the MemStores
+// that Reopen makes over it.
 type memData struct {
-	mu       sync.Mutex
-	version  uint32
-	meta     []byte
+	// mu guards the content.
+	mu sync.Mutex
+	// +checklocks:mu
+	version uint32
+	// +checklocks:mu
+	meta []byte
+	// +checklocks:mu
 	services map[ServiceID][]byte
 }
 

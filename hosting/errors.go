@@ -43,7 +43,7 @@ var (
 	ErrIngressUp = errors.New("hosting: share ingress is still up")
 	// ErrClosed means the store was closed. It matches transport.ErrClosed (and
 	// so net.ErrClosed).
-	ErrClosed = fmt.Errorf("hosting: store closed: %w", transport.ErrClosed)
+	ErrClosed = fmt.Errorf("hosting: store closed: %w", transport.ErrClosed) // +checklocksignore: read-only
 	// ErrInvalidOptions is returned by NewProjection and NewService for
 	// options they cannot use (no Ziti client, no frontdoor id, no store
 	// or projection). It also matches ErrSettings, the error of bad

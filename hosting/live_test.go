@@ -17,9 +17,11 @@ import (
 // target is a loopback TCP listener standing for the share's target on one
 // agent's host.
 type target struct {
-	t        *testing.T
-	addr     string
-	mu       sync.Mutex
+	t    *testing.T
+	addr string
+	// mu guards l.
+	mu sync.Mutex
+	// +checklocks:mu
 	l        net.Listener
 	accepted atomic.Int64
 	wg       sync.WaitGroup

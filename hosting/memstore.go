@@ -17,12 +17,20 @@ import (
 // The zero value is not usable; make one with NewMemStore. It is safe for
 // concurrent use.
 type MemStore struct {
-	mu     sync.Mutex
+	// mu guards every field below.
+	mu sync.Mutex
+	// +checklocks:mu
 	shares map[string]Share
+	// +checklocks:mu
 	agents map[string]Agent
-	locks  map[string]chan struct{} // one token per share id
+	// locks holds one token per share id.
+	// +checklocks:mu
+	locks map[string]chan struct{}
+	// +checklocks:mu
 	outbox []OutboxEntry
-	pubAt  map[int64]time.Time
+	// +checklocks:mu
+	pubAt map[int64]time.Time
+	// +checklocks:mu
 	closed bool
 }
 
@@ -43,6 +51,7 @@ func (m *MemStore) Close() {
 	m.mu.Unlock()
 }
 
+// +checklocks:m.mu
 func (m *MemStore) check() error {
 	if m.closed {
 		return ErrClosed
@@ -114,6 +123,7 @@ func match(s Share, f Filter) bool {
 	return true
 }
 
+// +checklocks:m.mu
 func (m *MemStore) find(f Filter) []Share {
 	var out []Share
 	for _, id := range slices.Sorted(maps.Keys(m.shares)) {

@@ -158,10 +158,13 @@ type ProjectionOptions struct {
 // safe for concurrent use; writes for one share must be serialized by the
 // caller (the store's lock does it).
 type Projection struct {
-	z  Ziti
-	o  ProjectionOptions
+	z Ziti
+	o ProjectionOptions
+	// mu guards ct.
 	mu sync.Mutex
-	ct string // host.v1 config type id, once found
+	// ct is the host.v1 config type id, once found.
+	// +checklocks:mu
+	ct string
 }
 
 // NewProjection checks the options and returns a projection over z.

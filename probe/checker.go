@@ -44,15 +44,20 @@ type Checker struct {
 
 	clock  transport.Clock
 	dialer Dialer
-	tick   time.Duration
+	tick   time.Duration // +checklocksignore: set by NewChecker, read-only after
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex // guards timer and closed; serializes ticks
+	// mu serializes ticks and guards timer and buf; closed is atomic so
+	// that it can be read without it.
+	mu sync.Mutex
+	// +checklocks:mu
 	timer  transport.Timer
 	closed atomic.Bool
-	buf    []Start
+	// buf is the ticks' scratch list of checks to start.
+	// +checklocks:mu
+	buf []Start
 }
 
 // NewChecker returns a running Checker with no checks.

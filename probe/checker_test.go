@@ -191,13 +191,18 @@ func TestCheckerClose(t *testing.T) {
 // manual clock) cancels it. It records when each address was dialed and
 // how many dials were in flight at once.
 type clockDialer struct {
-	clock *transporttest.ManualClock
+	clock *transporttest.ManualClock // +checklocksignore: read-only
 
-	mu      sync.Mutex
+	// mu guards every field below.
+	mu sync.Mutex
+	// +checklocks:mu
 	waiting map[*context.Context]struct{}
+	// +checklocks:mu
 	maxLive int
-	starts  map[netip.AddrPort][]time.Time
-	calls   int
+	// +checklocks:mu
+	starts map[netip.AddrPort][]time.Time
+	// +checklocks:mu
+	calls int
 }
 
 func (d *clockDialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {

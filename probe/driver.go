@@ -13,16 +13,22 @@ import (
 // the send function. It is the only goroutine-facing part of the prober.
 type Driver struct {
 	p     *Prober
-	clock transport.Clock
-	send  func(Probe)
+	clock transport.Clock // +checklocksignore: set by Drive, read-only after
+	send  func(Probe)     // +checklocksignore: set by Drive, read-only after
 	dirty atomic.Bool
 	// closed is set by Close; a wake-up racing with Close may still fire
 	// run once, which then does nothing.
 	closed atomic.Bool
 
-	mu    sync.Mutex // serializes run and Close
+	// timer is set by Drive before the prober can call wake, and not
+	// changed after; a transport.Timer is safe for concurrent use.
 	timer transport.Timer
-	buf   []Probe
+
+	// mu serializes run and Close and guards buf.
+	mu sync.Mutex
+	// buf is run's scratch list of probes.
+	// +checklocks:mu
+	buf []Probe
 }
 
 // Drive starts running p on clock (nil means the real clock) and returns the

@@ -181,13 +181,24 @@ type peer struct {
 type Prober struct {
 	cfg ProberConfig
 
-	mu      sync.Mutex
-	rng     *rand.ChaCha8
+	// session is set by NewProber and read-only after.
 	session uint32
-	peers   map[NodeID]*peer
-	order   []*peer // in AddPeer order: Poll's order is deterministic
-	stats   ProberStats
-	wake    func() // set by Drive
+
+	// mu guards every field below and the peers' state.
+	mu sync.Mutex
+	// +checklocks:mu
+	rng *rand.ChaCha8
+	// +checklocks:mu
+	peers map[NodeID]*peer
+	// order holds the peers in AddPeer order, so that Poll's order is
+	// deterministic.
+	// +checklocks:mu
+	order []*peer
+	// +checklocks:mu
+	stats ProberStats
+	// wake is set by Drive.
+	// +checklocks:mu
+	wake func()
 }
 
 // NewProber returns a prober with no peers.
@@ -299,6 +310,7 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
+// +checklocks:p.mu
 func (p *Prober) send(pe *peer, now time.Time) Probe {
 	if pe.n == len(pe.ring) { // cannot happen with sends ≥ Interval apart; stay bounded anyway
 		p.expireOldest(pe)
@@ -318,12 +330,15 @@ func (p *Prober) send(pe *peer, now time.Time) Probe {
 }
 
 // expire drops every outstanding probe whose Timeout has passed at now.
+//
+// +checklocks:p.mu
 func (p *Prober) expire(pe *peer, now time.Time) {
 	for pe.n > 0 && !now.Before(pe.ring[pe.head].sent.Add(p.cfg.Timeout)) {
 		p.expireOldest(pe)
 	}
 }
 
+// +checklocks:p.mu
 func (p *Prober) expireOldest(pe *peer) {
 	o := &pe.ring[pe.head]
 	if !o.done {
@@ -338,6 +353,7 @@ func (p *Prober) expireOldest(pe *peer) {
 	pe.n--
 }
 
+// +checklocks:p.mu
 func (p *Prober) nextExpiry(pe *peer) (time.Time, bool) {
 	for i := 0; i < pe.n; i++ {
 		if o := &pe.ring[(pe.head+i)%len(pe.ring)]; !o.done {
@@ -372,13 +388,19 @@ func (p *Prober) HandleReply(id NodeID, payload []byte, now time.Time) error {
 		err = fmt.Errorf("%w: %v where a reply is expected", ErrMessageType, m.Type)
 	}
 	p.mu.Lock()
-	var wake func()
-	defer func() {
-		p.mu.Unlock()
-		if wake != nil {
-			wake()
-		}
-	}()
+	wake, err := p.handleReplyLocked(id, m, err, now)
+	p.mu.Unlock()
+	if wake != nil {
+		wake()
+	}
+	return err
+}
+
+// handleReplyLocked is HandleReply past parsing: err is the parse error, if
+// any. It returns the function to call once p.mu is released, if any.
+//
+// +checklocks:p.mu
+func (p *Prober) handleReplyLocked(id NodeID, m Message, err error, now time.Time) (wake func(), _ error) {
 	if err == nil && m.Session != p.session {
 		err = fmt.Errorf("%w: session %#x, ours is %#x", ErrSession, m.Session, p.session)
 	}
@@ -391,7 +413,7 @@ func (p *Prober) HandleReply(id NodeID, payload []byte, now time.Time) error {
 	}
 	if err != nil {
 		p.stats.Rejected++
-		return err
+		return nil, err
 	}
 	p.expire(pe, now)
 	for i := 0; i < pe.n; i++ {
@@ -421,12 +443,13 @@ func (p *Prober) HandleReply(id NodeID, payload []byte, now time.Time) error {
 		pe.replies++
 		p.stats.Replies++
 		p.stats.ReplyBytes += PacketLen
-		return nil
+		return wake, nil
 	}
 	p.stats.Rejected++
-	return fmt.Errorf("%w: peer %v sequence %d", ErrUnmatchedReply, id, m.Sequence)
+	return nil, fmt.Errorf("%w: peer %v sequence %d", ErrUnmatchedReply, id, m.Sequence)
 }
 
+// +checklocks:p.mu
 func (p *Prober) sample(pe *peer, rtt time.Duration, now time.Time) {
 	if rtt < 1 {
 		rtt = 1 // never zero: zero is the local backends' RTT

@@ -150,20 +150,34 @@ type slot struct {
 // Scheduler is safe for concurrent use. Tick and Complete do not allocate
 // beyond growing out, except to record a failure's error.
 type Scheduler struct {
+	// mu guards every field below and the checks' state.
 	mu       sync.Mutex
-	maxCheck int
-	checks   map[CheckKey]*check
-	due      dueHeap
-	slots    []slot
-	free     []int32
-	seq      uint64
-	subs     int
-	stats    SchedulerStats
-	base     time.Time // the first now seen: times are kept as ns since it
-	hasBase  bool
+	maxCheck int // +checklocksignore: set by NewScheduler, read-only after
+	// +checklocks:mu
+	checks map[CheckKey]*check
+	// +checklocks:mu
+	due dueHeap
+	// +checklocks:mu
+	slots []slot
+	// free lists the indexes of the free slots.
+	// +checklocks:mu
+	free []int32
+	// +checklocks:mu
+	seq uint64
+	// +checklocks:mu
+	subs int
+	// +checklocks:mu
+	stats SchedulerStats
+	// base is the first now seen: times are kept as ns since it.
+	// +checklocks:mu
+	base time.Time
+	// +checklocks:mu
+	hasBase bool
 }
 
 // ns converts t to the scheduler's integer time.
+//
+// +checklocks:s.mu
 func (s *Scheduler) ns(t time.Time) int64 {
 	if !s.hasBase {
 		s.base, s.hasBase = t, true
@@ -171,6 +185,7 @@ func (s *Scheduler) ns(t time.Time) int64 {
 	return int64(t.Sub(s.base))
 }
 
+// +checklocks:s.mu
 func (s *Scheduler) time(ns int64) time.Time { return s.base.Add(time.Duration(ns)) }
 
 // NewScheduler returns an empty scheduler.
@@ -245,6 +260,8 @@ func (s *Scheduler) Acquire(key CheckKey, cfg CheckConfig, now time.Time) (*Subs
 
 // retime recomputes the check's interval and timeout from its subscriptions
 // and moves its due time earlier if the interval shrank.
+//
+// +checklocks:s.mu
 func (s *Scheduler) retime(c *check) {
 	c.interval, c.timeout = c.subs[0].cfg.Interval, c.subs[0].cfg.Timeout
 	for _, sub := range c.subs[1:] {
@@ -306,6 +323,7 @@ func (sub *Subscription) Status() CheckStatus {
 	return sub.st
 }
 
+// +checklocks:s.mu
 func (s *Scheduler) push(c *check) {
 	s.seq++
 	c.seq = s.seq
@@ -320,6 +338,7 @@ func (s *Scheduler) Tick(now time.Time, out []Start) []Start {
 	return s.fill(now, s.ns(now), out)
 }
 
+// +checklocks:s.mu
 func (s *Scheduler) fill(now time.Time, nowNS int64, out []Start) []Start {
 	for len(s.free) > 0 && len(s.due) > 0 && s.due[0].due <= nowNS {
 		c := s.due.pop()

@@ -48,10 +48,14 @@ type UnreachableStats struct {
 // once the table has grown to its working size.
 type Unreachable struct {
 	hold time.Duration
-	max  int
+	max  int // +checklocksignore: set by NewUnreachable, read-only after
 
-	mu    sync.Mutex
+	// mu guards until and stats.
+	mu sync.Mutex
+	// until holds when each reported port's exclusion ends.
+	// +checklocks:mu
 	until map[UnreachableKey]time.Time
+	// +checklocks:mu
 	stats UnreachableStats
 }
 

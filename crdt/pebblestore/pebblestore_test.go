@@ -22,6 +22,14 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// dbOf returns s's database, read with s.mu held as the store's methods
+// read it.
+func dbOf(s *Store) *pebble.DB {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.db
+}
+
 // diskHarness runs the contract suite on a real directory, through an
 // errorfs that fails the disk on demand.
 func diskHarness(t *testing.T) storetest.Harness {
@@ -47,14 +55,14 @@ func diskHarness(t *testing.T) storetest.Harness {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			v, closer, err := s.db.Get(svcKey(id))
+			v, closer, err := dbOf(s).Get(svcKey(id))
 			if err != nil {
 				t.Fatal(err)
 			}
 			v = bytes.Clone(v)
 			closer.Close()
 			v[len(v)/2] ^= 0x20
-			if err := s.db.Set(svcKey(id), v, nil); err != nil {
+			if err := dbOf(s).Set(svcKey(id), v, nil); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -64,7 +72,7 @@ func diskHarness(t *testing.T) storetest.Harness {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			if err := s.db.Set(keyFormat, binary.AppendUvarint(nil, v), pebble.Sync); err != nil {
+			if err := dbOf(s).Set(keyFormat, binary.AppendUvarint(nil, v), pebble.Sync); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -203,10 +211,10 @@ func TestOpenRefusesUnversioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.db.Delete(keyFormat, nil); err != nil {
+	if err := dbOf(st).Delete(keyFormat, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.db.Set([]byte("m"), []byte("x"), nil); err != nil {
+	if err := dbOf(st).Set([]byte("m"), []byte("x"), nil); err != nil {
 		t.Fatal(err)
 	}
 	_ = st.Close()

@@ -48,7 +48,10 @@ type Harness struct {
 // Harness.FailNextCommit.
 type FaultStore struct {
 	crdt.Store
-	mu   sync.Mutex
+	// mu guards fail.
+	mu sync.Mutex
+	// fail is the number of commits still to fail.
+	// +checklocks:mu
 	fail int
 }
 

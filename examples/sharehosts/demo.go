@@ -31,10 +31,13 @@ var DemoHealthCheck = hosting.HealthCheck{Interval: time.Second, Timeout: time.S
 // answers each connection with the host's name.
 type loopTarget struct {
 	name string
-	mu   sync.Mutex
+	// mu guards addr and l.
+	mu sync.Mutex
+	// +checklocks:mu
 	addr string
-	l    net.Listener
-	wg   sync.WaitGroup
+	// +checklocks:mu
+	l  net.Listener
+	wg sync.WaitGroup
 }
 
 func (t *loopTarget) start() error {

@@ -106,8 +106,10 @@ func TestCheckConfigCommand(t *testing.T) {
 }
 
 type syncBuf struct {
+	// mu guards b.
 	mu sync.Mutex
-	b  bytes.Buffer
+	// +checklocks:mu
+	b bytes.Buffer
 }
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }

@@ -62,8 +62,10 @@ func startDaemon(t *testing.T, cfg *Config) *Daemon {
 
 // syncBuffer is a bytes.Buffer safe for a daemon's logger and a test.
 type syncBuffer struct {
+	// mu guards b.
 	mu sync.Mutex
-	b  bytes.Buffer
+	// +checklocks:mu
+	b bytes.Buffer
 }
 
 // Write appends p.

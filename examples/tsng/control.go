@@ -79,13 +79,19 @@ type Control struct {
 	ctx context.Context
 	ln  net.Listener
 
-	mu      sync.Mutex
-	peers   map[vip.NodeID]*peerConn
-	inbound map[vip.NodeID][]net.Conn // oldest first
-	stats   ControlStats
-	closed  bool
-	wg      sync.WaitGroup
-	cancel  context.CancelFunc
+	// mu guards the peer connections, the inbound ones, the stats and closed.
+	mu sync.Mutex
+	// +checklocks:mu
+	peers map[vip.NodeID]*peerConn
+	// inbound is oldest first
+	// +checklocks:mu
+	inbound map[vip.NodeID][]net.Conn
+	// +checklocks:mu
+	stats ControlStats
+	// +checklocks:mu
+	closed bool
+	wg     sync.WaitGroup
+	cancel context.CancelFunc
 }
 
 var _ vip.Carrier = (*Control)(nil)

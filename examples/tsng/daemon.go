@@ -71,27 +71,52 @@ type netRuntime struct {
 	reg     *vip.Registry
 	api     *Network
 
-	mu      sync.Mutex // guards the running parts below and up
-	up      atomic.Bool
-	host    *netstack.Host
-	engine  *vip.Engine
-	dev     *wg.Device
-	started time.Time // when engine started: its counters' zero
+	// mu serializes starting and stopping the network (with up) and
+	// guards its running parts, every field below up to collMu, and uapi.
+	mu sync.Mutex
+	up atomic.Bool
+	// live holds the engine and the replicator while the network runs,
+	// for onChange. onChange must not take mu: it runs on the control
+	// carrier's handlers, which stopLocked waits for with mu held.
+	live atomic.Pointer[liveParts]
+	// +checklocks:mu
+	host *netstack.Host
+	// +checklocks:mu
+	engine *vip.Engine
+	// +checklocks:mu
+	dev *wg.Device
+	// started is when engine started: its counters' zero.
+	// +checklocks:mu
+	started time.Time
+	// +checklocks:mu
 	control *Control
-	repl    *vip.Replicator
-	dns     *dnsServers
-	res     flow.PortReserver
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// +checklocks:mu
+	repl *vip.Replicator
+	// +checklocks:mu
+	dns *dnsServers
+	// +checklocks:mu
+	res flow.PortReserver
+	// +checklocks:mu
+	cancel context.CancelFunc
+	// +checklocks:mu
+	done chan struct{}
 	// proxies and forwards carry host applications into the netstack
 	// overlay (netstack mode only).
-	proxies  []io.Closer
+	// +checklocks:mu
+	proxies []io.Closer
+	// +checklocks:mu
 	forwards []*forwarder
-	tunName  string // the TUN interface in tun mode
-	// collisions are the address collisions already logged.
-	collMu     sync.Mutex
+	// tunName is the TUN interface in tun mode.
+	// +checklocks:mu
+	tunName string
+	// uapi is `wg show`'s socket, when served.
+	// +checklocks:mu
+	uapi *wg.UAPIServer
+
+	// collMu guards collisions, the address collisions already logged.
+	collMu sync.Mutex
+	// +checklocks:collMu
 	collisions map[string]bool
-	uapi       *wg.UAPIServer // `wg show`'s socket, when served
 }
 
 // NewDaemon opens every network's state (a corrupt store is a hard error)
@@ -314,19 +339,24 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 	return n, nil
 }
 
+// liveParts are the parts of a running network that onChange uses.
+type liveParts struct {
+	eng  *vip.Engine
+	repl *vip.Replicator
+}
+
 // onChange runs after every committed change: routing follows, and local
-// changes are published at once.
+// changes are published at once. While the network is down, starting or
+// stopping it does neither: a start applies the whole state, and the
+// replicator's rotation carries a change made meanwhile to the peers.
 func (n *netRuntime) onChange(ids []vip.ServiceID, local bool) {
-	n.mu.Lock()
-	eng, repl := n.engine, n.repl
-	n.mu.Unlock()
-	if eng != nil {
-		if err := eng.Apply(); err != nil {
+	if p := n.live.Load(); p != nil {
+		if err := p.eng.Apply(); err != nil {
 			n.d.log.Warn("routing update failed", "network", n.cfg.Name, "err", err)
 		}
-	}
-	if local && repl != nil {
-		repl.Publish(context.Background(), ids)
+		if local {
+			p.repl.Publish(context.Background(), ids)
+		}
 	}
 	n.d.log.Info("configuration changed", "network", n.cfg.Name, "services", len(ids), "local", local)
 	n.reportCollisions()
@@ -418,6 +448,12 @@ func (n *netRuntime) start(ctx context.Context) (err error) {
 }
 
 // startOnLocked starts everything on a host stack.
+//
+// +checklocks:n.mu
+// +checklocksignore: its body is not checked. The cleanups, closures kept
+// in a slice and run on failure by the deferred unwinding with n.mu held,
+// touch guarded fields, and the analyzer does not follow a lock into a
+// closure that is not called where it is made.
 func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO, dialer probe.Dialer, cn ControlNet, res flow.PortReserver, listenUDP func(netip.AddrPort) (net.PacketConn, error)) (err error) {
 	self := n.self()
 	cleanup := []func(){}
@@ -524,6 +560,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	}
 	close(n.done)
 	n.engine, n.dev, n.control, n.repl, n.cancel, n.res = eng, dev, control, repl, cancel, res
+	n.live.Store(&liveParts{eng: eng, repl: repl})
 	n.started = time.Now()
 	repl.Start()
 	if err := eng.Apply(); err != nil {
@@ -593,11 +630,13 @@ func (n *netRuntime) stop() {
 	n.stopLocked()
 }
 
+// +checklocks:n.mu
 func (n *netRuntime) stopLocked() {
 	if !n.up.Load() {
 		return
 	}
 	n.up.Store(false)
+	n.live.Store(nil)
 	for _, p := range n.proxies {
 		p.Close()
 	}

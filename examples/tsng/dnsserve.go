@@ -38,9 +38,12 @@ type dnsHandler struct {
 	upstreams []netip.AddrPort
 	log       *slog.Logger
 
-	mu       sync.Mutex
+	// mu guards inflight, the upstream queries under way, and loops.
+	mu sync.Mutex
+	// +checklocks:mu
 	inflight map[dns.Question]int
-	loops    uint64
+	// +checklocks:mu
+	loops uint64
 }
 
 func newDNSHandler(own *vip.DNSServer, o vip.DNSOptions, upstreams []netip.AddrPort, log *slog.Logger) *dnsHandler {

@@ -316,9 +316,12 @@ func (u *udpClient) close(t *testing.T) {
 
 // lineWriter calls f with each whole line written to it.
 type lineWriter struct {
-	mu  sync.Mutex
+	// mu guards buf, a partial line, and serialises the calls to f.
+	mu sync.Mutex
+	// +checklocks:mu
 	buf []byte
-	f   func(string)
+	// +checklocks:mu
+	f func(string)
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {

@@ -62,8 +62,11 @@ type e2eNode struct {
 	appTCP  uint16 // its HTTP server's port
 	appUDP  uint16 // its UDP server's port
 
-	mu   sync.Mutex
+	// mu guards proc and logf.
+	mu sync.Mutex
+	// +checklocks:mu
 	proc *netns.Process
+	// +checklocks:mu
 	logf *os.File
 }
 

@@ -88,6 +88,8 @@ func (o overlayNet) listenPacket(context.Context) (net.PacketConn, error) {
 }
 
 // startProxiesLocked starts the network's configured proxies on host.
+//
+// +checklocks:n.mu
 func (n *netRuntime) startProxiesLocked(host *netstack.Host) error {
 	o := overlayNet{n: n, host: host}
 	log := n.d.log.With("network", n.cfg.Name)
@@ -121,8 +123,11 @@ type httpProxy struct {
 	rp  *httputil.ReverseProxy
 	tr  *http.Transport
 
-	mu     sync.Mutex
+	// mu guards tunnel, the CONNECT tunnels open, and closed.
+	mu sync.Mutex
+	// +checklocks:mu
 	tunnel map[net.Conn]bool
+	// +checklocks:mu
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -239,7 +244,7 @@ type ForwardDoc struct {
 }
 
 // errForwardMode: forwards exist in netstack mode only.
-var errForwardMode = fmt.Errorf("%w: network is in tun mode; host applications reach its VIPs directly", vip.ErrInvalid)
+var errForwardMode = fmt.Errorf("%w: network is in tun mode; host applications reach its VIPs directly", vip.ErrInvalid) // +checklocksignore: read-only
 
 // forward starts a loopback listener that carries TCP connections or UDP
 // datagrams to a VIP's listener through the overlay. It runs until ctx
@@ -326,8 +331,11 @@ type forwarder struct {
 	closer io.Closer
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	conns  map[io.Closer]bool
+	// mu guards conns, the connections open, and closed.
+	mu sync.Mutex
+	// +checklocks:mu
+	conns map[io.Closer]bool
+	// +checklocks:mu
 	closed bool
 	once   sync.Once
 	done   chan struct{}

@@ -21,6 +21,8 @@ import (
 // address and range on the interface, real sockets on the overlay address
 // for the control channel, checks and DNS, and shadow ports reserved by
 // binding real sockets.
+//
+// +checklocks:n.mu
 func (n *netRuntime) startTUNLocked(ctx context.Context) error {
 	self := n.self()
 	name := n.cfg.TUN

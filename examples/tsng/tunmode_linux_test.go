@@ -149,30 +149,39 @@ func TestUAPIUnprivileged(t *testing.T) {
 	var logs syncBuffer
 	d := &Daemon{log: slog.New(slog.NewJSONHandler(&logs, nil))}
 	n := &netRuntime{d: d, cfg: NetworkConfig{Name: "home", Mode: "tun"}, tunName: "tsng-home"}
+	// startUAPILocked's caller holds n.mu.
+	startUAPI := func() *wg.UAPIServer {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.startUAPILocked(dev)
+		return n.uapi
+	}
 	defer func(f func() int, dir string) { geteuid, uapiDir = f, dir }(geteuid, uapiDir)
 	geteuid = func() int { return 1000 }
 	uapiDir = filepath.Join(t.TempDir(), "wireguard")
-	n.startUAPILocked(dev)
-	if n.uapi != nil || !strings.Contains(logs.String(), "no UAPI socket: the agent does not run as root") {
-		t.Fatalf("unprivileged: server %v, log %s", n.uapi, logs.String())
+	if srv := startUAPI(); srv != nil || !strings.Contains(logs.String(), "no UAPI socket: the agent does not run as root") {
+		t.Fatalf("unprivileged: server %v, log %s", srv, logs.String())
 	}
 	if _, err := os.Stat(uapiDir); err == nil {
 		t.Fatal("an unprivileged agent created the socket directory")
 	}
 	if os.Geteuid() == 0 {
 		geteuid = os.Geteuid
-		n.startUAPILocked(dev)
-		if n.uapi == nil {
+		srv := startUAPI()
+		if srv == nil {
 			t.Fatalf("as root: no socket; log %s", logs.String())
 		}
-		n.uapi.Close()
+		srv.Close()
 	}
 	// Off when the config says so, and never in netstack mode.
 	off := false
 	for _, c := range []NetworkConfig{{Name: "home", Mode: "tun", UAPI: &off}, {Name: "home"}} {
 		m := &netRuntime{d: d, cfg: c, tunName: "tsng-home"}
+		m.mu.Lock()
 		m.startUAPILocked(dev)
-		if m.uapi != nil {
+		served := m.uapi != nil
+		m.mu.Unlock()
+		if served {
 			t.Fatalf("%+v: served a socket", c)
 		}
 	}

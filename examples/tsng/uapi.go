@@ -7,15 +7,17 @@ import (
 )
 
 // geteuid is os.Geteuid; tests replace it.
-var geteuid = os.Geteuid
+var geteuid = os.Geteuid // +checklocksignore: a test hook, not changed while a network runs
 
 // uapiDir is where the UAPI socket goes; tests replace it.
-var uapiDir = wg.UAPIDir
+var uapiDir = wg.UAPIDir // +checklocksignore: a test hook, not changed while a network runs
 
 // startUAPILocked serves the network's device read-only for `wg show`
 // (tun mode, unless the config turns it off). Only root offers it: the
 // socket lives in /var/run/wireguard, root's directory. Failing to serve
 // it is logged and does not stop the network.
+//
+// +checklocks:n.mu
 func (n *netRuntime) startUAPILocked(dev *wg.Device) {
 	if n.cfg.Mode != "tun" || (n.cfg.UAPI != nil && !*n.cfg.UAPI) {
 		return

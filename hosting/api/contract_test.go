@@ -59,7 +59,9 @@ func TestContract(t *testing.T) {
 	sA := mk(hosting.KindTCP, []string{"a1"}, []string{"p1"})
 	sDel := mk(hosting.KindTCP, []string{"a2"}, nil)
 	sStuck := mk(hosting.KindTCP, []string{"a2"}, nil)
+	e.ing.mu.Lock()
 	e.ing.stuck[sStuck.ID] = true
+	e.ing.mu.Unlock()
 	sIP := mk(hosting.KindIPsec, []string{"a1"}, nil)
 	const col = "/v1/accounts/" + acct + "/tcp-shares"
 	item := func(id string) string { return col + "/" + id }

@@ -30,7 +30,9 @@ var hc = hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second
 
 // stuckIngress: the ingress of the shares in stuck never comes down.
 type stuckIngress struct {
-	mu    sync.Mutex
+	// mu guards stuck.
+	mu sync.Mutex
+	// +checklocks:mu
 	stuck map[string]bool
 }
 

@@ -60,9 +60,12 @@ func Run(t *testing.T, newStore func(t *testing.T) hosting.Store, o Options) {
 // of an iteration read before either locks: the bug the lock prevents.
 type staleStore struct {
 	hosting.Store
-	mu      sync.Mutex
+	// mu guards waiting and both.
+	mu sync.Mutex
+	// +checklocks:mu
 	waiting int
-	both    chan struct{}
+	// +checklocks:mu
+	both chan struct{}
 }
 
 func (s *staleStore) arm() {

@@ -58,12 +58,17 @@ type Client struct {
 	hc      *http.Client
 	max     int64
 	login   *Login
-	refresh time.Duration
+	refresh time.Duration // +checklocksignore: set by New, read-only after
 	clk     transport.Clock
 
-	mu      sync.Mutex // held across a login, so that one runs at a time
+	// mu guards the session and its expiry. It is held across a login, so
+	// that one runs at a time.
+	mu sync.Mutex
+	// +checklocks:mu
 	session string
-	expires time.Time // zero: a static session
+	// expires is when the session ends; zero for a static session.
+	// +checklocks:mu
+	expires time.Time
 }
 
 // New returns a client for the controller at baseURL (scheme, host and
@@ -120,7 +125,10 @@ type meta struct {
 // safe.
 func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, body any, want int, out any) (*meta, error) {
 	if c.login == nil {
-		return c.send(ctx, op, method, path, q, body, want, out, c.session)
+		c.mu.Lock()
+		tok := c.session
+		c.mu.Unlock()
+		return c.send(ctx, op, method, path, q, body, want, out, tok)
 	}
 	tok, err := c.token(ctx, "")
 	if err != nil {

@@ -223,8 +223,8 @@ func (f *Fake) hostConfigOf(ident string, s ziti.Service) (view, bool) {
 }
 
 var (
-	costUp   = regexp.MustCompile(`^increase cost ([0-9]+)$`)
-	costDown = regexp.MustCompile(`^decrease cost ([0-9]+)$`)
+	costUp   = regexp.MustCompile(`^increase cost ([0-9]+)$`) // +checklocksignore: read-only
+	costDown = regexp.MustCompile(`^decrease cost ([0-9]+)$`) // +checklocksignore: read-only
 )
 
 func (a *HostAgent) bind(sid string, v view) {

@@ -101,26 +101,46 @@ type Fake struct {
 	ttl     time.Duration
 	clk     transport.Clock
 
-	mu         sync.Mutex
-	seq        int
-	ctypes     map[string]ziti.ConfigType
-	schemas    map[string]*ConfigSchema // config type id → its JSON Schema
-	configs    map[string]ziti.Config
-	services   map[string]ziti.Service
-	policies   map[string]ziti.ServicePolicy
-	idents     map[string]ziti.Identity
-	overrides  map[string]map[[2]string]string // identity → (service, config type) → config
-	terms      map[string]ziti.Terminator
-	termAgent  map[string]*HostAgent // terminator → the agent that bound it
-	agents     map[*HostAgent]bool
-	changed    chan struct{}        // closed at every change, for the agents
-	rr         int                  // round robin of Route
-	sessions   map[string]time.Time // token → expiry
-	users      map[string]user      // username → updb authenticator
-	certs      map[[32]byte]string  // client certificate SHA-256 → identity
-	logins     int
-	calls      []Call
-	fail       map[string][]int // operationId → statuses to answer next
+	// mu guards every field below. The fields before termAgent carry no
+	// checklocks annotation: the handlers hand closures that read them to
+	// list, detail and the other helpers, which run them with mu held,
+	// and the analyzer cannot follow a lock into a closure passed as a
+	// value.
+	mu        sync.Mutex
+	seq       int
+	ctypes    map[string]ziti.ConfigType
+	schemas   map[string]*ConfigSchema // config type id → its JSON Schema
+	configs   map[string]ziti.Config
+	services  map[string]ziti.Service
+	policies  map[string]ziti.ServicePolicy
+	idents    map[string]ziti.Identity
+	overrides map[string]map[[2]string]string // identity → (service, config type) → config
+	terms     map[string]ziti.Terminator
+	changed   chan struct{} // closed at every change, for the agents
+	rr        int           // round robin of Route
+
+	// termAgent maps a terminator to the agent that bound it.
+	// +checklocks:mu
+	termAgent map[string]*HostAgent
+	// +checklocks:mu
+	agents map[*HostAgent]bool
+	// sessions maps a token to its expiry.
+	// +checklocks:mu
+	sessions map[string]time.Time
+	// users maps a username to its updb authenticator.
+	// +checklocks:mu
+	users map[string]user
+	// certs maps a client certificate SHA-256 to its identity.
+	// +checklocks:mu
+	certs map[[32]byte]string
+	// +checklocks:mu
+	logins int
+	// +checklocks:mu
+	calls []Call
+	// fail maps an operationId to the statuses to answer next.
+	// +checklocks:mu
+	fail map[string][]int
+	// +checklocks:mu
 	badAnswers []error
 }
 

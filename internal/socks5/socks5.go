@@ -114,18 +114,25 @@ type Server struct {
 	// Clock sets the connections' deadlines (RealClock when nil).
 	Clock transport.Clock
 
-	mu     sync.Mutex
-	lns    map[net.Listener]bool
-	conns  map[io.Closer]bool
+	// mu guards the listeners, the connections and closed.
+	mu sync.Mutex
+	// +checklocks:mu
+	lns map[net.Listener]bool
+	// +checklocks:mu
+	conns map[io.Closer]bool
+	// +checklocks:mu
 	closed bool
 	wg     sync.WaitGroup
-	ctx    context.Context
+	// ctx is set by init and cancelled by Close.
+	ctx context.Context
+	// +checklocks:mu
 	cancel context.CancelFunc
 }
 
 // ErrServerClosed is returned by Serve after Close.
 var ErrServerClosed = errors.New("socks5: server closed")
 
+// +checklocks:s.mu
 func (s *Server) init() {
 	if s.lns == nil {
 		s.lns, s.conns = map[net.Listener]bool{}, map[io.Closer]bool{}

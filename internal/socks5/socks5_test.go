@@ -300,7 +300,9 @@ func FuzzHandshake(f *testing.F) {
 			Resolve: func(context.Context, string) (netip.Addr, error) {
 				return netip.Addr{}, ErrHostUnreachable
 			}}
+		s.mu.Lock()
 		s.init()
+		s.mu.Unlock()
 		client, srv := net.Pipe()
 		done := make(chan error, 1)
 		go func() { done <- s.handle(srv); srv.Close() }()

@@ -118,8 +118,11 @@ type association struct {
 	clientIP netip.Addr
 	idle     time.Duration
 
-	mu   sync.Mutex
-	peer netip.AddrPort // the client's UDP address, once known
+	// mu guards peer.
+	mu sync.Mutex
+	// peer is the client's UDP address, once known.
+	// +checklocks:mu
+	peer netip.AddrPort
 }
 
 func (a *association) setPeer(p netip.AddrPort) {

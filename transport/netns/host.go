@@ -100,12 +100,21 @@ type Host struct {
 	path string
 	ino  uint64
 
-	mu      sync.RWMutex // guards fd, closed and cleanups; held for reading while a thread enters the namespace
-	fd      int
-	closed  bool
-	nl      *netlink.Handle
-	cleanup []func() error // run in reverse order by Close
-	ifSeq   int            // next ethN
+	// mu guards fd, closed, cleanup and ifSeq. A thread entering the
+	// namespace holds it for reading, so Close cannot close fd under it.
+	mu sync.RWMutex
+	// +checklocks:mu
+	fd int
+	// +checklocks:mu
+	closed bool
+	// nl is set by NewHost and closed by Close, after closed is set.
+	nl *netlink.Handle
+	// cleanup is run in reverse order by Close.
+	// +checklocks:mu
+	cleanup []func() error
+	// ifSeq is the number of the next ethN.
+	// +checklocks:mu
+	ifSeq int
 }
 
 // NewHost creates a network namespace called name (UniqueName("") when name
@@ -233,8 +242,11 @@ func createNamespace(path string) (int, error) {
 }
 
 var (
-	runDirMu    sync.Mutex
-	runDirReady bool // prepareRunDir succeeded once in this process
+	// runDirMu serialises prepareRunDir and guards runDirReady.
+	runDirMu sync.Mutex
+	// runDirReady says prepareRunDir succeeded once in this process.
+	// +checklocks:runDirMu
+	runDirReady bool
 )
 
 // prepareRunDir makes RunDir exist and be a shared mount point, as iproute2

@@ -71,8 +71,12 @@ func OverlayAddr6(n int) netip.Prefix {
 
 // pool hands out subnet numbers 0..maxSubnets-1.
 type pool struct {
-	mu   sync.Mutex
+	// mu guards used and next.
+	mu sync.Mutex
+	// +checklocks:mu
 	used [maxSubnets]bool
+	// next is where the search for a free number starts.
+	// +checklocks:mu
 	next int
 }
 
@@ -503,9 +507,14 @@ type Switch struct {
 	host   *Host
 	subnet int
 
-	mu      sync.Mutex
-	next    int      // next host number
-	members []member // attached hosts
+	// mu guards next and members.
+	mu sync.Mutex
+	// next is the next host number.
+	// +checklocks:mu
+	next int
+	// members are the attached hosts.
+	// +checklocks:mu
+	members []member
 }
 
 // NewSwitch creates a bridge "br0" in a new namespace (name "" means

@@ -61,7 +61,10 @@ type Process struct {
 	done chan struct{}
 	err  error // Wait's result, set before done closes
 
-	mu     sync.Mutex // held while reaping, so no signal goes to a reused id
+	// mu guards reaped. It is held while reaping, so that no signal goes
+	// to a reused process id.
+	mu sync.Mutex
+	// +checklocks:mu
 	reaped bool
 
 	out tailBuffer
@@ -305,9 +308,13 @@ func (p *Process) Output() (out []byte, truncated bool) { return p.out.snapshot(
 // twice that and compacts only when full, so a write costs amortized O(its
 // length), however many small writes a chatty child makes.
 type tailBuffer struct {
-	mu      sync.Mutex
-	buf     []byte
-	dropped bool // bytes before buf were discarded
+	// mu guards buf and dropped.
+	mu sync.Mutex
+	// +checklocks:mu
+	buf []byte
+	// dropped says bytes before buf were discarded.
+	// +checklocks:mu
+	dropped bool
 }
 
 func (b *tailBuffer) Write(q []byte) (int, error) {
@@ -346,7 +353,9 @@ const childEnv = "VIPKIT_NETNS_CHILD"
 type ChildFunc func(ctx context.Context, args []string) error
 
 var (
-	childMu  sync.Mutex
+	// childMu guards children, the registered child functions.
+	childMu sync.Mutex
+	// +checklocks:childMu
 	children = map[string]ChildFunc{}
 )
 

@@ -169,14 +169,20 @@ func StartChildT(t testing.TB, h *Host, name string, args ...string) *Process {
 // after the test has ended panics). A line with the race detector's
 // warning also fails the test.
 type logWriter struct {
-	t      testing.TB
-	mu     sync.Mutex
+	// mu guards every field below, and serialises the calls to t, so
+	// that lines do not interleave and none is logged after close.
+	mu sync.Mutex
+	// +checklocks:mu
+	t testing.TB
+	// +checklocks:mu
 	prefix string
-	buf    []byte
+	// +checklocks:mu
+	buf []byte
+	// +checklocks:mu
 	closed bool
 }
 
-var raceWarning = []byte("WARNING: DATA RACE")
+const raceWarning = "WARNING: DATA RACE"
 
 func (w *logWriter) setPrefix(p string) {
 	w.mu.Lock()
@@ -198,7 +204,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		}
 		line := w.buf[:i]
 		w.t.Log(w.prefix + string(line))
-		if bytes.Contains(line, raceWarning) {
+		if bytes.Contains(line, []byte(raceWarning)) {
 			w.t.Errorf("%sthe race detector reported a data race (above)", w.prefix)
 		}
 		w.buf = w.buf[i+1:]

@@ -240,15 +240,18 @@ type Host struct {
 	stack *stack.Stack
 	link  *link
 
-	// closeMu is held for reading by Write for a whole batch and for
-	// writing by Close, so that no packet is injected into a stack being
-	// torn down.
+	// closeMu guards closed. Write holds it for reading for a whole batch
+	// and Close for writing, so that no packet is injected into a stack
+	// being torn down.
 	closeMu sync.RWMutex
-	closed  bool // guarded by closeMu
-	once    sync.Once
+	// +checklocks:closeMu
+	closed bool
+	once   sync.Once
 
-	resMu        sync.Mutex
-	reservations map[portKey]reservation // guarded by resMu
+	// resMu guards reservations, the host's port reservations.
+	resMu sync.Mutex
+	// +checklocks:resMu
+	reservations map[portKey]reservation
 
 	// counters for Write (inbound); those for Read are in link.
 	inPackets, inBytes, inMalformed, inTooBig atomic.Uint64

@@ -22,18 +22,28 @@ type link struct {
 
 	dispatcher atomic.Pointer[dispatcherBox]
 
-	mu      sync.Mutex
-	ring    []*stack.PacketBuffer // guarded by mu
-	head    int                   // guarded by mu; index of the oldest packet
-	n       int                   // guarded by mu; packets queued
-	waiting bool                  // guarded by mu; a Read waits on ready
-	closed  bool                  // guarded by mu
+	// mu guards the ring of outbound packets and the flags below.
+	mu sync.Mutex
+	// +checklocks:mu
+	ring []*stack.PacketBuffer
+	// head is the index of the oldest packet.
+	// +checklocks:mu
+	head int
+	// n is the number of packets queued.
+	// +checklocks:mu
+	n int
+	// waiting says a Read waits on ready.
+	// +checklocks:mu
+	waiting bool
+	// +checklocks:mu
+	closed bool
 
 	ready chan struct{} // capacity 1: wakes a waiting Read
 	done  chan struct{} // closed by Close
 
-	// readMu serialises Reads, which share scratch.
-	readMu  sync.Mutex
+	// readMu serialises Reads and guards scratch, which they share.
+	readMu sync.Mutex
+	// +checklocks:readMu
 	scratch []*stack.PacketBuffer
 
 	outPackets, outBytes, outQueueFull, outTooBig atomic.Uint64

@@ -83,6 +83,7 @@ func TestLinkQueueModel(t *testing.T) {
 			// Everything was too big and the queue is empty: a real Read
 			// would drop them all and block. Drop them the same way
 			// without blocking, then compare.
+			l.readMu.Lock()
 			for l.queued() > 0 {
 				k, _ := l.take(l.scratch[:1], false)
 				for i := range k {
@@ -91,6 +92,7 @@ func TestLinkQueueModel(t *testing.T) {
 				}
 				l.outTooBig.Add(uint64(k))
 			}
+			l.readMu.Unlock()
 			if got := l.outTooBig.Load(); got != modelTooBig {
 				t.Fatalf("step %d: outTooBig %d, model %d", step, got, modelTooBig)
 			}

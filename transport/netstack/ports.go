@@ -74,13 +74,15 @@ func (h *Host) ReleasePort(network string, addr netip.Addr, port uint16) error {
 	}
 	k := portKey{proto, addr, port}
 	h.resMu.Lock()
-	defer h.resMu.Unlock()
 	r, ok := h.reservations[k]
+	if ok {
+		delete(h.reservations, k)
+		h.stack.ReleasePort(r.res)
+	}
+	h.resMu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %s %v port %d", ErrNotReserved, network, addr, port)
 	}
-	delete(h.reservations, k)
-	h.stack.ReleasePort(r.res)
 	return nil
 }
 

@@ -25,8 +25,10 @@ type pump struct {
 	dropped atomic.Uint64
 
 	wg sync.WaitGroup
+	// mu guards errs.
 	mu sync.Mutex
 	// errs records any error other than ErrClosed.
+	// +checklocks:mu
 	errs []error
 }
 

@@ -31,8 +31,10 @@ type UDPConn struct {
 	wq    *waiter.Queue
 	clock transport.Clock
 
-	mu            sync.Mutex
-	writeDeadline time.Time // guarded by mu
+	// mu guards writeDeadline.
+	mu sync.Mutex
+	// +checklocks:mu
+	writeDeadline time.Time
 }
 
 var (

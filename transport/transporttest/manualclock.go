@@ -21,9 +21,15 @@ import (
 //
 // ManualClock is safe for concurrent use, but Advance calls must not overlap.
 type ManualClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	seq     uint64
+	// mu guards the time, the timers pending and their sequence numbers.
+	mu sync.Mutex
+	// +checklocks:mu
+	now time.Time
+	// seq numbers timers in the order they were set, so that timers due
+	// at the same instant fire in that order.
+	// +checklocks:mu
+	seq uint64
+	// +checklocks:mu
 	pending timerHeap
 }
 
@@ -55,6 +61,7 @@ func (c *ManualClock) AfterFunc(d time.Duration, f func()) transport.Timer {
 	return t
 }
 
+// +checklocks:c.mu
 func (c *ManualClock) scheduleLocked(t *manualTimer, d time.Duration) {
 	if d < 0 {
 		d = 0
@@ -131,6 +138,10 @@ func (c *ManualClock) Pending() int {
 	return len(c.pending)
 }
 
+// manualTimer is one timer of a ManualClock. c.mu guards when, seq and
+// index; they carry no checklocks annotation because the analyzer cannot
+// tell that a timer's c is the clock whose lock is held, and the heap
+// methods, which container/heap calls with it held, touch them too.
 type manualTimer struct {
 	c     *ManualClock
 	f     func()

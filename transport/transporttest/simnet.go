@@ -32,18 +32,34 @@ import (
 type Network struct {
 	clock transport.Clock
 
-	mu       sync.Mutex
-	rng      *rand.Rand
-	nodes    map[netip.AddrPort]*Node
-	order    []*Node
-	def      LinkConfig
-	links    map[linkKey]LinkConfig
-	down     map[linkKey]bool
-	stats    map[linkKey]*LinkStats
-	total    LinkStats
-	trace    func(TraceEvent)
+	// mu guards every field below: the nodes, the links' configuration,
+	// state and statistics, the packets in flight and the RNG that decides
+	// their fates.
+	mu sync.Mutex
+	// +checklocks:mu
+	rng *rand.Rand
+	// +checklocks:mu
+	nodes map[netip.AddrPort]*Node
+	// order holds the nodes in the order they were added.
+	// +checklocks:mu
+	order []*Node
+	// def is the configuration of a link that has none of its own.
+	// +checklocks:mu
+	def LinkConfig
+	// +checklocks:mu
+	links map[linkKey]LinkConfig
+	// +checklocks:mu
+	down map[linkKey]bool
+	// +checklocks:mu
+	stats map[linkKey]*LinkStats
+	// +checklocks:mu
+	total LinkStats
+	// +checklocks:mu
+	trace func(TraceEvent)
+	// +checklocks:mu
 	inflight map[*flight]struct{}
-	closed   bool
+	// +checklocks:mu
+	closed bool
 }
 
 // LinkConfig is the impairment of one direction of a link. The zero value is
@@ -279,6 +295,7 @@ func (n *Network) Link(from, to *Node) LinkConfig {
 	return n.linkLocked(linkKey{from.addr, to.addr})
 }
 
+// +checklocks:n.mu
 func (n *Network) linkLocked(k linkKey) LinkConfig {
 	if c, ok := n.links[k]; ok {
 		return c
@@ -396,6 +413,7 @@ func (n *Network) Close() error {
 	return nil
 }
 
+// +checklocks:n.mu
 func (n *Network) statsLocked(k linkKey) *LinkStats {
 	s := n.stats[k]
 	if s == nil {
@@ -405,6 +423,7 @@ func (n *Network) statsLocked(k linkKey) *LinkStats {
 	return s
 }
 
+// +checklocks:n.mu
 func (n *Network) dropLocked(k linkKey, s *LinkStats, r DropReason, size int) {
 	s.Dropped[r]++
 	n.total.Dropped[r]++
@@ -414,6 +433,8 @@ func (n *Network) dropLocked(k linkKey, s *LinkStats, r DropReason, size int) {
 }
 
 // delayLocked draws one packet's delay.
+//
+// +checklocks:n.mu
 func (n *Network) delayLocked(c LinkConfig, s *LinkStats) time.Duration {
 	d := c.Latency
 	if c.Jitter > 0 {

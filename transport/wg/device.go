@@ -47,7 +47,9 @@ type Device struct {
 	tiebreak *tieBreakBind // nil for wireguard-go's own StdNetBind
 	log      *slog.Logger
 
-	mu     sync.Mutex // serializes configuration changes and Close
+	// mu serializes configuration changes and Close, and guards closed.
+	mu sync.Mutex
+	// +checklocks:mu
 	closed bool
 }
 
@@ -195,6 +197,8 @@ func (d *Device) UpsertPeer(p PeerConfig) error {
 // own validation) if that is an error, then any endpoint in peers that the
 // Bind refuses, then ErrDeviceClosed after Close; otherwise the live
 // configuration the change applies to. Nothing is changed on an error.
+//
+// +checklocks:d.mu
 func (d *Device) beginLocked(valid error, peers []PeerConfig) (Config, error) {
 	if valid != nil {
 		return Config{}, valid
@@ -207,6 +211,8 @@ func (d *Device) beginLocked(valid error, peers []PeerConfig) (Config, error) {
 
 // liveLocked reads the live configuration under d.mu, or fails with
 // ErrDeviceClosed after Close.
+//
+// +checklocks:d.mu
 func (d *Device) liveLocked() (Config, error) {
 	if d.closed {
 		return Config{}, ErrDeviceClosed
@@ -352,6 +358,7 @@ func (d *Device) Close() error {
 	return nil
 }
 
+// +checklocks:d.mu
 func (d *Device) readLocked() (Config, map[Key]PeerStats, error) {
 	text, err := d.dev.IpcGet()
 	if err != nil {
@@ -364,6 +371,7 @@ func (d *Device) readLocked() (Config, map[Key]PeerStats, error) {
 	return c.Normalize(), st, nil
 }
 
+// +checklocks:d.mu
 func (d *Device) setLocked(text string) error {
 	if text == "" {
 		return nil

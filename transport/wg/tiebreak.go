@@ -84,8 +84,12 @@ type tieBreakBind struct {
 	conn.Bind
 	clock transport.Clock
 
-	mu      sync.Mutex
-	pending map[string]pendingInit // by the endpoint's DstToString
+	// mu guards pending.
+	mu sync.Mutex
+	// pending holds our initiations in flight, by the endpoint's
+	// DstToString.
+	// +checklocks:mu
+	pending map[string]pendingInit
 
 	dropped atomic.Uint64 // the peer's crossing initiations dropped
 	resent  atomic.Uint64 // our initiations sent again after a drop

@@ -19,7 +19,9 @@ import (
 // endpoint.
 type resendBind struct {
 	fakeBind
-	mu    sync.Mutex
+	// mu guards sends.
+	mu sync.Mutex
+	// +checklocks:mu
 	sends []fakeRecv
 }
 

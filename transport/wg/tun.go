@@ -150,8 +150,11 @@ type tunIO struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	wmu     sync.Mutex
-	scratch [][]byte // slow-path copies with headroom, reused
+	// wmu serializes Write and guards scratch.
+	wmu sync.Mutex
+	// scratch holds the slow path's copies with headroom, reused.
+	// +checklocks:wmu
+	scratch [][]byte
 }
 
 var _ transport.PacketIO = (*tunIO)(nil)

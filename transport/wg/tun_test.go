@@ -79,14 +79,17 @@ func TestTUNFromPacketIO(t *testing.T) {
 // fakeTUN is a tun.Device like a Linux TUN with offloads: Write needs at
 // least 10 bytes of headroom.
 type fakeTUN struct {
-	mu      sync.Mutex
+	// mu guards written and mtu.
+	mu sync.Mutex
+	// +checklocks:mu
 	written [][]byte
-	mtu     int
-	events  chan tun.Event
-	evq     chan tun.Event // what the test wants sent on events
-	in      chan []byte
-	closed  chan struct{}
-	once    sync.Once
+	// +checklocks:mu
+	mtu    int
+	events chan tun.Event
+	evq    chan tun.Event // what the test wants sent on events
+	in     chan []byte
+	closed chan struct{}
+	once   sync.Once
 }
 
 func newFakeTUN() *fakeTUN {

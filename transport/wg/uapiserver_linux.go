@@ -29,8 +29,11 @@ type UAPIServer struct {
 	log   *slog.Logger
 	clock transport.Clock
 
-	mu     sync.Mutex
-	conns  map[net.Conn]bool
+	// mu guards conns, the connections being served, and closed.
+	mu sync.Mutex
+	// +checklocks:mu
+	conns map[net.Conn]bool
+	// +checklocks:mu
 	closed bool
 	wg     sync.WaitGroup
 }

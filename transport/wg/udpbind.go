@@ -121,29 +121,46 @@ type UDPBindOptions struct {
 type UDPBind struct {
 	inner    conn.Bind
 	clock    transport.Clock
-	maxDelay int
+	maxDelay int // +checklocksignore: set by NewUDPBind, read-only after
 
 	impaired atomic.Bool // any impairment or cut in force
 	open     atomic.Bool
 
-	mu      sync.Mutex
-	rng     *rand.Rand
-	def     Impairment
-	per     map[netip.AddrPort]Impairment
-	cutAll  bool
-	cut     map[netip.AddrPort]bool
+	// mu guards the impairments, the delayed packets and their timer, and
+	// the statistics.
+	mu sync.Mutex
+	// +checklocks:mu
+	rng *rand.Rand
+	// +checklocks:mu
+	def Impairment
+	// +checklocks:mu
+	per map[netip.AddrPort]Impairment
+	// +checklocks:mu
+	cutAll bool
+	// +checklocks:mu
+	cut map[netip.AddrPort]bool
+	// +checklocks:mu
 	pending delayHeap
-	seq     uint64
-	timer   transport.Timer
-	armed   time.Time // when timer fires; zero if not armed
-	total   UDPBindStats
-	stats   map[netip.AddrPort]*UDPBindStats
-	fast    fastCounters // counts of the unimpaired fast path
+	// +checklocks:mu
+	seq uint64
+	// +checklocks:mu
+	timer transport.Timer
+	// armed is when timer fires; zero if not armed.
+	// +checklocks:mu
+	armed time.Time
+	// +checklocks:mu
+	total UDPBindStats
+	// +checklocks:mu
+	stats map[netip.AddrPort]*UDPBindStats
+	fast  fastCounters // counts of the unimpaired fast path, atomics
 
-	flushMu sync.Mutex // one flush at a time, so delayed packets keep their order
-	batch   [][]byte   // scratch of flush, under flushMu
-	pool    sync.Pool  // *[]byte copies of delayed packets
-	scratch sync.Pool  // *[][]byte lists of packets that Send passes at once
+	// flushMu lets one flush run at a time, so that delayed packets keep
+	// their order, and guards batch, the flush's scratch.
+	flushMu sync.Mutex
+	// +checklocks:flushMu
+	batch   [][]byte
+	pool    sync.Pool // *[]byte copies of delayed packets
+	scratch sync.Pool // *[][]byte lists of packets that Send passes at once
 }
 
 // fastCounters count the fast path without the lock.
@@ -247,6 +264,7 @@ func (b *UDPBind) IsCut(dst netip.AddrPort) bool {
 	return b.cutAll || b.cut[dst]
 }
 
+// +checklocks:b.mu
 func (b *UDPBind) updateLocked() {
 	on := b.cutAll || len(b.cut) > 0 || !b.def.isZero()
 	for _, i := range b.per {
@@ -396,6 +414,8 @@ func (b *UDPBind) Send(bufs [][]byte, ep conn.Endpoint) error {
 }
 
 // armLocked makes the timer fire for the earliest delayed packet.
+//
+// +checklocks:b.mu
 func (b *UDPBind) armLocked(now time.Time) {
 	if len(b.pending) == 0 {
 		return
@@ -466,6 +486,7 @@ func (b *UDPBind) putBuf(s *[]byte) {
 	b.pool.Put(s)
 }
 
+// +checklocks:b.mu
 func (b *UDPBind) statsLocked(dst netip.AddrPort) *UDPBindStats {
 	s := b.stats[dst]
 	if s == nil {
@@ -475,6 +496,7 @@ func (b *UDPBind) statsLocked(dst netip.AddrPort) *UDPBindStats {
 	return s
 }
 
+// +checklocks:b.mu
 func (b *UDPBind) countLocked(dst netip.AddrPort, f func(*UDPBindStats)) {
 	f(b.statsLocked(dst))
 	f(&b.total)

@@ -21,8 +21,10 @@ import (
 // recordBind is an inner bind that records what reaches the "socket", with
 // the manual clock's time.
 type recordBind struct {
-	clk  *transporttest.ManualClock
-	mu   sync.Mutex
+	clk *transporttest.ManualClock
+	// mu guards sent.
+	mu sync.Mutex
+	// +checklocks:mu
 	sent []sentPkt
 }
 
@@ -44,10 +46,11 @@ func (r *recordBind) ParseEndpoint(s string) (conn.Endpoint, error) {
 	return &wgtest.SimEndpoint{AddrPort: a}, nil
 }
 func (r *recordBind) Send(bufs [][]byte, ep conn.Endpoint) error {
+	at := r.clk.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, b := range bufs {
-		r.sent = append(r.sent, sentPkt{at: r.clk.Now(), dst: ep.(*wgtest.SimEndpoint).AddrPort, data: string(b)})
+		r.sent = append(r.sent, sentPkt{at: at, dst: ep.(*wgtest.SimEndpoint).AddrPort, data: string(b)})
 	}
 	return nil
 }

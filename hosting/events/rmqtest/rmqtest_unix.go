@@ -24,15 +24,26 @@ import (
 
 // Server is a running test broker.
 type Server struct {
-	Dir              string
-	Port, Dist, EPMD int
-	node             string
-	cred             *syscall.Credential
-	env              []string
-	mu               sync.Mutex
-	broker, epmd     *exec.Cmd
-	brokerDone       chan error
-	log              *bytes.Buffer
+	Dir string
+	// Port, Dist and EPMD are the AMQP, distribution and epmd ports.
+	// They are declared one a line: the analyzer misplaces the
+	// annotations of a struct that declares several fields on one line.
+	Port int
+	Dist int
+	EPMD int
+	node string
+	cred *syscall.Credential
+	env  []string
+	// epmd is started once by startOnce and stopped by Stop.
+	epmd *exec.Cmd
+	// mu guards the broker's process, its exit and its output.
+	mu sync.Mutex
+	// +checklocks:mu
+	broker *exec.Cmd
+	// +checklocks:mu
+	brokerDone chan error
+	// +checklocks:mu
+	log *bytes.Buffer
 }
 
 const bin = "/usr/lib/rabbitmq/bin/rabbitmq-server"

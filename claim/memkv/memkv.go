@@ -329,12 +329,9 @@ func (k *KV) revokeLocked(l *lease) {
 func (k *KV) KeepAliveOnce(ctx context.Context, id claim.LeaseID) (time.Duration, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.check(ctx); err != nil {
+	l, err := k.leaseLocked(ctx, id)
+	if err != nil {
 		return 0, err
-	}
-	l := k.leases[id]
-	if l == nil {
-		return 0, fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
 	}
 	l.expiry = k.clock.Now().Add(l.ttl)
 	l.timer.Reset(l.ttl)
@@ -345,12 +342,9 @@ func (k *KV) KeepAliveOnce(ctx context.Context, id claim.LeaseID) (time.Duration
 func (k *KV) Revoke(ctx context.Context, id claim.LeaseID) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.check(ctx); err != nil {
+	l, err := k.leaseLocked(ctx, id)
+	if err != nil {
 		return err
-	}
-	l := k.leases[id]
-	if l == nil {
-		return fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
 	}
 	k.revokeLocked(l)
 	return nil
@@ -360,14 +354,25 @@ func (k *KV) Revoke(ctx context.Context, id claim.LeaseID) error {
 func (k *KV) TimeToLive(ctx context.Context, id claim.LeaseID) (time.Duration, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.check(ctx); err != nil {
+	l, err := k.leaseLocked(ctx, id)
+	if err != nil {
 		return 0, err
+	}
+	return l.expiry.Sub(k.clock.Now()), nil
+}
+
+// leaseLocked returns the live lease id, after the checks every call
+// makes (ctx, closed); claim.ErrLeaseNotFound when there is none. k.mu is
+// held.
+func (k *KV) leaseLocked(ctx context.Context, id claim.LeaseID) (*lease, error) {
+	if err := k.check(ctx); err != nil {
+		return nil, err
 	}
 	l := k.leases[id]
 	if l == nil {
-		return 0, fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
+		return nil, fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
 	}
-	return l.expiry.Sub(k.clock.Now()), nil
+	return l, nil
 }
 
 // LeaderChange models an etcd leader election that ends now: like etcd's

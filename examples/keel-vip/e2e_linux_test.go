@@ -405,6 +405,31 @@ func carriesAddr(h *netns.Host, a netip.Addr) bool {
 	return found
 }
 
+// holdAtA waits until both members renew an etcd lease, promotes A (the
+// operator's first promote, retried until etcd answers) and waits until A
+// carries the VIP.
+func (c *cluster) holdAtA() {
+	c.t.Helper()
+	A, B := c.nodes[0], c.nodes[1]
+	waitFor(c.t, 60*time.Second, "leases", func() bool {
+		for _, n := range []*node{A, B} {
+			st, err := c.status(n)
+			if err != nil || st.RenewalAgeMs < 0 {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(c.t, 60*time.Second, "promote A", func() bool {
+		out, err := c.promote(A, false)
+		if err != nil {
+			c.t.Logf("promote a: %v", err)
+		}
+		return err == nil && strings.Contains(out, "epoch")
+	})
+	waitFor(c.t, 30*time.Second, "A carries", func() bool { return carriesAddr(A.h, testVIP) })
+}
+
 // status runs `keel-vip status --json` for n.
 func (c *cluster) status(n *node) (keelvip.Status, error) {
 	var out, errb bytes.Buffer
@@ -818,22 +843,7 @@ func TestPartitionNetns(t *testing.T) {
 	results := map[string]string{}
 
 	// (a) A promotes; C reaches the VIP at A.
-	waitFor(t, 60*time.Second, "leases", func() bool {
-		for _, n := range []*node{A, B} {
-			st, err := c.status(n)
-			if err != nil || st.RenewalAgeMs < 0 {
-				return false
-			}
-		}
-		return true
-	})
-	waitFor(t, 60*time.Second, "promote A", func() bool {
-		out, err := c.promote(A, false)
-		if err != nil {
-			t.Logf("promote a: %v", err)
-		}
-		return err == nil && strings.Contains(out, "epoch")
-	})
+	c.holdAtA()
 	waitFor(t, 30*time.Second, "C reaches the VIP at A", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "a" })
 	results["a"] = "C reaches the VIP at A"
 

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -170,20 +169,7 @@ func TestPartitionEtcdRestartNetns(t *testing.T) {
 	c.start()
 	c.startEtcd(500, 5000)
 	w := c.watchAddrs()
-	waitFor(t, 60*time.Second, "leases", func() bool {
-		for _, n := range []*node{A, B} {
-			st, err := c.status(n)
-			if err != nil || st.RenewalAgeMs < 0 {
-				return false
-			}
-		}
-		return true
-	})
-	waitFor(t, 60*time.Second, "promote A", func() bool {
-		out, err := c.promote(A, false)
-		return err == nil && strings.Contains(out, "epoch")
-	})
-	waitFor(t, 30*time.Second, "A carries", func() bool { return carriesAddr(A.h, testVIP) })
+	c.holdAtA()
 	c.moveLeader(B, false)
 	bcli := c.ownMember(B)
 	defer bcli.Close()

@@ -401,7 +401,9 @@ func TestPromoteWithoutKVMajorityRefuses(t *testing.T) {
 	e.stop("a")
 	a.Store.Save(claim.State{})
 	e.start("a")
+	e.mu.Lock()
 	e.noEpoch[e.f.A.Addr] = true
+	e.mu.Unlock()
 	res, err := a.Ctl().Promote(context.Background(), claim.PromoteOptions{})
 	if !errors.Is(err, claim.ErrNoMajority) || res.Taken != 0 || res.Answered != 2 {
 		t.Fatalf("promote refused by every peer: %+v %v", res, err)
@@ -495,7 +497,8 @@ func TestObserverFollowsKeysWithoutLease(t *testing.T) {
 // (CLOCK_MONOTONIC) stand still while CLOCK_BOOTTIME counts on.
 type suspendClock struct {
 	*transporttest.ManualClock
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	slept time.Duration
 }
 

@@ -25,9 +25,11 @@ type env struct {
 	hist  *claimtest.History
 	ms    *claimtest.Members
 
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	cut map[[2]netip.Addr]bool
 	// noEpoch drops the epoch queries a node sends (their answers lost).
+	// +checklocks:mu
 	noEpoch map[netip.Addr]bool
 	// afterRelease runs after a release was answered, before the
 	// requester goes on.

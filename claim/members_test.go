@@ -22,7 +22,8 @@ import (
 // test client sets per node (on a real node it is the WireGuard peer's
 // address, RemoteAddr).
 type httpMesh struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	servers map[netip.Addr]*httptest.Server
 }
 

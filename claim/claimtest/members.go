@@ -18,15 +18,14 @@ type Member struct {
 	Store   *claim.MemStore
 	Cfg     claim.Config
 
-	ms  *Members
-	ctl *claim.Controller // +checklocks:ms.mu
+	ms *Members
 }
 
 // Ctl returns the member's running controller, nil while it is stopped.
 func (m *Member) Ctl() *claim.Controller {
 	m.ms.mu.Lock()
 	defer m.ms.mu.Unlock()
-	return m.ctl
+	return m.ms.ctls[m]
 }
 
 // Members runs the controllers of a test's members by name: Start starts
@@ -42,20 +41,22 @@ type Members struct {
 	byAddr map[netip.Addr]*Member
 	// +checklocks:mu
 	order []*Member
+	// +checklocks:mu
+	ctls map[*Member]*claim.Controller // the running ones
 }
 
 // NewMembers returns an empty set of members for the test t.
 func NewMembers(t testing.TB) *Members {
-	ms := &Members{t: t, byAddr: map[netip.Addr]*Member{}}
+	ms := &Members{t: t, byAddr: map[netip.Addr]*Member{}, ctls: map[*Member]*claim.Controller{}}
 	t.Cleanup(func() {
 		ms.mu.Lock()
 		var ctls []*claim.Controller
 		for _, m := range ms.order {
-			if m.ctl != nil {
-				ctls = append(ctls, m.ctl)
-				m.ctl = nil
+			if c := ms.ctls[m]; c != nil {
+				ctls = append(ctls, c)
 			}
 		}
+		clear(ms.ctls)
 		ms.mu.Unlock()
 		for _, c := range ctls {
 			c.Close()
@@ -118,7 +119,7 @@ func (ms *Members) Start(name string) *claim.Controller {
 func (ms *Members) Put(name string, ctl *claim.Controller) {
 	m := ms.M(name)
 	ms.mu.Lock()
-	m.ctl = ctl
+	ms.ctls[m] = ctl
 	ms.mu.Unlock()
 }
 
@@ -126,8 +127,8 @@ func (ms *Members) Put(name string, ctl *claim.Controller) {
 func (ms *Members) Stop(name string) {
 	m := ms.M(name)
 	ms.mu.Lock()
-	ctl := m.ctl
-	m.ctl = nil
+	ctl := ms.ctls[m]
+	delete(ms.ctls, m)
 	ms.mu.Unlock()
 	if ctl != nil {
 		ctl.Close()
@@ -139,8 +140,5 @@ func (ms *Members) Stop(name string) {
 func (ms *Members) Running(addr netip.Addr) *claim.Controller {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	if m := ms.byAddr[addr]; m != nil {
-		return m.ctl
-	}
-	return nil
+	return ms.ctls[ms.byAddr[addr]]
 }

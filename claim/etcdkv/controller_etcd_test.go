@@ -30,7 +30,8 @@ type etcdPair struct {
 	hist *claimtest.History
 	ms   *claimtest.Members
 
-	mu  sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	off map[netip.Addr]bool // members taken off etcd and off the channel
 }
 

@@ -151,15 +151,16 @@ func (c *cluster) etcdLogSizes() map[string]int64 {
 	return m
 }
 
-// TestPartitionEtcdRestartNetns is the end of the fault-injection run
-// that once failed its liveness check, played on purpose: A holds the
-// VIP and B leads etcd; B is cut off for 30 s, and during the cut C's etcd
-// member is killed and restarted (A has no quorum until C's member is
-// back, so A stops renewing and is fenced). After the heal B's etcd
-// member must serve a linearizable read within 15 s (it follows A's or
-// C's leadership again over its old peer streams or new ones), and
-// exactly one pair member must carry the VIP within 45 s (B, as A is
-// fenced).
+// TestPartitionEtcdRestartNetns: A holds the VIP and B leads etcd; B is
+// cut off for 30 s, and during the cut C's etcd member is killed and
+// restarted (A has no quorum until C's member is back, so A stops
+// renewing and is fenced), then A is made etcd's leader, so that B's way
+// back to the leader is over peer streams that stayed open through the
+// cut. After the heal B's etcd member must serve a linearizable read
+// within 15 s, and exactly one pair member must carry the VIP within
+// 45 s (B, as A is fenced). etcd's peer streams never time out a silent
+// connection, so this holds only with TCP's retransmission backoff
+// capped (rtoMaxMs; see the README).
 func TestPartitionEtcdRestartNetns(t *testing.T) {
 	seed := testenv.Seed(t, 2026)
 	t.Setenv("KEEL_VIP_LOG_LEVEL", "debug") // wireguard-go's handshakes in the helpers' logs

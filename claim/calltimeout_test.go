@@ -32,9 +32,9 @@ func (k *hangingKV) Get(ctx context.Context, key string, prefix bool) (claim.Get
 func TestCallTimeoutOnTheClock(t *testing.T) {
 	e := newEnv(t, true)
 	a := e.m("a")
-	kv := &hangingKV{KV: e.kv, entered: make(chan struct{}, 1)}
-	a.cfg.KV, a.cfg.CallTimeout = kv, time.Hour
-	ctl, err := claim.NewController(a.cfg) // not started: only the promote calls
+	kv := &hangingKV{KV: e.mkv, entered: make(chan struct{}, 1)}
+	a.Cfg.KV, a.Cfg.CallTimeout = kv, time.Hour
+	ctl, err := claim.NewController(a.Cfg) // not started: only the promote calls
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,15 +54,20 @@ func (c BootClock) AfterFunc(d time.Duration, f func()) transport.Timer {
 }
 
 type bootTimer struct {
-	c        BootClock
-	f        func()
-	mu       sync.Mutex
+	c  BootClock
+	f  func()
+	mu sync.Mutex
+	// +checklocks:mu
 	deadline time.Time
-	t        *time.Timer
-	gen      uint64
-	pending  bool
+	// +checklocks:mu
+	t *time.Timer
+	// +checklocks:mu
+	gen uint64
+	// +checklocks:mu
+	pending bool
 }
 
+// +checklocks:t.mu
 func (t *bootTimer) armLocked() {
 	wait := t.deadline.Sub(t.c.Now())
 	if wait > BootTimerSlice {

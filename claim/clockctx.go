@@ -36,7 +36,8 @@ type clockCtx struct {
 	cancel          context.CancelCauseFunc
 	done            chan struct{}
 	mu              sync.Mutex
-	err             error
+	// +checklocks:mu
+	err error
 }
 
 func (c *clockCtx) end(err error) {

@@ -101,27 +101,46 @@ type Controller struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	st        State
-	carried   bool
-	routedTo  netip.Addr
+	mu sync.Mutex
+	// +checklocks:mu
+	st State
+	// +checklocks:mu
+	carried bool
+	// +checklocks:mu
+	routedTo netip.Addr
+	// +checklocks:mu
 	lastRenew time.Time // when the last renewal etcd answered was sent; zero: none since start
-	dirty     bool      // keys must be read: start, watch event, not holding
-	stepping  bool
-	promoting bool                     // a Promote runs: the holder self-check must not fence
-	told      map[netip.Addr]toldClaim // the claim each peer answered last
-	verified  map[string]verifiedValue // per key: the last value found valid
-	started   bool
-	closed    bool
-	step      transport.Timer
-	drop      transport.Timer
-	stats     Stats
+	// +checklocks:mu
+	dirty bool // keys must be read: start, watch event, not holding
+	// +checklocks:mu
+	stepping bool
+	// +checklocks:mu
+	promoting bool // a Promote runs: the holder self-check must not fence
+	// +checklocks:mu
+	told map[netip.Addr]toldClaim // the claim each peer answered last
+	// +checklocks:mu
+	verified map[string]verifiedValue // per key: the last value found valid
+	// +checklocks:mu
+	started bool
+	// +checklocks:mu
+	closed bool
+	// +checklocks:mu
+	step transport.Timer
+	// +checklocks:mu
+	drop transport.Timer
+	// +checklocks:mu
+	stats Stats
 
-	published  view // the view last published to the watchers
-	seq        uint64
-	watchers   map[*watcher]struct{}
-	watchEnded bool       // Close ended the watches
-	token      FenceToken // the holder key's put of the claim held, once confirmed or written
+	// +checklocks:mu
+	published view // the view last published to the watchers
+	// +checklocks:mu
+	seq uint64
+	// +checklocks:mu
+	watchers map[*watcher]struct{}
+	// +checklocks:mu
+	watchEnded bool // Close ended the watches
+	// +checklocks:mu
+	token FenceToken // the holder key's put of the claim held, once confirmed or written
 }
 
 type verifiedValue struct {
@@ -218,7 +237,9 @@ func NewController(cfg Config) (*Controller, error) {
 	if c.clock == nil {
 		c.clock = BootClock{}
 	}
-	c.published = c.viewLocked()
+	c.mu.Lock()
+	c.published = c.viewLocked() // c is not shared yet: the lock only satisfies checklocks
+	c.mu.Unlock()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -357,6 +378,7 @@ func (c *Controller) report(err error) {
 	}
 }
 
+// +checklocks:c.mu
 func (c *Controller) saveLocked() {
 	if err := c.cfg.Store.Save(c.st); err != nil {
 		c.report(err)
@@ -365,6 +387,7 @@ func (c *Controller) saveLocked() {
 
 // renewedLocked reports whether the last answered renewal is younger than
 // DropAfter: the condition for carrying.
+// +checklocks:c.mu
 func (c *Controller) renewedLocked() bool {
 	if c.cfg.KV == nil {
 		return true
@@ -373,6 +396,7 @@ func (c *Controller) renewedLocked() bool {
 }
 
 // carryLocked adds the address, after checking the renewal's age again.
+// +checklocks:c.mu
 func (c *Controller) carryLocked() {
 	if c.closed || c.carried || !c.renewedLocked() || c.st.Role(c.cfg.Self) != RoleHolder {
 		return
@@ -388,6 +412,7 @@ func (c *Controller) carryLocked() {
 // carryCallLocked adds the address: with a KV and a LeasedCarrier, until
 // the drop deadline of the last answered renewal, so that the OS removes
 // it by itself if this controller stops renewing.
+// +checklocks:c.mu
 func (c *Controller) carryCallLocked() error {
 	ctx, cancel := c.call(c.ctx)
 	defer cancel()
@@ -400,6 +425,7 @@ func (c *Controller) carryCallLocked() error {
 // extendLocked moves the carried address's deadline to that of the renewal
 // just answered. A failure leaves the earlier deadline in force (the
 // address goes by itself then), and the next answered renewal tries again.
+// +checklocks:c.mu
 func (c *Controller) extendLocked() {
 	if _, ok := c.cfg.Carrier.(LeasedCarrier); !ok || !c.carried || c.closed {
 		return
@@ -409,6 +435,7 @@ func (c *Controller) extendLocked() {
 	}
 }
 
+// +checklocks:c.mu
 func (c *Controller) dropLocked() {
 	if !c.carried {
 		return
@@ -424,6 +451,7 @@ func (c *Controller) dropLocked() {
 	c.stats.Drops++
 }
 
+// +checklocks:c.mu
 func (c *Controller) routeLocked(to netip.Addr) {
 	if err := c.routeCallLocked(to); err != nil {
 		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
@@ -432,6 +460,7 @@ func (c *Controller) routeLocked(to netip.Addr) {
 
 // routeCallLocked routes the VIP to the holder at to (zero: no route) unless
 // it is routed there already.
+// +checklocks:c.mu
 func (c *Controller) routeCallLocked(to netip.Addr) error {
 	if to == c.routedTo {
 		return nil
@@ -446,6 +475,7 @@ func (c *Controller) routeCallLocked(to netip.Addr) error {
 }
 
 // fenceLocked drops the address and fences the node.
+// +checklocks:c.mu
 func (c *Controller) fenceLocked() {
 	c.dropLocked()
 	if !c.st.Fenced {
@@ -458,6 +488,7 @@ func (c *Controller) fenceLocked() {
 // checkAgeLocked drops the VIP once the last answered renewal is DropAfter
 // old. It runs from the drop timer and at the start of every step, so a
 // holder that wakes from suspend drops before anything else.
+// +checklocks:c.mu
 func (c *Controller) checkAgeLocked() {
 	if c.cfg.KV == nil || c.closed {
 		return
@@ -467,6 +498,7 @@ func (c *Controller) checkAgeLocked() {
 	}
 }
 
+// +checklocks:c.mu
 func (c *Controller) armDropLocked() {
 	if c.closed || c.lastRenew.IsZero() {
 		return

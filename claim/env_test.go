@@ -21,116 +21,71 @@ type env struct {
 	t     testing.TB
 	f     *claimtest.Fixture
 	clock *transporttest.ManualClock
-	kv    *memkv.KV
+	mkv   *memkv.KV
 	hist  *claimtest.History
+	ms    *claimtest.Members
 
-	mu    sync.Mutex
-	nodes map[netip.Addr]*member
-	cut   map[[2]netip.Addr]bool
+	mu sync.Mutex
+	// +checklocks:mu
+	cut map[[2]netip.Addr]bool
 	// noEpoch drops the epoch queries a node sends (their answers lost).
+	// +checklocks:mu
 	noEpoch map[netip.Addr]bool
 	// afterRelease runs after a release was answered, before the
 	// requester goes on.
 	afterRelease func()
 }
 
-type member struct {
-	name    string
-	node    claimtest.Node
-	kv      *claimtest.CountingKV
-	carrier *claimtest.FakeCarrier
-	store   *claim.MemStore
-	ctl     *claim.Controller
-	cfg     claim.Config
-}
-
 func newEnv(t testing.TB, withKV bool) *env {
 	e := &env{t: t, f: claimtest.NewFixture(), clock: transporttest.NewManualClock(), hist: new(claimtest.History),
-		nodes: map[netip.Addr]*member{}, cut: map[[2]netip.Addr]bool{}, noEpoch: map[netip.Addr]bool{}}
+		ms: claimtest.NewMembers(t), cut: map[[2]netip.Addr]bool{}, noEpoch: map[netip.Addr]bool{}}
 	if withKV {
-		e.kv = memkv.New(memkv.Options{Clock: e.clock})
-		t.Cleanup(func() { e.kv.Close() })
+		e.mkv = memkv.New(memkv.Options{Clock: e.clock})
+		t.Cleanup(func() { e.mkv.Close() })
 	}
 	for _, n := range []claimtest.Node{e.f.A, e.f.B, e.f.C} {
-		m := &member{name: n.Name, node: n, store: new(claim.MemStore),
-			carrier: claimtest.NewFakeCarrier(n.Name, e.clock, e.hist)}
-		m.cfg = claim.Config{
+		m := &claimtest.Member{Name: n.Name, Node: n, Store: new(claim.MemStore),
+			Carrier: claimtest.NewFakeCarrier(n.Name, e.clock, e.hist)}
+		m.Cfg = claim.Config{
 			Policy: e.f.Policy(), Self: n.Addr, VIP: e.f.VIP,
-			Carrier: m.carrier, Store: m.store, Clock: e.clock,
+			Carrier: m.Carrier, Store: m.Store, Clock: e.clock,
 			Channel: e.directChannel(n.Addr), NoWatch: true,
 			Peers: []netip.Addr{e.f.A.Addr, e.f.B.Addr, e.f.C.Addr},
 		}
 		if n.Name != "c" {
-			m.cfg.Key, m.cfg.Pair = n.Key, e.f.Pair
+			m.Cfg.Key, m.Cfg.Pair = n.Key, e.f.Pair
 			if withKV {
-				m.kv = claimtest.NewCountingKV(e.kv)
-				m.cfg.KV = m.kv
+				m.KV = claimtest.NewCountingKV(e.mkv)
+				m.Cfg.KV = m.KV
 			}
 		}
-		e.nodes[n.Addr] = m
+		e.ms.Add(m)
 	}
-	t.Cleanup(func() {
-		for _, m := range e.nodes {
-			if m.ctl != nil {
-				m.ctl.Close()
-			}
-		}
-	})
 	return e
 }
 
-func (e *env) m(name string) *member {
-	for _, m := range e.nodes {
-		if m.name == name {
-			return m
-		}
-	}
-	e.t.Fatalf("no node %s", name)
-	return nil
-}
+func (e *env) m(name string) *claimtest.Member { return e.ms.M(name) }
 
 // start (re)starts a node's controller from its stored state.
 func (e *env) start(name string) *claim.Controller {
 	e.t.Helper()
-	m := e.m(name)
-	if m.ctl != nil {
-		m.ctl.Close()
-	}
-	ctl, err := claim.NewController(m.cfg)
-	if err != nil {
-		e.t.Fatalf("start %s: %v", name, err)
-	}
-	e.mu.Lock()
-	m.ctl = ctl
-	e.mu.Unlock()
-	if err := ctl.Start(); err != nil {
-		e.t.Fatalf("start %s: %v", name, err)
-	}
-	return ctl
+	return e.ms.Start(name)
 }
 
-func (e *env) stop(name string) {
-	m := e.m(name)
-	if m.ctl != nil {
-		m.ctl.Close()
-		e.mu.Lock()
-		m.ctl = nil
-		e.mu.Unlock()
-	}
-}
+func (e *env) stop(name string) { e.ms.Stop(name) }
 
 // isolate cuts a node from the KV and from the channel, both ways.
 func (e *env) isolate(name string, v bool) {
 	m := e.m(name)
-	if m.kv != nil {
-		m.kv.SetDown(v)
+	if m.KV != nil {
+		m.KV.SetDown(v)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for a := range e.nodes {
-		if a != m.node.Addr {
-			e.cut[[2]netip.Addr{a, m.node.Addr}] = v
-			e.cut[[2]netip.Addr{m.node.Addr, a}] = v
+	for _, o := range e.ms.All() {
+		if a := o.Node.Addr; a != m.Node.Addr {
+			e.cut[[2]netip.Addr{a, m.Node.Addr}] = v
+			e.cut[[2]netip.Addr{m.Node.Addr, a}] = v
 		}
 	}
 }
@@ -138,7 +93,7 @@ func (e *env) isolate(name string, v bool) {
 func (e *env) carriers() []string {
 	var out []string
 	for _, n := range []string{"a", "b", "c"} {
-		if e.m(n).carrier.Carried(e.f.VIP) {
+		if e.m(n).Carrier.Carried(e.f.VIP) {
 			out = append(out, n)
 		}
 	}
@@ -152,15 +107,16 @@ var errUnreachable = errors.New("test: peer unreachable")
 func (e *env) directTarget(from netip.Addr) func(netip.Addr) (*claim.Controller, error) {
 	return func(peer netip.Addr) (*claim.Controller, error) {
 		e.mu.Lock()
-		defer e.mu.Unlock()
-		if e.cut[[2]netip.Addr{from, peer}] || e.cut[[2]netip.Addr{peer, from}] {
+		cut := e.cut[[2]netip.Addr{from, peer}] || e.cut[[2]netip.Addr{peer, from}]
+		e.mu.Unlock()
+		if cut {
 			return nil, fmt.Errorf("%w: %v", errUnreachable, peer)
 		}
-		m := e.nodes[peer]
-		if m == nil || m.ctl == nil {
+		ctl := e.ms.Running(peer)
+		if ctl == nil {
 			return nil, fmt.Errorf("%w: %v down", errUnreachable, peer)
 		}
-		return m.ctl, nil
+		return ctl, nil
 	}
 }
 
@@ -197,7 +153,7 @@ func (e *env) bootstrap() {
 	e.start("b")
 	e.start("c")
 	e.advance(100 * time.Millisecond)
-	res, err := e.m("a").ctl.Promote(context.Background(), claim.PromoteOptions{})
+	res, err := e.m("a").Ctl().Promote(context.Background(), claim.PromoteOptions{})
 	if err != nil {
 		e.t.Fatalf("bootstrap promote: %v", err)
 	}

@@ -70,19 +70,19 @@ func TestClaimAfterLastEpochRefused(t *testing.T) {
 		e.advance(100 * time.Millisecond)
 		keys := claim.KeysFor(e.f.Mesh, e.f.VIP)
 		last := e.f.Claim(e.f.A, top)
-		if _, err := e.kv.Txn(context.Background(), claim.Txn{Then: []claim.Op{claim.Put(keys.Epoch, last.Encode(), 0)}}); err != nil {
+		if _, err := e.mkv.Txn(context.Background(), claim.Txn{Then: []claim.Op{claim.Put(keys.Epoch, last.Encode(), 0)}}); err != nil {
 			t.Fatal(err)
 		}
 		e.advance(3 * time.Second)
-		_, err := e.m("b").ctl.Promote(context.Background(), claim.PromoteOptions{OldPrimaryGone: true})
+		_, err := e.m("b").Ctl().Promote(context.Background(), claim.PromoteOptions{OldPrimaryGone: true})
 		if !errors.Is(err, claim.ErrEpochExhausted) {
 			t.Errorf("counter at %d: promote %v, want ErrEpochExhausted", top, err)
 		}
-		g, err := e.kv.Get(context.Background(), keys.Epoch, false)
+		g, err := e.mkv.Get(context.Background(), keys.Epoch, false)
 		if err != nil || len(g.KVs) != 1 || string(g.KVs[0].Value) != string(last.Encode()) {
 			t.Errorf("counter at %d changed: %v %v", top, g.KVs, err)
 		}
-		if e.m("b").carrier.Carried(e.f.VIP) {
+		if e.m("b").Carrier.Carried(e.f.VIP) {
 			t.Errorf("counter at %d: b carries", top)
 		}
 	}

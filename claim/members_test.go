@@ -22,7 +22,8 @@ import (
 // test client sets per node (on a real node it is the WireGuard peer's
 // address, RemoteAddr).
 type httpMesh struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	servers map[netip.Addr]*httptest.Server
 }
 
@@ -68,15 +69,15 @@ func TestMembersChannelOverHTTP(t *testing.T) {
 	mesh := &httpMesh{servers: map[netip.Addr]*httptest.Server{}}
 	for _, n := range []string{"a", "b", "c"} {
 		m := e.m(n)
-		m.cfg.Channel = mesh.client(m.node.Addr)
+		m.Cfg.Channel = mesh.client(m.Node.Addr)
 		ctl := e.start(n)
-		mesh.serve(t, m.node.Addr, ctl)
+		mesh.serve(t, m.Node.Addr, ctl)
 	}
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	ctx := context.Background()
 	a, b, c := e.m("a"), e.m("b"), e.m("c")
-	res, err := a.ctl.Promote(ctx, claim.PromoteOptions{})
-	if err != nil || res.Taken != 2 || !a.carrier.Carried(e.f.VIP) {
+	res, err := a.Ctl().Promote(ctx, claim.PromoteOptions{})
+	if err != nil || res.Taken != 2 || !a.Carrier.Carried(e.f.VIP) {
 		t.Fatalf("promote over http: %+v %v", res, err)
 	}
 	// Epoch query.
@@ -85,7 +86,7 @@ func TestMembersChannelOverHTTP(t *testing.T) {
 		t.Fatalf("epoch query: %v %v", got, err)
 	}
 	// A stale claim (the old epoch-1 claim, replayed by a) is a 409 with a reason.
-	if _, err := b.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+	if _, err := b.Ctl().Promote(ctx, claim.PromoteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	err = mesh.client(e.f.A.Addr).Announce(ctx, e.f.C.Addr, e.f.Claim(e.f.A, 1))
@@ -103,7 +104,7 @@ func TestMembersChannelOverHTTP(t *testing.T) {
 	if _, err := mesh.client(e.f.C.Addr).Release(ctx, e.f.B.Addr, r); !errors.Is(err, claim.ErrNotPairMember) {
 		t.Fatalf("release from the observer: %v", err)
 	}
-	if !b.carrier.Carried(e.f.VIP) || c.carrier.RoutedTo(e.f.VIP) != e.f.B.Addr {
+	if !b.Carrier.Carried(e.f.VIP) || c.Carrier.RoutedTo(e.f.VIP) != e.f.B.Addr {
 		t.Fatal("the refused release moved the vip")
 	}
 	// Unknown VIP.

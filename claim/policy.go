@@ -16,7 +16,8 @@ type Policy struct {
 	Trust   TrustStore
 	Overlay netip.Prefix // when valid, a VIP outside it is refused
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	verified []byte // encoding of the last pair record found complete
 }
 

@@ -12,7 +12,7 @@ import (
 func TestStartErrors(t *testing.T) {
 	e := newEnv(t, true)
 	a := e.m("a")
-	ctl, err := claim.NewController(a.cfg)
+	ctl, err := claim.NewController(a.Cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +37,8 @@ func TestStartNoKVCarryFails(t *testing.T) {
 	a := e.m("a")
 	e.stop("a")
 	fail := errors.New("test: netlink down")
-	a.carrier.SetFail(fail)
-	ctl, err := claim.NewController(a.cfg)
+	a.Carrier.SetFail(fail)
+	ctl, err := claim.NewController(a.Cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,14 +47,14 @@ func TestStartNoKVCarryFails(t *testing.T) {
 		t.Fatalf("start with a failing carrier: %v", err)
 	}
 	e.advance(time.Second)
-	if a.carrier.Carried(e.f.VIP) {
+	if a.Carrier.Carried(e.f.VIP) {
 		t.Fatal("carried although the carrier failed")
 	}
-	a.carrier.SetFail(nil)
+	a.Carrier.SetFail(nil)
 	if err := ctl.Start(); err != nil {
 		t.Fatalf("start once the carrier works: %v", err)
 	}
-	if !a.carrier.Carried(e.f.VIP) {
+	if !a.Carrier.Carried(e.f.VIP) {
 		t.Fatal("held VIP not carried after start")
 	}
 }
@@ -72,11 +72,11 @@ func TestFirstHolderOnlyByPromote(t *testing.T) {
 			t.Fatalf("kv %v: carriers %v before any promote", withKV, cs)
 		}
 		for _, n := range []string{"a", "b"} {
-			if st := e.m(n).ctl.Status(); st.Role != claim.RoleReplica || st.Epoch != 0 {
+			if st := e.m(n).Ctl().Status(); st.Role != claim.RoleReplica || st.Epoch != 0 {
 				t.Fatalf("kv %v: %s before any promote: %+v", withKV, n, st)
 			}
 		}
-		res, err := e.m("b").ctl.Promote(context.Background(), claim.PromoteOptions{})
+		res, err := e.m("b").Ctl().Promote(context.Background(), claim.PromoteOptions{})
 		if err != nil || res.Claim.Epoch != 1 {
 			t.Fatalf("kv %v: first promote: %+v %v", withKV, res, err)
 		}

@@ -290,8 +290,10 @@ func (f *FileStore) Save(s State) error {
 // survives a controller's "crash" the way a disk does. The zero value is an
 // empty store.
 type MemStore struct {
-	mu    sync.Mutex
-	s     State
+	mu sync.Mutex
+	// +checklocks:mu
+	s State
+	// +checklocks:mu
 	saves int
 }
 

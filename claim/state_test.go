@@ -109,8 +109,8 @@ func TestFileStore(t *testing.T) {
 	// A controller refuses to start on it.
 	e := newEnv(t, true)
 	m := e.m("a")
-	m.cfg.Store = fs
-	if _, err := claim.NewController(m.cfg); !errors.Is(err, claim.ErrCorruptState) {
+	m.Cfg.Store = fs
+	if _, err := claim.NewController(m.Cfg); !errors.Is(err, claim.ErrCorruptState) {
 		t.Fatalf("controller on a corrupt state file: %v", err)
 	}
 }

@@ -41,6 +41,7 @@ type view struct {
 	fenced, released, carried bool
 }
 
+// +checklocks:c.mu
 func (c *Controller) viewLocked() view {
 	v := view{role: c.st.Role(c.cfg.Self), fenced: c.st.Fenced, released: c.st.Released, carried: c.carried}
 	if c.st.Held != nil {
@@ -70,13 +71,10 @@ func (c *Controller) Watch(ctx context.Context, queue int) <-chan Change {
 	if queue <= 0 {
 		queue = DefaultWatchQueue
 	}
-	w := &watcher{max: queue, wake: make(chan struct{}, 1)}
 	out := make(chan Change)
 	c.mu.Lock()
-	w.queue = append(w.queue, c.published.change(c.seq))
-	if c.watchEnded {
-		w.done = true
-	} else {
+	w := &watcher{max: queue, wake: make(chan struct{}, 1), queue: []Change{c.published.change(c.seq)}, done: c.watchEnded}
+	if !c.watchEnded {
 		if c.watchers == nil {
 			c.watchers = map[*watcher]struct{}{}
 		}
@@ -93,11 +91,13 @@ func (c *Controller) Watch(ctx context.Context, queue int) <-chan Change {
 
 // unlock publishes a change of the view, if any, and unlocks c.mu. Every
 // unlock of c.mu goes through it, so no change escapes the watchers.
+// +checklocksrelease:c.mu
 func (c *Controller) unlock() {
 	c.publishLocked()
 	c.mu.Unlock()
 }
 
+// +checklocks:c.mu
 func (c *Controller) publishLocked() {
 	v := c.viewLocked()
 	if v == c.published {
@@ -112,6 +112,7 @@ func (c *Controller) publishLocked() {
 }
 
 // finishWatchersLocked ends every watch after its queue is read (Close).
+// +checklocks:c.mu
 func (c *Controller) finishWatchersLocked() {
 	for w := range c.watchers {
 		w.finish()
@@ -123,9 +124,11 @@ type watcher struct {
 	max  int
 	wake chan struct{} // one pending wake-up
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	queue []Change
-	done  bool // no more changes: close once the queue is read
+	// +checklocks:mu
+	done bool // no more changes: close once the queue is read
 }
 
 func (w *watcher) push(ch Change) {

@@ -26,7 +26,7 @@ func promotes(t *testing.T, e *env, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
 		who := []string{"b", "a"}[i%2]
-		if _, err := e.m(who).ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil {
+		if _, err := e.m(who).Ctl().Promote(context.Background(), claim.PromoteOptions{}); err != nil {
 			t.Fatalf("promote %d on %s: %v", i, who, err)
 		}
 		e.advance(3 * time.Second)
@@ -42,15 +42,15 @@ func TestWatchOverflow(t *testing.T) {
 	a := e.m("a")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch := a.ctl.Watch(ctx, 2)
+	ch := a.Ctl().Watch(ctx, 2)
 	first, _ := recv(t, ch)
-	if st := a.ctl.Status(); first.Role != claim.RoleHolder || !first.Carried || first.Epoch != st.Epoch || first.Holder != e.f.A.Addr {
+	if st := a.Ctl().Status(); first.Role != claim.RoleHolder || !first.Carried || first.Epoch != st.Epoch || first.Holder != e.f.A.Addr {
 		t.Fatalf("first change %+v, status %+v", first, st)
 	}
 	promotes(t, e, 6) // a loses and wins the VIP three times; nobody reads
 	prev, missed := first, uint64(0)
 	for {
-		st := a.ctl.Status()
+		st := a.Ctl().Status()
 		c, _ := recv(t, ch)
 		if c.Seq != prev.Seq+c.Missed+1 {
 			t.Fatalf("seq %d (missed %d) after %d", c.Seq, c.Missed, prev.Seq)
@@ -80,7 +80,7 @@ func TestWatchEveryChangeThenClose(t *testing.T) {
 	e.start("a")
 	e.start("b")
 	a := e.m("a")
-	ch := a.ctl.Watch(context.Background(), 0)
+	ch := a.Ctl().Watch(context.Background(), 0)
 	got := make(chan []claim.Change, 1)
 	go func() {
 		var cs []claim.Change
@@ -90,12 +90,12 @@ func TestWatchEveryChangeThenClose(t *testing.T) {
 		got <- cs
 	}()
 	e.advance(100 * time.Millisecond)
-	if _, err := a.ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil {
+	if _, err := a.Ctl().Promote(context.Background(), claim.PromoteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	e.advance(3 * time.Second)
 	promotes(t, e, 2)
-	ctl := a.ctl
+	ctl := a.Ctl()
 	e.stop("a")
 	var cs []claim.Change
 	select {
@@ -129,11 +129,11 @@ func TestWatchSeqWraps(t *testing.T) {
 		e.start("a")
 		e.start("b")
 		a := e.m("a")
-		claim.SetChangeSeq(a.ctl, math.MaxUint64-1)
+		claim.SetChangeSeq(a.Ctl(), math.MaxUint64-1)
 		ctx, cancel := context.WithCancel(context.Background())
-		ch := a.ctl.Watch(ctx, queue)
+		ch := a.Ctl().Watch(ctx, queue)
 		e.advance(100 * time.Millisecond)
-		if _, err := a.ctl.Promote(context.Background(), claim.PromoteOptions{}); err != nil {
+		if _, err := a.Ctl().Promote(context.Background(), claim.PromoteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		e.advance(3 * time.Second)
@@ -144,7 +144,7 @@ func TestWatchSeqWraps(t *testing.T) {
 		}
 		var seqs []uint64
 		for {
-			st := a.ctl.Status()
+			st := a.Ctl().Status()
 			c, _ := recv(t, ch)
 			if c.Seq != prev.Seq+c.Missed+1 {
 				t.Fatalf("queue %d: seq %d (missed %d) after %d", queue, c.Seq, c.Missed, prev.Seq)

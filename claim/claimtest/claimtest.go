@@ -51,9 +51,11 @@ type Event struct {
 // History records the carrier events of many nodes in order. Safe for
 // concurrent use.
 type History struct {
-	mu     sync.Mutex
+	mu sync.Mutex
+	// +checklocks:mu
 	events []Event
-	watch  func(Event)
+	// +checklocks:mu
+	watch func(Event)
 }
 
 // Events returns a copy of the events so far.
@@ -88,11 +90,15 @@ type FakeCarrier struct {
 	Clock   transport.Clock
 	History *History
 
-	mu        sync.Mutex
-	carried   map[netip.Addr]bool
+	mu sync.Mutex
+	// +checklocks:mu
+	carried map[netip.Addr]bool
+	// +checklocks:mu
 	deadlines map[netip.Addr]time.Time
-	routes    map[netip.Addr]netip.Addr
-	fail      error
+	// +checklocks:mu
+	routes map[netip.Addr]netip.Addr
+	// +checklocks:mu
+	fail error
 }
 
 var _ claim.LeasedCarrier = (*FakeCarrier)(nil)

@@ -25,20 +25,14 @@ const (
 )
 
 type etcdPair struct {
-	t     *testing.T
-	f     *claimtest.Fixture
-	hist  *claimtest.History
-	mu    sync.Mutex
-	nodes map[netip.Addr]*etcdNode
-}
+	t    *testing.T
+	f    *claimtest.Fixture
+	hist *claimtest.History
+	ms   *claimtest.Members
 
-type etcdNode struct {
-	name    string
-	cfg     claim.Config
-	kv      *claimtest.CountingKV
-	carrier *claimtest.FakeCarrier
-	ctl     *claim.Controller
-	cut     bool
+	mu sync.Mutex
+	// +checklocks:mu
+	off map[netip.Addr]bool // members taken off etcd and off the channel
 }
 
 // newEtcdPair builds members a and b on the embedded etcd, in a mesh of
@@ -46,71 +40,38 @@ type etcdNode struct {
 func newEtcdPair(t *testing.T) *etcdPair {
 	needEtcd(t)
 	f := claimtest.NewFixture()
-	p := &etcdPair{t: t, f: f, hist: new(claimtest.History), nodes: map[netip.Addr]*etcdNode{}}
+	p := &etcdPair{t: t, f: f, hist: new(claimtest.History), ms: claimtest.NewMembers(t), off: map[netip.Addr]bool{}}
 	// Every test has its own mesh name, so its own keys.
 	f.Mesh = fmt.Sprintf("t%d", prefixSeq.Add(1))
 	f.Pair = f.NewPair(f.VIP, f.A, f.B, f.A.Key, f.B.Key)
 	clock := claim.BootClock{}
 	for _, n := range []claimtest.Node{f.A, f.B} {
-		m := &etcdNode{name: n.Name, kv: claimtest.NewCountingKV(etcdkv.New(client)),
-			carrier: claimtest.NewFakeCarrier(n.Name, clock, p.hist)}
-		m.cfg = claim.Config{
+		m := &claimtest.Member{Name: n.Name, Node: n, KV: claimtest.NewCountingKV(etcdkv.New(client)),
+			Carrier: claimtest.NewFakeCarrier(n.Name, clock, p.hist), Store: new(claim.MemStore)}
+		m.Cfg = claim.Config{
 			Policy: f.Policy(), Self: n.Addr, Key: n.Key, VIP: f.VIP, Pair: f.Pair,
-			KV: m.kv, Carrier: m.carrier, Store: new(claim.MemStore), Clock: clock,
+			KV: m.KV, Carrier: m.Carrier, Store: m.Store, Clock: clock,
 			Channel: p.channel(n.Addr), Peers: []netip.Addr{f.A.Addr, f.B.Addr},
 			RenewInterval: tRenew, DropAfter: tDrop, LeaseTTL: tTTL, ElectionTimeout: tElect,
 			CallTimeout: tRenew,
 		}
-		p.nodes[n.Addr] = m
+		p.ms.Add(m)
 	}
-	t.Cleanup(func() {
-		for _, m := range p.nodes {
-			if m.ctl != nil {
-				m.ctl.Close()
-			}
-		}
-	})
 	return p
 }
 
-func (p *etcdPair) m(name string) *etcdNode {
-	for _, m := range p.nodes {
-		if m.name == name {
-			return m
-		}
-	}
-	return nil
-}
+func (p *etcdPair) m(name string) *claimtest.Member { return p.ms.M(name) }
 
-func (p *etcdPair) start(name string) *claim.Controller {
-	m := p.m(name)
-	ctl, err := claim.NewController(m.cfg)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.mu.Lock()
-	m.ctl = ctl
-	p.mu.Unlock()
-	if err := ctl.Start(); err != nil {
-		p.t.Fatal(err)
-	}
-	return ctl
-}
+func (p *etcdPair) start(name string) *claim.Controller { return p.ms.Start(name) }
 
-func (p *etcdPair) stop(name string) {
-	m := p.m(name)
-	m.ctl.Close()
-	p.mu.Lock()
-	m.ctl = nil
-	p.mu.Unlock()
-}
+func (p *etcdPair) stop(name string) { p.ms.Stop(name) }
 
 // cut takes a node off etcd and off the channel.
 func (p *etcdPair) cut(name string, v bool) {
 	m := p.m(name)
-	m.kv.SetDown(v)
+	m.KV.SetDown(v)
 	p.mu.Lock()
-	m.cut = v
+	p.off[m.Node.Addr] = v
 	p.mu.Unlock()
 }
 
@@ -132,12 +93,13 @@ var errDown = errors.New("test: peer unreachable")
 func (p *etcdPair) channel(from netip.Addr) *claimtest.DirectChannel {
 	return &claimtest.DirectChannel{From: from, Target: func(peer netip.Addr) (*claim.Controller, error) {
 		p.mu.Lock()
-		defer p.mu.Unlock()
-		m, f := p.nodes[peer], p.nodes[from]
-		if m == nil || m.ctl == nil || m.cut || f.cut {
+		cut := p.off[peer] || p.off[from]
+		p.mu.Unlock()
+		ctl := p.ms.Running(peer)
+		if ctl == nil || cut {
 			return nil, errDown
 		}
-		return m.ctl, nil
+		return ctl, nil
 	}}
 }
 
@@ -162,20 +124,20 @@ func TestControllerOnEtcd(t *testing.T) {
 	p.start("a")
 	p.start("b")
 	eventually(t, 5*time.Second, "both leases granted", func() bool {
-		return a.ctl.Status().Lease != 0 && b.ctl.Status().Lease != 0
+		return a.Ctl().Status().Lease != 0 && b.Ctl().Status().Lease != 0
 	})
 	// Claim: a promote bootstraps epoch 1.
-	res, err := a.ctl.Promote(ctx, claim.PromoteOptions{})
-	if err != nil || res.Claim.Epoch != 1 || !a.carrier.Carried(p.f.VIP) {
+	res, err := a.Ctl().Promote(ctx, claim.PromoteOptions{})
+	if err != nil || res.Claim.Epoch != 1 || !a.Carrier.Carried(p.f.VIP) {
 		t.Fatalf("claim on etcd: %+v %v", res, err)
 	}
-	eventually(t, 5*time.Second, "b follows a", func() bool { return b.carrier.RoutedTo(p.f.VIP) == p.f.A.Addr })
+	eventually(t, 5*time.Second, "b follows a", func() bool { return b.Carrier.RoutedTo(p.f.VIP) == p.f.A.Addr })
 
 	// Renew: a steady holder makes exactly one round trip per renewal.
 	transport.Sleep(transport.RealClock{}, 3*tRenew, nil) // let the watch's wake-ups settle
-	before, r0 := a.kv.Counts(), a.ctl.Stats().Renewals
+	before, r0 := a.KV.Counts(), a.Ctl().Stats().Renewals
 	transport.Sleep(transport.RealClock{}, 10*tRenew, nil)
-	d, renewals := a.kv.Counts().Sub(before), a.ctl.Stats().Renewals-r0
+	d, renewals := a.KV.Counts().Sub(before), a.Ctl().Stats().Renewals-r0
 	// A renewal in flight at either end of the window is counted by the
 	// KV when sent and by the controller when answered: allow one.
 	diff := int64(d.KeepAlive) - int64(renewals)
@@ -187,12 +149,12 @@ func TestControllerOnEtcd(t *testing.T) {
 
 	// Expire and fail over: a dies; its lease expires; b claims with one
 	// read and one transaction, its lease granted ahead.
-	bBefore := b.kv.Counts()
+	bBefore := b.KV.Counts()
 	stopped := time.Now()
 	p.stop("a")
-	eventually(t, tTTL+3*time.Second, "b carries after a's lease expired", func() bool { return b.carrier.Carried(p.f.VIP) })
+	eventually(t, tTTL+3*time.Second, "b carries after a's lease expired", func() bool { return b.Carrier.Carried(p.f.VIP) })
 	took := time.Since(stopped)
-	bd := b.kv.Counts().Sub(bBefore)
+	bd := b.KV.Counts().Sub(bBefore)
 	if bd.Txn != 1 || bd.Grant != 0 {
 		t.Fatalf("failover calls %+v: want one transaction and no grant", bd)
 	}
@@ -208,7 +170,7 @@ func TestControllerOnEtcd(t *testing.T) {
 	// loses the compare, and the counter is unchanged.
 	stale := p.f.Claim(p.f.A, 2)
 	keys := claim.KeysFor(p.f.Mesh, p.f.VIP)
-	r, err := a.kv.Txn(ctx, claim.Txn{
+	r, err := a.KV.Txn(ctx, claim.Txn{
 		If: []claim.Compare{{Key: keys.Epoch, Target: claim.ModRevision, Revision: epochRev},
 			{Key: keys.Holder, Target: claim.CreateRevision}},
 		Then: []claim.Op{claim.Put(keys.Epoch, stale.Encode(), 0), claim.Put(keys.Holder, stale.Encode(), 0)},
@@ -221,15 +183,15 @@ func TestControllerOnEtcd(t *testing.T) {
 		t.Fatalf("counter changed by a stale claim: %v@%d → %v@%d", c, rev, c2, rev2)
 	}
 	// The same stale claim on the members' channel is refused.
-	if err := b.ctl.HandleClaim(ctx, p.f.A.Addr, stale); !errors.Is(err, claim.ErrStale) {
+	if err := b.Ctl().HandleClaim(ctx, p.f.A.Addr, stale); !errors.Is(err, claim.ErrStale) {
 		t.Fatalf("stale claim on the channel: %v", err)
 	}
 	// The restarted old holder takes the newer claim, is fenced, and
 	// never carries.
 	p.start("a")
-	eventually(t, 5*time.Second, "restarted a takes epoch 2", func() bool { return a.ctl.Status().Epoch == 2 })
+	eventually(t, 5*time.Second, "restarted a takes epoch 2", func() bool { return a.Ctl().Status().Epoch == 2 })
 	transport.Sleep(transport.RealClock{}, 2*tDrop, nil)
-	if a.carrier.Carried(p.f.VIP) {
+	if a.Carrier.Carried(p.f.VIP) {
 		t.Fatal("restarted old holder carries")
 	}
 }
@@ -240,11 +202,11 @@ func TestPartitionedHolderOnEtcd(t *testing.T) {
 	a, b := p.m("a"), p.m("b")
 	p.start("a")
 	p.start("b")
-	eventually(t, 5*time.Second, "leases", func() bool { return a.ctl.Status().Lease != 0 && b.ctl.Status().Lease != 0 })
-	if _, err := a.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+	eventually(t, 5*time.Second, "leases", func() bool { return a.Ctl().Status().Lease != 0 && b.Ctl().Status().Lease != 0 })
+	if _, err := a.Ctl().Promote(ctx, claim.PromoteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "b takes epoch 1", func() bool { return b.ctl.Status().Epoch == 1 })
+	eventually(t, 5*time.Second, "b takes epoch 1", func() bool { return b.Ctl().Status().Epoch == 1 })
 	var mu sync.Mutex
 	var order []string
 	p.hist.OnEvent(func(ev claimtest.Event) {
@@ -256,26 +218,26 @@ func TestPartitionedHolderOnEtcd(t *testing.T) {
 	})
 	cutAt := time.Now()
 	p.cut("a", true)
-	eventually(t, tTTL, "a drops", func() bool { return !a.carrier.Carried(p.f.VIP) })
+	eventually(t, tTTL, "a drops", func() bool { return !a.Carrier.Carried(p.f.VIP) })
 	// Exactly DropAfter after the last answered renewal on the manual clock
 	// (see claim's tests); here in real time, allow scheduling slack but
 	// require the drop well before the lease can expire.
 	if d := time.Since(cutAt); d >= tTTL-tRenew {
 		t.Fatalf("cut-off holder dropped %v after the cut, not before its lease could expire", d)
 	}
-	eventually(t, tTTL+3*time.Second, "b carries", func() bool { return b.carrier.Carried(p.f.VIP) })
+	eventually(t, tTTL+3*time.Second, "b carries", func() bool { return b.Carrier.Carried(p.f.VIP) })
 	mu.Lock()
 	got := fmt.Sprint(order)
 	mu.Unlock()
 	if got != "[a drop b carry]" {
 		t.Fatalf("order %s", got)
 	}
-	if !a.ctl.Status().Fenced {
+	if !a.Ctl().Status().Fenced {
 		t.Fatal("a not fenced")
 	}
 	p.cut("a", false)
-	eventually(t, 5*time.Second, "healed a takes epoch 2", func() bool { return a.ctl.Status().Epoch == 2 })
-	if st := a.ctl.Status(); !st.Fenced || a.carrier.Carried(p.f.VIP) {
+	eventually(t, 5*time.Second, "healed a takes epoch 2", func() bool { return a.Ctl().Status().Epoch == 2 })
+	if st := a.Ctl().Status(); !st.Fenced || a.Carrier.Carried(p.f.VIP) {
 		t.Fatalf("healed old primary: %+v", st)
 	}
 }
@@ -286,17 +248,15 @@ func TestPromoteOldPrimaryGoneOnEtcd(t *testing.T) {
 	a, b := p.m("a"), p.m("b")
 	// b runs no controller loop of its own here: its promote alone acts.
 	p.start("a")
-	eventually(t, 5*time.Second, "lease", func() bool { return a.ctl.Status().Lease != 0 })
-	if _, err := a.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+	eventually(t, 5*time.Second, "lease", func() bool { return a.Ctl().Status().Lease != 0 })
+	if _, err := a.Ctl().Promote(ctx, claim.PromoteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ctlB, err := claim.NewController(b.cfg)
+	ctlB, err := claim.NewController(b.Cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.mu.Lock()
-	b.ctl = ctlB
-	p.mu.Unlock()
+	p.ms.Put("b", ctlB)
 	// a is frozen off the network: the release gets no answer.
 	p.cut("a", true)
 	if _, err := ctlB.Promote(ctx, claim.PromoteOptions{}); !errors.Is(err, claim.ErrHolderUnreachable) {
@@ -304,13 +264,13 @@ func TestPromoteOldPrimaryGoneOnEtcd(t *testing.T) {
 	}
 	start := time.Now()
 	res, err := ctlB.Promote(ctx, claim.PromoteOptions{OldPrimaryGone: true})
-	if err != nil || res.Claim.Epoch != 2 || !b.carrier.Carried(p.f.VIP) {
+	if err != nil || res.Claim.Epoch != 2 || !b.Carrier.Carried(p.f.VIP) {
 		t.Fatalf("promote with the old primary gone: %+v %v", res, err)
 	}
 	if waited := time.Since(start); waited < tDrop {
 		t.Fatalf("promote did not wait for the lease (%v)", waited)
 	}
-	if n := b.kv.Counts().Revoke; n != 0 {
+	if n := b.KV.Counts().Revoke; n != 0 {
 		t.Fatalf("promote revoked %d leases", n)
 	}
 }

@@ -35,11 +35,11 @@ func TestFenceTokenOnEtcd(t *testing.T) {
 	app := fmt.Sprintf("/app/%s/row", p.f.Mesh)
 	p.start("a")
 	p.start("b")
-	eventually(t, 5*time.Second, "leases", func() bool { return a.ctl.Status().Lease != 0 && b.ctl.Status().Lease != 0 })
-	if _, err := a.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+	eventually(t, 5*time.Second, "leases", func() bool { return a.Ctl().Status().Lease != 0 && b.Ctl().Status().Lease != 0 })
+	if _, err := a.Ctl().Promote(ctx, claim.PromoteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	tokA, err := a.ctl.FenceToken()
+	tokA, err := a.Ctl().FenceToken()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,27 +54,27 @@ func TestFenceTokenOnEtcd(t *testing.T) {
 
 	// Failover: a is cut off; b claims after a's lease expired.
 	p.cut("a", true)
-	eventually(t, tTTL+3*time.Second, "b carries", func() bool { return b.carrier.Carried(p.f.VIP) })
+	eventually(t, tTTL+3*time.Second, "b carries", func() bool { return b.Carrier.Carried(p.f.VIP) })
 	if guarded(t, tokA, app, "a3") {
 		t.Fatal("write guarded by the old holder's token committed after the failover")
 	}
-	if _, err := a.ctl.FenceToken(); !errors.Is(err, claim.ErrNoToken) {
+	if _, err := a.Ctl().FenceToken(); !errors.Is(err, claim.ErrNoToken) {
 		t.Fatalf("cut-off holder still hands out a token: %v", err)
 	}
-	tokB, err := b.ctl.FenceToken()
+	tokB, err := b.Ctl().FenceToken()
 	if err != nil || !guarded(t, tokB, app, "b1") {
 		t.Fatalf("new holder's token %+v %v", tokB, err)
 	}
 
 	// Planned promote back to a: the holder key is replaced in place.
 	p.cut("a", false)
-	eventually(t, 5*time.Second, "healed a takes b's claim", func() bool { return a.ctl.Status().Epoch == tokB.Epoch })
+	eventually(t, 5*time.Second, "healed a takes b's claim", func() bool { return a.Ctl().Status().Epoch == tokB.Epoch })
 	keys := claim.KeysFor(p.f.Mesh, p.f.VIP)
 	before, err := etcdkv.New(client).Get(ctx, keys.Holder, false)
 	if err != nil || len(before.KVs) != 1 {
 		t.Fatalf("holder key: %v", err)
 	}
-	if _, err := a.ctl.Promote(ctx, claim.PromoteOptions{}); err != nil {
+	if _, err := a.Ctl().Promote(ctx, claim.PromoteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	after, err := etcdkv.New(client).Get(ctx, keys.Holder, false)
@@ -85,7 +85,7 @@ func TestFenceTokenOnEtcd(t *testing.T) {
 	if guarded(t, tokB, app, "b2") {
 		t.Fatal("write guarded by the old holder's token committed after a planned promote")
 	}
-	tokA2, err := a.ctl.FenceToken()
+	tokA2, err := a.Ctl().FenceToken()
 	if err != nil || !guarded(t, tokA2, app, "a4") {
 		t.Fatalf("token after the planned promote %+v %v", tokA2, err)
 	}

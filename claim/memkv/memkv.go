@@ -54,16 +54,24 @@ type KV struct {
 	minTTL  time.Duration
 	history int
 
-	mu        sync.Mutex
-	rev       int64
+	mu sync.Mutex
+	// +checklocks:mu
+	rev int64
+	// +checklocks:mu
 	compacted int64 // oldest revision whose events are gone
-	keys      map[string]*claim.KeyValue
-	leases    map[claim.LeaseID]*lease
+	// +checklocks:mu
+	keys map[string]*claim.KeyValue
+	// +checklocks:mu
+	leases map[claim.LeaseID]*lease
+	// +checklocks:mu
 	nextLease claim.LeaseID
-	events    []revEvents
-	watchers  map[*watcher]struct{}
-	closed    bool
-	wg        sync.WaitGroup
+	// +checklocks:mu
+	events []revEvents
+	// +checklocks:mu
+	watchers map[*watcher]struct{}
+	// +checklocks:mu
+	closed bool
+	wg     sync.WaitGroup
 }
 
 var _ claim.KV = (*KV)(nil)
@@ -96,6 +104,7 @@ func New(o Options) *KV {
 	}
 }
 
+// +checklocks:k.mu
 func (k *KV) check(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -123,6 +132,7 @@ func (k *KV) Get(ctx context.Context, key string, prefix bool) (claim.GetRespons
 	return k.getLocked(key, prefix), nil
 }
 
+// +checklocks:k.mu
 func (k *KV) getLocked(key string, prefix bool) claim.GetResponse {
 	r := claim.GetResponse{Revision: k.rev}
 	if !prefix {
@@ -213,6 +223,7 @@ func compare(kv *claim.KeyValue, c claim.Compare) bool {
 	return got == c.Revision
 }
 
+// +checklocks:k.mu
 func (k *KV) putLocked(rev int64, o claim.Op) claim.WatchEvent {
 	kv := k.keys[o.Key]
 	if kv == nil {
@@ -234,6 +245,7 @@ func (k *KV) putLocked(rev int64, o claim.Op) claim.WatchEvent {
 	return claim.WatchEvent{Type: claim.EventPut, KV: cloneKV(kv)}
 }
 
+// +checklocks:k.mu
 func (k *KV) deleteLocked(rev int64, key string, prefix bool) []claim.WatchEvent {
 	var names []string
 	if prefix {
@@ -260,6 +272,7 @@ func (k *KV) deleteLocked(rev int64, key string, prefix bool) []claim.WatchEvent
 
 // commitLocked bumps the revision when evs holds writes, records them and
 // hands them to the watchers.
+// +checklocks:k.mu
 func (k *KV) commitLocked(evs []claim.WatchEvent) {
 	if len(evs) == 0 {
 		return
@@ -310,6 +323,7 @@ func (k *KV) expire(l *lease) {
 	k.revokeLocked(l)
 }
 
+// +checklocks:k.mu
 func (k *KV) revokeLocked(l *lease) {
 	l.timer.Stop()
 	delete(k.leases, l.id)
@@ -329,12 +343,9 @@ func (k *KV) revokeLocked(l *lease) {
 func (k *KV) KeepAliveOnce(ctx context.Context, id claim.LeaseID) (time.Duration, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.check(ctx); err != nil {
+	l, err := k.leaseLocked(ctx, id)
+	if err != nil {
 		return 0, err
-	}
-	l := k.leases[id]
-	if l == nil {
-		return 0, fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
 	}
 	l.expiry = k.clock.Now().Add(l.ttl)
 	l.timer.Reset(l.ttl)
@@ -345,12 +356,9 @@ func (k *KV) KeepAliveOnce(ctx context.Context, id claim.LeaseID) (time.Duration
 func (k *KV) Revoke(ctx context.Context, id claim.LeaseID) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.check(ctx); err != nil {
+	l, err := k.leaseLocked(ctx, id)
+	if err != nil {
 		return err
-	}
-	l := k.leases[id]
-	if l == nil {
-		return fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
 	}
 	k.revokeLocked(l)
 	return nil
@@ -360,14 +368,26 @@ func (k *KV) Revoke(ctx context.Context, id claim.LeaseID) error {
 func (k *KV) TimeToLive(ctx context.Context, id claim.LeaseID) (time.Duration, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if err := k.check(ctx); err != nil {
+	l, err := k.leaseLocked(ctx, id)
+	if err != nil {
 		return 0, err
+	}
+	return l.expiry.Sub(k.clock.Now()), nil
+}
+
+// leaseLocked returns the live lease id, after the checks every call
+// makes (ctx, closed); claim.ErrLeaseNotFound when there is none. k.mu is
+// held.
+// +checklocks:k.mu
+func (k *KV) leaseLocked(ctx context.Context, id claim.LeaseID) (*lease, error) {
+	if err := k.check(ctx); err != nil {
+		return nil, err
 	}
 	l := k.leases[id]
 	if l == nil {
-		return 0, fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
+		return nil, fmt.Errorf("%w: %d", claim.ErrLeaseNotFound, id)
 	}
-	return l.expiry.Sub(k.clock.Now()), nil
+	return l, nil
 }
 
 // LeaderChange models an etcd leader election that ends now: like etcd's

@@ -70,7 +70,18 @@ func etcdChild(ctx context.Context, args []string) error {
 	cfg.InitialClusterToken = "keel-vip-e2e"
 	cfg.TickMs, cfg.ElectionMs = uint(tick), uint(elect)
 	cfg.UnsafeNoFsync = true
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	// The member logs at info to etcd.log beside its data directory
+	// (appended across restarts): the tests show it when a run fails.
+	lc := zap.NewProductionConfig()
+	lc.OutputPaths = []string{filepath.Join(filepath.Dir(dir), "etcd.log")}
+	lc.ErrorOutputPaths = lc.OutputPaths
+	lc.Sampling = nil
+	lg, err := lc.Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lg.Sync() }()
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return err

@@ -148,7 +148,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 			// A member's renewals must be confirmed by a quorum (it carries
 			// the VIP on their strength); an observer's carry nothing, and
 			// skipping the read lets it re-route one round trip sooner.
-			cfg.KV = &QuorumKV{KV: cfg.KV, Key: claim.KeysFor(m.ID, m.Tended()).Epoch}
+			cfg.KV = &etcdkv.QuorumKV{KV: cfg.KV, Key: claim.KeysFor(m.ID, m.Tended()).Epoch}
 		}
 	}
 	ctl, err := claim.NewController(cfg)

@@ -107,8 +107,8 @@
 // the mesh file, where a VIP /128 in any peer's allowed IPs is never drift
 // (Mesh.Drift).
 //
-// Renewals are confirmed by a quorum (QuorumKV), so a holder whose local
-// etcd member is the leader and is cut off from the majority stops
+// Renewals are confirmed by a quorum (etcdkv.QuorumKV), so a holder whose
+// local etcd member is the leader and is cut off from the majority stops
 // renewing at once instead of one election timeout later.
 //
 // Every add and remove of the address can be logged with a CLOCK_BOOTTIME

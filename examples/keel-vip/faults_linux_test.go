@@ -12,7 +12,6 @@ import (
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -197,6 +196,30 @@ func longestGap(es []addrEvent, from, to time.Duration) time.Duration {
 	return gap
 }
 
+// checkFence checks the fence of node in the address log es: never two
+// carriers, and node's VIP gone, no later than 11 s after the send of its
+// last answered renewal (renewed). It returns when the VIP went and
+// whether every check held; what is added to the message when node still
+// carries.
+func checkFence(t *testing.T, es []addrEvent, node string, renewed time.Duration, what string) (time.Duration, bool) {
+	t.Helper()
+	ok := true
+	if two := twoCarriers(es); len(two) > 0 {
+		t.Errorf("two carriers at %v", two)
+		ok = false
+	}
+	gone, still := lastCarried(es, node)
+	switch {
+	case still || gone == 0:
+		t.Errorf("%s still carries the VIP (%s)", node, what)
+		return 0, false
+	case gone-renewed > 11*time.Second:
+		t.Errorf("%s's VIP gone %v after the send of its last answered renewal, want ≤ 11 s", node, gone-renewed)
+		return gone, false
+	}
+	return gone, ok
+}
+
 // controllerPid returns the pid of n's controller (its only process with
 // the controller's uid).
 func (c *cluster) controllerPid(n *node) int {
@@ -238,20 +261,7 @@ func TestFrozenHolderNetns(t *testing.T) {
 	c.start()
 	c.startEtcd(500, 5000)
 	w := c.watchAddrs()
-	waitFor(t, 60*time.Second, "leases", func() bool {
-		for _, n := range []*node{A, B} {
-			st, err := c.status(n)
-			if err != nil || st.RenewalAgeMs < 0 {
-				return false
-			}
-		}
-		return true
-	})
-	waitFor(t, 60*time.Second, "promote A", func() bool {
-		out, err := c.promote(A, false)
-		return err == nil && strings.Contains(out, "epoch")
-	})
-	waitFor(t, 30*time.Second, "A carries", func() bool { return carriesAddr(A.h, testVIP) })
+	c.holdAtA()
 
 	pid := c.controllerPid(A)
 	renewed := c.freshRenewal(A)
@@ -271,15 +281,7 @@ func TestFrozenHolderNetns(t *testing.T) {
 	time.Sleep(5 * time.Second) // the settled state, observed
 	end := bootNow()
 	es := w.events()
-	if two := twoCarriers(es); len(two) > 0 {
-		t.Errorf("two carriers at %v", two)
-	}
-	gone, still := lastCarried(es, "a")
-	if still || gone == 0 {
-		t.Errorf("A still carries the VIP (carriers at the SIGCONT: %v)", carriersAt(es, cont))
-	} else if gone-renewed > 11*time.Second {
-		t.Errorf("A's VIP gone %v after the send of its last answered renewal, want ≤ 11 s", gone-renewed)
-	} else {
+	if gone, ok := checkFence(t, es, "a", renewed, fmt.Sprintf("carriers at the SIGCONT: %v", carriersAt(es, cont))); ok {
 		t.Logf("A's VIP gone %v after the send of its last answered renewal", gone-renewed)
 	}
 	if got := carriersAt(es, end); len(got) != 1 {
@@ -310,20 +312,7 @@ func TestCrashLoopUnitsNetns(t *testing.T) {
 	c.startUnits()
 	c.startEtcd(500, 5000)
 	w := c.watchAddrs()
-	waitFor(t, 60*time.Second, "leases", func() bool {
-		for _, n := range []*node{A, B} {
-			st, err := c.status(n)
-			if err != nil || st.RenewalAgeMs < 0 {
-				return false
-			}
-		}
-		return true
-	})
-	waitFor(t, 60*time.Second, "promote A", func() bool {
-		out, err := c.promote(A, false)
-		return err == nil && strings.Contains(out, "epoch")
-	})
-	waitFor(t, 30*time.Second, "A carries", func() bool { return carriesAddr(A.h, testVIP) })
+	c.holdAtA()
 
 	renewed := c.freshRenewal(A)
 	if err := os.WriteFile(filepath.Join(A.mesh.StateDir, "state.json"), []byte("{corrupt"), 0o600); err != nil {
@@ -347,16 +336,7 @@ func TestCrashLoopUnitsNetns(t *testing.T) {
 	}
 	waitFor(t, 45*time.Second, "B carries", func() bool { return carriesAddr(B.h, testVIP) })
 	es := w.events()
-	if two := twoCarriers(es); len(two) > 0 {
-		t.Errorf("two carriers at %v", two)
-	}
-	gone, still := lastCarried(es, "a")
-	switch {
-	case still || gone == 0:
-		t.Errorf("A still carries the VIP after %d crash-looping starts", starts)
-	case gone-renewed > 11*time.Second:
-		t.Errorf("A's VIP gone %v after its last answered renewal, want ≤ 11 s", gone-renewed)
-	default:
+	if gone, ok := checkFence(t, es, "a", renewed, fmt.Sprintf("after %d crash-looping starts", starts)); ok {
 		t.Logf("%d controller starts; A's VIP gone %v after its last answered renewal, %v after the kill", starts, gone-renewed, gone-killed)
 	}
 	t.Logf("address events: %v", es)

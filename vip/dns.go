@@ -3,6 +3,7 @@ package vip
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -47,10 +48,11 @@ type DNSServer struct {
 // NewDNSServer returns a responder for o.Domain.
 func NewDNSServer(o DNSOptions) (*DNSServer, error) {
 	if o.Lookup == nil {
-		return nil, errors.New("vip: DNSOptions.Lookup is required")
+		return nil, fmt.Errorf("%w: DNSOptions.Lookup is required", ErrInvalidOptions)
 	}
 	if err := ValidName(strings.ToLower(o.Domain)); err != nil {
-		return nil, errors.Join(ErrInvalid, err)
+		// The domain is an option and a name: both sentinels match.
+		return nil, fmt.Errorf("%w: domain: %w", ErrInvalidOptions, errors.Join(ErrInvalid, err))
 	}
 	return &DNSServer{o: o, suffix: "." + strings.ToLower(o.Domain) + "."}, nil
 }

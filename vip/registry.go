@@ -105,13 +105,14 @@ type Registry struct {
 // NewRegistry returns a Registry over o.Replica.
 func NewRegistry(o RegistryOptions) (*Registry, error) {
 	if o.Replica == nil || o.Nodes == nil {
-		return nil, errors.New("vip: RegistryOptions needs Replica and Nodes")
+		return nil, fmt.Errorf("%w: RegistryOptions needs Replica and Nodes", ErrInvalidOptions)
 	}
 	if err := ValidName(o.Network); err != nil {
-		return nil, fmt.Errorf("%w: network: %v", ErrInvalid, err)
+		// The network is an option and a name: both sentinels match.
+		return nil, fmt.Errorf("%w: %w: network: %v", ErrInvalidOptions, ErrInvalid, err)
 	}
 	if _, _, err := hostRange(o.Prefix); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	o.Limits = o.Limits.WithDefaults()
 	r := &Registry{o: o}

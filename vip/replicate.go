@@ -114,7 +114,7 @@ type Replicator struct {
 // NewReplicator returns a stopped replicator; call Start.
 func NewReplicator(o ReplicatorOptions) (*Replicator, error) {
 	if o.Registry == nil || o.Carrier == nil || o.Peers == nil {
-		return nil, errors.New("vip: ReplicatorOptions needs Registry, Carrier and Peers")
+		return nil, fmt.Errorf("%w: ReplicatorOptions needs Registry, Carrier and Peers", ErrInvalidOptions)
 	}
 	if o.Rotation <= 0 {
 		o.Rotation = DefaultRotation

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -67,6 +68,9 @@ func TestOptionsErrors(t *testing.T) {
 	_, claimErr := claim.NewController(claim.Config{})
 	_, probeErr := probe.NewProber(probe.ProberConfig{Interval: -1})
 	_, vipErr := vip.NewEngine(vip.EngineOptions{})
+	_, registryErr := vip.NewRegistry(vip.RegistryOptions{})
+	_, replicatorErr := vip.NewReplicator(vip.ReplicatorOptions{})
+	_, dnsErr := vip.NewDNSServer(vip.DNSOptions{})
 	_, consumerErr := events.NewConsumer(events.ConsumerOptions{})
 	_, relayErr := events.NewRelay(events.RelayOptions{})
 	_, projErr := hosting.NewProjection(nil, hosting.ProjectionOptions{})
@@ -85,6 +89,9 @@ func TestOptionsErrors(t *testing.T) {
 		{"claim.NewController", claimErr, claim.ErrInvalidOptions, "claim: "},
 		{"probe.NewProber", probeErr, probe.ErrInvalidOptions, "probe: "},
 		{"vip.NewEngine", vipErr, vip.ErrInvalidOptions, "vip: "},
+		{"vip.NewRegistry", registryErr, vip.ErrInvalidOptions, "vip: "},
+		{"vip.NewReplicator", replicatorErr, vip.ErrInvalidOptions, "vip: "},
+		{"vip.NewDNSServer", dnsErr, vip.ErrInvalidOptions, "vip: "},
 		{"events.NewConsumer", consumerErr, events.ErrInvalidOptions, "events: "},
 		{"events.NewRelay", relayErr, events.ErrInvalidOptions, "events: "},
 		{"hosting.NewProjection", projErr, hosting.ErrInvalidOptions, "hosting: "},
@@ -100,6 +107,15 @@ func TestOptionsErrors(t *testing.T) {
 		}
 		if want := c.prefix + "invalid options"; c.sentinel.Error() != want || !strings.HasPrefix(c.err.Error(), want) {
 			t.Errorf("%s: %q (sentinel %q), want it to start with %q", c.name, c.err, c.sentinel, want)
+		}
+	}
+	// A bad network or domain name is an option and a name: it matches
+	// ErrInvalidOptions and, as before, vip.ErrInvalid.
+	_, netErr := vip.NewRegistry(vip.RegistryOptions{Replica: &crdt.Replica{}, Nodes: func() []vip.NodeInfo { return nil }, Network: "bad name!"})
+	_, domErr := vip.NewDNSServer(vip.DNSOptions{Lookup: func(string) (netip.Addr, bool) { return netip.Addr{}, false }, Domain: "bad name!"})
+	for _, err := range []error{netErr, domErr} {
+		if !errors.Is(err, vip.ErrInvalidOptions) || !errors.Is(err, vip.ErrInvalid) {
+			t.Errorf("bad name: %v, want both ErrInvalidOptions and ErrInvalid", err)
 		}
 	}
 	// hosting's options errors still match ErrSettings, which they were

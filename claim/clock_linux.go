@@ -54,8 +54,9 @@ func (c BootClock) AfterFunc(d time.Duration, f func()) transport.Timer {
 }
 
 type bootTimer struct {
-	c  BootClock
-	f  func()
+	c BootClock // +checklocksignore: set by AfterFunc, read-only after
+	f func()
+	// mu guards the deadline, the Go timer and its generation.
 	mu sync.Mutex
 	// +checklocks:mu
 	deadline time.Time

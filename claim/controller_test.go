@@ -496,7 +496,9 @@ func TestObserverFollowsKeysWithoutLease(t *testing.T) {
 // forward without running timers, as a suspended machine's Go timers
 // (CLOCK_MONOTONIC) stand still while CLOCK_BOOTTIME counts on.
 type suspendClock struct {
-	*transporttest.ManualClock
+	*transporttest.ManualClock // +checklocksignore: set at construction, read-only after
+
+	// mu guards slept.
 	mu sync.Mutex
 	// +checklocks:mu
 	slept time.Duration

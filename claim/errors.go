@@ -121,9 +121,9 @@ var (
 	ErrCorruptState = errors.New("claim: corrupt state file")
 	// ErrNoToken is returned by Controller.FenceToken when this node does
 	// not carry the VIP with a KV.
-	ErrNoToken = errors.New("claim: no fencing token")
+	ErrNoToken = errors.New("claim: no fencing token") // +checklocksignore: never written
 	// ErrStarted is returned by Controller.Start when it already started.
-	ErrStarted = errors.New("claim: controller already started")
+	ErrStarted = errors.New("claim: controller already started") // +checklocksignore: never written
 	// ErrClosed is returned by a closed Controller. It matches
 	// transport.ErrClosed (and so net.ErrClosed).
 	ErrClosed = fmt.Errorf("claim: closed: %w", transport.ErrClosed)

@@ -223,8 +223,9 @@ func UnmarshalState(b []byte) (State, error) {
 // and the directory fsynced. A crash leaves the old or the new state, never
 // a mix. A corrupt file is reported and never overwritten by Load.
 type FileStore struct {
-	Path string
-	mu   sync.Mutex
+	Path string // +checklocksignore: set before use, read-only after
+	// mu serializes Load and Save, so that one never reads a half-done other.
+	mu sync.Mutex
 }
 
 var _ StateStore = (*FileStore)(nil)
@@ -290,6 +291,7 @@ func (f *FileStore) Save(s State) error {
 // survives a controller's "crash" the way a disk does. The zero value is an
 // empty store.
 type MemStore struct {
+	// mu guards s and saves.
 	mu sync.Mutex
 	// +checklocks:mu
 	s State

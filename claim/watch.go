@@ -121,9 +121,10 @@ func (c *Controller) finishWatchersLocked() {
 }
 
 type watcher struct {
-	max  int
+	max  int           // +checklocksignore: set at construction, read-only after
 	wake chan struct{} // one pending wake-up
 
+	// mu guards queue and done.
 	mu sync.Mutex
 	// +checklocks:mu
 	queue []Change

@@ -51,6 +51,7 @@ type Event struct {
 // History records the carrier events of many nodes in order. Safe for
 // concurrent use.
 type History struct {
+	// mu guards events and watch.
 	mu sync.Mutex
 	// +checklocks:mu
 	events []Event
@@ -86,10 +87,12 @@ func (h *History) add(e Event) {
 // routes in memory and records every change in a History. Fail, when set,
 // is returned by every call (and nothing changes).
 type FakeCarrier struct {
-	Name    string
+	Name    string // +checklocksignore: set before use, read-only after
 	Clock   transport.Clock
-	History *History
+	History *History // +checklocksignore: set before use, read-only after; safe for concurrent use
 
+	// mu guards the carried addresses, their deadlines, the routes and
+	// fail.
 	mu sync.Mutex
 	// +checklocks:mu
 	carried map[netip.Addr]bool

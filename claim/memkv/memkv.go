@@ -50,10 +50,12 @@ const MaxTTL = 9_000_000_000 * time.Second
 // KV is the in-memory claim.KV. It is safe for concurrent use. Close ends
 // every watch and stops every lease timer.
 type KV struct {
-	clock   transport.Clock
-	minTTL  time.Duration
-	history int
+	clock   transport.Clock // +checklocksignore: set by New, read-only after
+	minTTL  time.Duration   // +checklocksignore: set by New, read-only after
+	history int             // +checklocksignore: set by New, read-only after
 
+	// mu guards the store: revisions, keys, leases, events, watchers and
+	// the closed flag.
 	mu sync.Mutex
 	// +checklocks:mu
 	rev int64

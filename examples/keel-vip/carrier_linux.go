@@ -46,12 +46,18 @@ type LinkCarrier struct {
 	dev   *wg.Device
 	mesh  *Mesh
 	log   *EventLog
-	clock transport.Clock
-	mu    sync.Mutex
+	clock transport.Clock // +checklocksignore: set by the constructor, read-only after
+
+	// mu guards added, until and timers, and serializes the netlink
+	// changes to the link's addresses.
+	mu sync.Mutex
+	// +checklocks:mu
 	added map[netip.Addr]bool
 	// until and timers: the deadline of each address carried with one, and
 	// the timer that drops it then.
-	until  map[netip.Addr]time.Time
+	// +checklocks:mu
+	until map[netip.Addr]time.Time
+	// +checklocks:mu
 	timers map[netip.Addr]transport.Timer
 }
 
@@ -144,6 +150,7 @@ func (c *LinkCarrier) expire(vip netip.Addr, deadline time.Time) {
 	}
 }
 
+// +checklocks:c.mu
 func (c *LinkCarrier) stopTimerLocked(vip netip.Addr) {
 	if t := c.timers[vip]; t != nil {
 		t.Stop()
@@ -172,6 +179,7 @@ func (c *LinkCarrier) Drop(ctx context.Context, vip netip.Addr) error {
 	return c.dropLocked(lk, vip)
 }
 
+// +checklocks:c.mu
 func (c *LinkCarrier) dropLocked(lk netlink.Link, vip netip.Addr) error {
 	err := c.nl.AddrDel(lk, vipAddr(vip, 0))
 	if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENOENT) && !errors.Is(err, os.ErrNotExist) {

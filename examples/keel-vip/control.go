@@ -31,8 +31,10 @@ import (
 type helperCarrier struct {
 	hc    *http.Client
 	inner claim.StateStore
-	mu    sync.Mutex
-	held  *claim.Claim
+	// mu guards held.
+	mu sync.Mutex
+	// +checklocks:mu
+	held *claim.Claim
 }
 
 var (

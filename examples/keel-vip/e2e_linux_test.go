@@ -589,11 +589,15 @@ func reach(n *node, timeout time.Duration) (string, error) {
 
 // sampler reads which members carry the VIP every 200 ms.
 type sampler struct {
+	// mu guards last and carried while the sampler runs, and samples,
+	// maxStep and two, which are read once it stopped.
 	mu      sync.Mutex
 	samples int
 	maxStep time.Duration
-	last    map[string]bool
-	two     []string
+	// +checklocks:mu
+	last map[string]bool
+	two  []string
+	// +checklocks:mu
 	carried map[string][]time.Duration // boot times at which a node was seen carrying
 	stop    chan struct{}
 	done    chan struct{}

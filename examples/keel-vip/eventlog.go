@@ -23,10 +23,11 @@ import (
 // a remove after it is gone, so the intervals a log shows contain the real
 // ones. A nil *EventLog records nothing. Safe for concurrent use.
 type EventLog struct {
-	node string
-	now  func() time.Time
-	mu   sync.Mutex
-	f    *os.File
+	node string           // +checklocksignore: set by the constructor, read-only after
+	now  func() time.Time // +checklocksignore: set by the constructor, read-only after
+	// mu serializes the lines written to f, so that each is whole.
+	mu sync.Mutex
+	f  *os.File
 }
 
 // OpenEventLog opens (creating, 0644) the log at path for node; now is the

@@ -36,9 +36,12 @@ type addrEvent struct {
 // merged log. It sees what the kernel does, including an address that
 // expires by its valid_lft with every keel-vip process frozen.
 type addrWatch struct {
-	mu     sync.Mutex
-	log    []addrEvent
-	done   chan struct{}
+	// mu guards log and closed.
+	mu sync.Mutex
+	// +checklocks:mu
+	log  []addrEvent
+	done chan struct{}
+	// +checklocks:mu
 	closed bool
 }
 

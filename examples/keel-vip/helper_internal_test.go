@@ -73,10 +73,10 @@ func TestHelperRefusesCarrierRequests(t *testing.T) {
 		{"unknown op", carrierRequest{Op: "flush", VIP: vip.String()}, "malformed"},
 		{"bad signature", carrierRequest{Op: "carry", VIP: vip.String(), Claim: b64(flipLast(ca1.Encode()))}, "bad-signature"},
 	} {
-		h.newest = nil
+		h.newest = nil // +checklocksignore: no request runs concurrently
 		if tc.name == "carry a stale claim" {
 			// The helper saw b's epoch 2 (a route request), so a's epoch 1 is stale.
-			h.newest = cb2
+			h.newest = cb2 // +checklocksignore: no request runs concurrently
 		}
 		w := post(h.serveCarrier, carrierPath, tc.req, "")
 		if w.Code == http.StatusOK {
@@ -160,7 +160,7 @@ func BenchmarkHelperVerify(b *testing.B) {
 	raw := b64Claim(c)
 	b.ReportAllocs()
 	for b.Loop() {
-		h.newest = nil
+		h.newest = nil // +checklocksignore: no request runs concurrently
 		if _, err := h.verify(h.m.VIP, raw); err != nil {
 			b.Fatal(err)
 		}

@@ -369,13 +369,20 @@ type helper struct {
 
 	ctx context.Context // the helper's life
 
-	mu      sync.Mutex
-	ctlProc int               // the controller process whose requests the helper serves now (0: none)
-	newest  *claim.Claim      // newest claim the helper checked
-	kept    *claim.PairRecord // an observer's: the first valid record seen
-	ctlPid  int
-	lisPid  int
-	ctlHTTP *http.Client
+	// mu guards the fields below it.
+	mu sync.Mutex
+	// +checklocks:mu
+	ctlProc int // the controller process whose requests the helper serves now (0: none)
+	// +checklocks:mu
+	newest *claim.Claim // newest claim the helper checked
+	// +checklocks:mu
+	kept *claim.PairRecord // an observer's: the first valid record seen
+	// +checklocks:mu
+	ctlPid int // the controller process the helper started
+	// +checklocks:mu
+	lisPid int // the listener process the helper started
+	// +checklocks:mu
+	ctlHTTP *http.Client // the client to the controller's control socket
 }
 
 // RunHelper is `keel-vip tend`: the root helper. It creates the WireGuard

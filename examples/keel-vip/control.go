@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -146,6 +147,9 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		defer cli.Close()
 		cfg.KV = etcdkv.New(cli)
+		if runtime.GOOS == "linux" {
+			warnRTOMax(log, "/proc")
+		}
 		if key != nil {
 			// A member's renewals must be confirmed by a quorum (it carries
 			// the VIP on their strength); an observer's carry nothing, and

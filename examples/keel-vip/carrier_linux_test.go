@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/vipkit/vipkit/claim"
 	keelvip "github.com/vipkit/vipkit/examples/keel-vip"
@@ -43,19 +42,7 @@ func vipLifetime(t *testing.T, h *netns.Host, link string, vip netip.Addr) int {
 // CLOCK_BOOTTIME timer drops it at the deadline; Carry writes forever.
 func TestLinkCarrierDeadline(t *testing.T) {
 	testenv.NeedRoot(t)
-	h := netns.NewHostT(t, "lft")
-	if err := h.Do(func() error {
-		dev, err := tun.CreateTUN("wg0", 1420)
-		if err == nil {
-			t.Cleanup(func() { dev.Close() })
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.SetUp("wg0"); err != nil {
-		t.Fatal(err)
-	}
+	h := keelvip.NewTUNHostT(t, "lft")
 	m := mustMesh(t)
 	vip := m.VIP
 	c := keelvip.NewLinkCarrier(h.Netlink(), "wg0", nil, m, nil)

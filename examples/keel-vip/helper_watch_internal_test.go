@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/vipkit/vipkit/internal/testenv"
-	"github.com/vipkit/vipkit/transport/netns"
 )
 
 // TestHelperFollowsControllerProcess: the helper drops every VIP when the
@@ -21,19 +19,7 @@ import (
 func TestHelperFollowsControllerProcess(t *testing.T) {
 	testenv.NeedRoot(t)
 	h, _, _, _ := testHelper(t)
-	host := netns.NewHostT(t, "watch")
-	if err := host.Do(func() error {
-		dev, err := tun.CreateTUN("wg0", 1420)
-		if err == nil {
-			t.Cleanup(func() { dev.Close() })
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := host.SetUp("wg0"); err != nil {
-		t.Fatal(err)
-	}
+	host := NewTUNHostT(t, "watch")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	h.ctx = ctx

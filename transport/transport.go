@@ -11,6 +11,10 @@
 //
 //	host stack ⇄ vip engine ⇄ wireguard-go ⇄ Bind ⇄ network
 //
+// A PacketIO that can wake its own blocked Read (ReadInterrupter: a kernel
+// TUN, a netstack host, a channel pair) lets a wrapper read it straight into
+// its caller's buffers and still send packets of its own while it is idle.
+//
 // RealClock reads the system clock; transporttest.ManualClock makes time a
 // test input. Per-packet and table code does not take a Clock at all: it is
 // handed now as an argument.
@@ -67,6 +71,32 @@ type PacketIO interface {
 	// It is idempotent.
 	Close() error
 }
+
+// ReadInterrupter is implemented by a PacketIO whose blocked Read can be
+// woken from another goroutine. A wrapper that reads its host directly into
+// its caller's buffers (the vip engine under wireguard-go) uses it to send
+// packets of its own while the host is idle, without a goroutine that reads
+// ahead into buffers of its own and copies every packet once more.
+//
+// The contract is that of a sticky wake-up flag. InterruptRead sets it; the
+// Read in progress, or else the next Read, returns promptly: with 0 and an
+// error matching ErrInterrupted, which clears the flag, or with packets it
+// already had, which leaves the flag for a later Read. Interrupts made
+// before the flag is cleared coalesce into one, and a Read may return
+// ErrInterrupted when nothing new is pending, so a caller publishes its own
+// state before calling InterruptRead and re-checks it after every Read.
+// InterruptRead may be called from any goroutine, at any time, including
+// after Close.
+type ReadInterrupter interface {
+	// InterruptRead wakes the Read in progress, or the next Read, with
+	// ErrInterrupted.
+	InterruptRead()
+}
+
+// ErrInterrupted is returned by the Read of a ReadInterrupter that
+// InterruptRead woke. No packet was lost: a Read that returns it returns
+// n = 0.
+var ErrInterrupted = errors.New("transport: read interrupted")
 
 // ErrClosed is returned by operations on a closed PacketIO or other closed
 // transport object. It also matches net.ErrClosed with errors.Is.

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -8,6 +9,9 @@ import (
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
+
+	"github.com/vipkit/vipkit/transport"
+	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
 // rawIPv4 returns a minimal valid IPv4 packet (UDP, zero checksum) of the
@@ -151,4 +155,33 @@ func BenchmarkLink(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/pkt")
 		})
 	}
+}
+
+// The host's Read keeps the transport.ReadInterrupter contract; queued
+// packets go before a pending interrupt.
+func TestHostReadInterrupter(t *testing.T) {
+	h := allocHost(t)
+	list := func() stack.PacketBufferList {
+		var l stack.PacketBufferList
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(rawIPv4(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), 100))})
+		t.Cleanup(func() { pkt.DecRef() })
+		l.PushBack(pkt)
+		return l
+	}
+	bufs, sizes := [][]byte{make([]byte, 1500)}, []int{0}
+	if _, err := h.link.WritePackets(list()); err != nil {
+		t.Fatal(err)
+	}
+	h.InterruptRead()
+	if n, err := h.Read(bufs, sizes, 0); n != 1 || err != nil {
+		t.Fatalf("Read with a packet queued and an interrupt pending = %d, %v; want the packet", n, err)
+	}
+	if n, err := h.Read(bufs, sizes, 0); n != 0 || !errors.Is(err, transport.ErrInterrupted) {
+		t.Fatalf("the next Read = %d, %v; want the interrupt", n, err)
+	}
+	transporttest.CheckReadInterrupter(t, h, func(t testing.TB) {
+		if _, err := h.link.WritePackets(list()); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

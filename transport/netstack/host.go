@@ -257,7 +257,10 @@ type Host struct {
 	inPackets, inBytes, inMalformed, inTooBig atomic.Uint64
 }
 
-var _ transport.PacketIO = (*Host)(nil)
+var (
+	_ transport.PacketIO        = (*Host)(nil)
+	_ transport.ReadInterrupter = (*Host)(nil)
+)
 
 // New creates a host with o's addresses on a single NIC, default routes for
 // IPv4 and IPv6 through it, and TCP, UDP and ICMP (v4 and v6).

@@ -38,8 +38,9 @@ type link struct {
 	// +checklocks:mu
 	closed bool
 
-	ready chan struct{} // capacity 1: wakes a waiting Read
-	done  chan struct{} // closed by Close
+	ready     chan struct{} // capacity 1: wakes a waiting Read
+	interrupt chan struct{} // capacity 1: InterruptRead's sticky flag
+	done      chan struct{} // closed by Close
 
 	// readMu serialises Reads and guards scratch, which they share.
 	readMu sync.Mutex
@@ -60,11 +61,12 @@ var _ stack.LinkEndpoint = (*link)(nil)
 
 func newLink(mtu, queue, batch int) *link {
 	return &link{
-		mtu:     uint32(mtu),
-		ring:    make([]*stack.PacketBuffer, queue),
-		ready:   make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		scratch: make([]*stack.PacketBuffer, batch),
+		mtu:       uint32(mtu),
+		ring:      make([]*stack.PacketBuffer, queue),
+		ready:     make(chan struct{}, 1),
+		interrupt: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		scratch:   make([]*stack.PacketBuffer, batch),
 	}
 }
 
@@ -166,6 +168,15 @@ func (l *link) read(bufs [][]byte, sizes []int, offset int) (int, error) {
 			select {
 			case <-l.ready:
 			case <-l.done:
+			case <-l.interrupt:
+				l.mu.Lock()
+				l.waiting = false
+				closed := l.closed
+				l.mu.Unlock()
+				if closed { // after Close, ErrClosed wins
+					return 0, transport.ErrClosed
+				}
+				return 0, transport.ErrInterrupted
 			}
 			continue
 		}
@@ -196,6 +207,14 @@ func (l *link) read(bufs [][]byte, sizes []int, offset int) (int, error) {
 		l.outBytes.Add(uint64(bytes))
 	}
 	return n, nil
+}
+
+// interruptRead implements Host.InterruptRead.
+func (l *link) interruptRead() {
+	select {
+	case l.interrupt <- struct{}{}:
+	default: // already pending: interrupts coalesce
+	}
 }
 
 // copyPacket copies the whole of pkt (headers and payload) into dst, which
@@ -304,6 +323,12 @@ func (*link) SetOnCloseAction(func()) {}
 func (h *Host) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	return h.link.read(bufs, sizes, offset)
 }
+
+// InterruptRead implements transport.ReadInterrupter: the Read in progress,
+// or else the next Read that finds no packet queued, returns 0 and
+// transport.ErrInterrupted. Queued packets go first: a Read that has packets
+// to return returns them and leaves the interrupt for a later Read.
+func (h *Host) InterruptRead() { h.link.interruptRead() }
 
 // Write implements transport.PacketIO. It injects each bufs[i][offset:] as
 // an IPv4 or IPv6 packet, chosen by the version nibble, and returns

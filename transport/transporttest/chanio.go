@@ -20,12 +20,16 @@ type ChanIO struct {
 	in         chan []byte // packets for this end to Read
 	peer       *ChanIO
 	done       chan struct{}
+	interrupt  chan struct{} // capacity 1: InterruptRead's sticky flag
 	closeOnce  sync.Once
 	drops      atomic.Uint64
 	pool       *sync.Pool
 }
 
-var _ transport.PacketIO = (*ChanIO)(nil)
+var (
+	_ transport.PacketIO        = (*ChanIO)(nil)
+	_ transport.ReadInterrupter = (*ChanIO)(nil)
+)
 
 // ChanPairOptions sets up NewChanPair. The zero value gives MTU 1420, batch
 // size 64 and a queue of 1024 packets in each direction.
@@ -47,18 +51,26 @@ func NewChanPair(o ChanPairOptions) (*ChanIO, *ChanIO) {
 		o.Queue = 1024
 	}
 	pool := &sync.Pool{New: func() any { b := make([]byte, 0, o.MTU); return &b }}
-	a := &ChanIO{mtu: o.MTU, batch: o.BatchSize, in: make(chan []byte, o.Queue), done: make(chan struct{}), pool: pool}
-	b := &ChanIO{mtu: o.MTU, batch: o.BatchSize, in: make(chan []byte, o.Queue), done: make(chan struct{}), pool: pool}
+	a := &ChanIO{mtu: o.MTU, batch: o.BatchSize, in: make(chan []byte, o.Queue), done: make(chan struct{}), interrupt: make(chan struct{}, 1), pool: pool}
+	b := &ChanIO{mtu: o.MTU, batch: o.BatchSize, in: make(chan []byte, o.Queue), done: make(chan struct{}), interrupt: make(chan struct{}, 1), pool: pool}
 	a.peer, b.peer = b, a
 	return a, b
 }
 
 // Read implements transport.PacketIO. It blocks for the first packet and then
-// takes whatever else is queued, up to len(bufs).
+// takes whatever else is queued, up to len(bufs). A pending InterruptRead
+// ends the wait with transport.ErrInterrupted.
 func (c *ChanIO) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	var first []byte
 	select {
 	case first = <-c.in:
+	case <-c.interrupt:
+		select {
+		case <-c.done: // after Close, ErrClosed wins
+			return 0, transport.ErrClosed
+		default:
+		}
+		return 0, transport.ErrInterrupted
 	case <-c.done:
 		return 0, transport.ErrClosed
 	case <-c.peer.done:
@@ -127,6 +139,14 @@ func (c *ChanIO) Write(bufs [][]byte, offset int) (int, error) {
 		}
 	}
 	return len(bufs), nil
+}
+
+// InterruptRead implements transport.ReadInterrupter.
+func (c *ChanIO) InterruptRead() {
+	select {
+	case c.interrupt <- struct{}{}:
+	default: // already pending: interrupts coalesce
+	}
 }
 
 // BatchSize implements transport.PacketIO.

@@ -94,3 +94,13 @@ func BenchmarkChanPair(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "pkts/s")
 }
+
+func TestChanIOReadInterrupter(t *testing.T) {
+	a, b := transporttest.NewChanPair(transporttest.ChanPairOptions{})
+	defer a.Close()
+	transporttest.CheckReadInterrupter(t, b, func(t testing.TB) {
+		if _, err := a.Write([][]byte{{0x45, 0, 0, 20}}, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -14,6 +14,8 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/transport"
+	"github.com/vipkit/vipkit/transport/transporttest"
 	"github.com/vipkit/vipkit/transport/wg/wgtest"
 )
 
@@ -124,4 +126,68 @@ func TestKernelTUN(t *testing.T) {
 	if err := devA.WaitHandshake(ctx, b.key.PublicKey()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestKernelTUNInterruptRead: PacketIOFromTUN over a kernel TUN is a
+// transport.ReadInterrupter that keeps the contract. The TUN is down (so
+// idle) until the check's send brings it up and sends a datagram into it.
+func TestKernelTUNInterruptRead(t *testing.T) {
+	testenv.NeedRoot(t)
+	type made struct {
+		p   transport.PacketIO
+		err error
+	}
+	madec := make(chan made, 1)
+	send := make(chan struct{})
+	stop := make(chan struct{})
+	sent := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the namespace ends with the thread
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			madec <- made{err: err}
+			return
+		}
+		td, err := tun.CreateTUN("wgt1", 1420)
+		if err != nil {
+			madec <- made{err: err}
+			return
+		}
+		madec <- made{p: PacketIOFromTUN(td)}
+		select {
+		case <-send:
+		case <-stop:
+			return
+		}
+		sent <- func() error {
+			link, err := netlink.LinkByName("wgt1")
+			if err != nil {
+				return err
+			}
+			addr, _ := netlink.ParseAddr("10.9.1.1/24")
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(link); err != nil {
+				return err
+			}
+			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(10, 9, 1, 2), Port: 9000})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("after the interrupt"))
+			return err
+		}()
+	}()
+	defer close(stop)
+	m := <-madec
+	if m.err != nil {
+		t.Fatalf("kernel TUN: %v", m.err)
+	}
+	transporttest.CheckReadInterrupter(t, m.p, func(t testing.TB) {
+		close(send)
+		if err := <-sent; err != nil {
+			t.Fatalf("sending into the TUN: %v", err)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.zx2c4.com/wireguard/tun"
 
@@ -121,6 +122,13 @@ func closedErr(err error) error {
 // with less than 16 bytes of offset are copied into a buffer that has it
 // (the slow path; wireguard-go always leaves 16). Read and Write may be
 // called concurrently with each other; Close closes t and is idempotent.
+//
+// When t's File is in the Go runtime's poller (a kernel TUN from
+// tun.CreateTUN is), the PacketIO is also a transport.ReadInterrupter:
+// InterruptRead sets a read deadline in the past, which wakes a blocked
+// Read, and that Read clears it and returns transport.ErrInterrupted. The
+// vip engine uses this to read the TUN straight into wireguard-go's
+// buffers. Nothing else may set deadlines on t's File.
 func PacketIOFromTUN(t tun.Device) transport.PacketIO {
 	if a, ok := t.(*tunAdapter); ok {
 		return a.io
@@ -130,8 +138,31 @@ func PacketIOFromTUN(t tun.Device) transport.PacketIO {
 	if m, err := t.MTU(); err == nil && m > 0 {
 		p.mtu.Store(int64(m))
 	}
+	// SetReadDeadline fails (os.ErrNoDeadline) for a file outside the
+	// poller: a blocking descriptor, or none.
+	if f := t.File(); f != nil && f.SetReadDeadline(time.Time{}) == nil {
+		p.file = f
+	}
 	go p.drain()
+	if p.file != nil {
+		return &interruptibleTUNIO{p}
+	}
 	return p
+}
+
+// interruptibleTUNIO is a tunIO whose TUN file is in the runtime's poller.
+type interruptibleTUNIO struct{ *tunIO }
+
+var _ transport.ReadInterrupter = (*interruptibleTUNIO)(nil)
+
+// pastDeadline is a deadline that has always passed.
+var pastDeadline = time.Unix(1, 0)
+
+// InterruptRead implements transport.ReadInterrupter.
+func (p *interruptibleTUNIO) InterruptRead() {
+	// After Close the file reports os.ErrClosed, which is all there is to
+	// report: a Read then fails with ErrClosed anyway.
+	_ = p.file.SetReadDeadline(pastDeadline)
 }
 
 // tunWriteHeadroom is the offset that PacketIOFromTUN's Write guarantees to
@@ -145,7 +176,9 @@ const defaultMTU = 1420
 // tunIO is a PacketIO over a tun.Device.
 type tunIO struct {
 	t         tun.Device
+	file      *os.File // t's file if it is in the poller (interruptibleTUNIO), else nil
 	mtu       atomic.Int64
+	closed    atomic.Bool // set by Close before it closes t
 	drained   chan struct{}
 	closeOnce sync.Once
 	closeErr  error
@@ -173,8 +206,22 @@ func (p *tunIO) drain() {
 // Read implements transport.PacketIO.
 func (p *tunIO) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	n, err := p.t.Read(bufs, sizes, offset)
-	if err != nil && (errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed)) {
+	if err == nil {
+		return n, nil
+	}
+	// A kernel TUN's Read after Close may report its netlink listener's
+	// end instead of the closed file; the contract is ErrClosed.
+	if p.closed.Load() || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
 		return n, transport.ErrClosed
+	}
+	if p.file != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		// InterruptRead's deadline: clear it, so that the next Read
+		// blocks again. An interrupt made since is absorbed here, which
+		// the ReadInterrupter contract allows.
+		if cerr := p.file.SetReadDeadline(time.Time{}); cerr != nil && errors.Is(cerr, os.ErrClosed) {
+			return n, transport.ErrClosed
+		}
+		return n, transport.ErrInterrupted
 	}
 	return n, err
 }
@@ -227,6 +274,7 @@ func (p *tunIO) TUN() tun.Device { return p.t }
 // Close implements transport.PacketIO.
 func (p *tunIO) Close() error {
 	p.closeOnce.Do(func() {
+		p.closed.Store(true)
 		p.closeErr = p.t.Close()
 		<-p.drained
 	})

@@ -229,3 +229,48 @@ func TestTUNAdapterAllocs(t *testing.T) {
 		t.Fatalf("PacketIOFromTUN slow-path Write allocates %v", a)
 	}
 }
+
+// pipeTUN is a fakeTUN that reads from a pipe, whose file is in the
+// runtime's poller as a kernel TUN's is.
+type pipeTUN struct {
+	*fakeTUN
+	r, w *os.File
+}
+
+func (p *pipeTUN) File() *os.File { return p.r }
+func (p *pipeTUN) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	n, err := p.r.Read(bufs[0][offset:])
+	if err != nil {
+		return 0, err
+	}
+	sizes[0] = n
+	return 1, nil
+}
+func (p *pipeTUN) Close() error {
+	p.fakeTUN.Close()
+	p.w.Close()
+	return p.r.Close()
+}
+
+// PacketIOFromTUN is a ReadInterrupter exactly when the TUN's file can take
+// a deadline, and its interrupts keep the contract.
+func TestPacketIOFromTUNInterrupt(t *testing.T) {
+	plain := PacketIOFromTUN(newFakeTUN())
+	defer plain.Close()
+	if _, ok := plain.(transport.ReadInterrupter); ok {
+		t.Fatal("a TUN without a file is a ReadInterrupter")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.SetReadDeadline(time.Time{}) != nil {
+		t.Skip("pipes are not in the poller on this platform")
+	}
+	p := PacketIOFromTUN(&pipeTUN{fakeTUN: newFakeTUN(), r: r, w: w})
+	transporttest.CheckReadInterrupter(t, p, func(t testing.TB) {
+		if _, err := w.Write([]byte("pkt")); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

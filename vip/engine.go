@@ -90,6 +90,16 @@ type EngineOptions struct {
 	// address). The engine always requires the source to lie in the
 	// overlay range; nil admits every such packet.
 	Admit func(from NodeID, src, dst netip.Addr) bool
+	// ReadAhead makes the engine read the host from a goroutine of its
+	// own, into buffers of its own, up to four batches ahead of Read, even
+	// when the host is a transport.ReadInterrupter. Such a host (a kernel
+	// TUN from wg.PacketIOFromTUN, a netstack host) is otherwise read
+	// straight into Read's buffers, which saves a copy of every outbound
+	// packet and a goroutine hand-off per batch. Reading ahead overlaps
+	// the host's reads with wireguard-go's encryption, which only pays
+	// where cores are to spare. A host that cannot interrupt its Read is
+	// always read ahead: engine-made packets must leave while it is idle.
+	ReadAhead bool
 }
 
 // Engine is the VIP data path of one overlay network at one node: a
@@ -101,8 +111,10 @@ type EngineOptions struct {
 // wireguard-go. It composes the Registry's configuration (crdt), health and
 // RTT (probe) and the NAT (flow):
 //
-//   - Its Read side is what wireguard-go encrypts: a pump goroutine reads
-//     the host in batches and passes each packet through flow's FromHost;
+//   - Its Read side is what wireguard-go encrypts: host batches, read
+//     straight into wireguard-go's buffers (or, see
+//     EngineOptions.ReadAhead, by a pump goroutine into the engine's),
+//     pass each packet through flow's FromHost;
 //     connections to a VIP are bound to the eligible backend with the
 //     lowest smoothed RTT (a local backend is hairpinned back into the
 //     host with the VIP as source); other traffic passes unchanged. The
@@ -130,9 +142,9 @@ type EngineOptions struct {
 //
 // Concurrency: Read and Write follow transport.PacketIO (one goroutine
 // each); Apply, Status and DNSOptions may be called from any goroutine.
-// Close stops the pump, the prober, the checker and the NAT and closes the
-// host; it is idempotent. A new Engine on the same Registry starts with no
-// bindings and the same configuration.
+// Close stops the host reads, the prober, the checker and the NAT and
+// closes the host; it is idempotent. A new Engine on the same Registry
+// starts with no bindings and the same configuration.
 type Engine struct {
 	o         EngineOptions
 	reg       *Registry
@@ -188,18 +200,26 @@ type Engine struct {
 	// +checklocks:cfgMu
 	closed bool
 
-	// Packet path. Three goroutines drive it, each owning its scratch:
-	// the pump (reflect; it fills batches from free into full), the
-	// caller of Read (readBatch, readPos; wireguard-go's one TUN reader)
-	// and the caller of Write (writeOut, writeRun, writeRunBufs,
-	// writeResults; wireguard-go serializes its writes). The channels
-	// hand batches and engine-made packets between them; hostMu is taken
-	// by the pump and Write around every Host.Write.
+	// Packet path. On a host that is a transport.ReadInterrupter (direct
+	// is set), the caller of Read (wireguard-go's one TUN reader) reads
+	// the host straight into its own buffers and translates them there
+	// (reflect, directPkts, directRes); engine-made packets set pending
+	// and, while reading says a host Read may be blocked, interrupt it.
+	// On any other host a pump goroutine reads ahead into batches of its
+	// own (reflect; it fills batches from free into full) and Read copies
+	// them out (readBatch, readPos). The caller of Write owns writeOut,
+	// writeRun, writeRunBufs and writeResults (wireguard-go serializes
+	// its writes). hostMu is taken around every Host.Write.
 	mtu          int
+	direct       transport.ReadInterrupter // the host, if it can interrupt its Read
+	reading      atomic.Bool               // a direct Read is in, or about to enter, Host.Read
+	pending      atomic.Int64              // packets in inject (counted after the send, so briefly < 0)
+	directPkts   [][]byte                  // Read's goroutine, direct: the NAT batch call's views
+	directRes    []flow.Result             // Read's goroutine, direct: its results
 	free         chan *batch
 	full         chan *batch
-	readBatch    *batch        // Read's goroutine
-	readPos      int           // Read's goroutine
+	readBatch    *batch        // Read's goroutine, pumped
+	readPos      int           // Read's goroutine, pumped
 	inject       chan []byte   // engine-made packets toward the overlay
 	hostQ        chan []byte   // engine-made packets toward the host (flow's Emit)
 	hostMu       sync.Mutex    // serializes Host.Write; guards no field
@@ -207,7 +227,7 @@ type Engine struct {
 	writeRun     [][]byte      // Write's goroutine: a run of one peer's packets (views)
 	writeRunBufs [][]byte      // Write's goroutine: the same run's whole buffers
 	writeResults []flow.Result // Write's goroutine: the NAT's results for a run
-	reflect      [][]byte      // the pump's goroutine: hairpinned packets of a batch
+	reflect      [][]byte      // the host reader's goroutine (pump or direct Read): hairpinned packets of a batch
 	done         chan struct{}
 	pumpDone     chan struct{}
 	hostErr      atomic.Pointer[error]
@@ -302,7 +322,8 @@ type subKey struct {
 }
 
 // NewEngine starts an engine: the NAT, the prober and its driver, the
-// connect checker, the path poll and the host pump, and applies the
+// connect checker, the path poll and (when the engine reads ahead, see
+// EngineOptions.ReadAhead) the host pump, and applies the
 // Registry's current configuration. Hand the engine to wg.NewDevice as its
 // PacketIO.
 func NewEngine(o EngineOptions) (*Engine, error) {
@@ -388,14 +409,19 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	}
 
 	bsize := o.Host.BatchSize()
-	e.free = make(chan *batch, engineBatches)
-	e.full = make(chan *batch, engineBatches)
-	for range engineBatches {
-		b := &batch{bufs: make([][]byte, bsize), sizes: make([]int, bsize), pkts: make([][]byte, bsize), res: make([]flow.Result, bsize)}
-		for i := range b.bufs {
-			b.bufs[i] = make([]byte, e.mtu)
+	if ri, ok := o.Host.(transport.ReadInterrupter); ok && !o.ReadAhead {
+		e.direct = ri
+		e.directPkts, e.directRes = make([][]byte, bsize), make([]flow.Result, bsize)
+	} else {
+		e.free = make(chan *batch, engineBatches)
+		e.full = make(chan *batch, engineBatches)
+		for range engineBatches {
+			b := &batch{bufs: make([][]byte, bsize), sizes: make([]int, bsize), pkts: make([][]byte, bsize), res: make([]flow.Result, bsize)}
+			for i := range b.bufs {
+				b.bufs[i] = make([]byte, e.mtu)
+			}
+			e.free <- b
 		}
-		e.free <- b
 	}
 	e.writeOut = make([][]byte, 0, bsize)
 	e.reflect = make([][]byte, 0, bsize)
@@ -405,7 +431,11 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	e.pathMu.Lock()
 	e.pathTimer = e.clock.AfterFunc(e.pathEvery, e.pathTick)
 	e.pathMu.Unlock()
-	go e.pump()
+	if e.direct != nil {
+		close(e.pumpDone)
+	} else {
+		go e.pump()
+	}
 	return e, nil
 }
 
@@ -430,7 +460,8 @@ func (e *Engine) MTU() int { return e.mtu }
 
 // Close stops the engine and releases its state and sockets: the path
 // poll, the prober's driver, the connect checker and its subscriptions,
-// every NAT binding and shadow port, and the host (which ends the pump).
+// every NAT binding and shadow port, and the host (which ends the pump, or
+// unblocks a Read waiting in the host).
 // It is idempotent and safe to call concurrently with Read and Write, which
 // then return ErrEngineClosed.
 func (e *Engine) Close() error {

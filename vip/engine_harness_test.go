@@ -57,7 +57,10 @@ type clusterOptions struct {
 	prober  probe.ProberConfig
 	latency map[[2]int]time.Duration // one-way latency per pair (both directions)
 	engine  func(*EngineOptions)
-	limits  Limits
+	// readAhead runs every engine with EngineOptions.ReadAhead: the pump
+	// instead of direct reads of the (interruptible) netstack host.
+	readAhead bool
+	limits    Limits
 	// coldStart skips warm: the nodes' first packets to each other start
 	// their WireGuard handshakes, as on a fresh start.
 	coldStart bool
@@ -204,6 +207,7 @@ func (c *cluster) start(nd *cnode, o clusterOptions) {
 			return err == nil && (st.LastHandshake.IsZero() || time.Since(st.LastHandshake) < 180*time.Second)
 		},
 	}
+	eo.ReadAhead = o.readAhead
 	if o.engine != nil {
 		o.engine(&eo)
 	}

@@ -1,12 +1,14 @@
 package vip
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
 	"github.com/vipkit/vipkit/flow"
 	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/probe"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // admit is flow's Admit: the source must be in the overlay range, then the
@@ -23,26 +25,50 @@ func (e *Engine) admit(peer flow.PeerID, src, dst netip.Addr) bool {
 
 // emit is flow's Emit: it copies the packet to the queue of its direction.
 func (e *Engine) emit(dir flow.Direction, pkt []byte) {
-	q := e.inject
-	if dir == flow.ToHost {
-		q = e.hostQ
+	if dir == flow.ToOverlay {
+		e.injectOverlay(append([]byte(nil), pkt...))
+		return
 	}
 	select {
-	case q <- append([]byte(nil), pkt...):
+	case e.hostQ <- append([]byte(nil), pkt...):
 	default:
 		e.counters.queueFull.Add(1)
 	}
 }
 
-// injectOverlay queues an engine-made packet for wireguard-go.
+// injectOverlay queues an engine-made packet for wireguard-go and, on a
+// direct host, wakes a host Read that may be blocked, so that Read returns
+// the packet even while the host is idle.
 func (e *Engine) injectOverlay(pkt []byte) bool {
 	select {
 	case e.inject <- pkt:
-		return true
 	default:
 		e.counters.queueFull.Add(1)
 		return false
 	}
+	// pending is published before reading is looked at, and Read sets
+	// reading before it looks at pending (both sequentially consistent):
+	// either Read sees the packet, or this sees Read in the host.
+	e.pending.Add(1)
+	if e.direct != nil && e.reading.Load() {
+		e.direct.InterruptRead()
+	}
+	return true
+}
+
+// takeInjected moves queued engine-made packets into bufs[n:] without
+// blocking and returns the new count.
+func (e *Engine) takeInjected(bufs [][]byte, sizes []int, offset, n int) int {
+	for n < len(bufs) {
+		select {
+		case p := <-e.inject:
+			e.pending.Add(-1)
+			n = e.put(bufs, sizes, offset, n, p)
+		default:
+			return n
+		}
+	}
+	return n
 }
 
 // pump reads the host in batches, runs each packet through the NAT and
@@ -72,56 +98,85 @@ func (e *Engine) pump() {
 		}
 		if err != nil {
 			// Like wireguard-go's TUN reader, a read error ends the
-			// pump: Read then reports it.
-			e.hostErr.Store(&err)
+			// pump: Read then reports it. (A copy, so that err itself
+			// stays off the heap on the path.)
+			hostErr := err
+			e.hostErr.Store(&hostErr)
 			e.deadOnce.Do(func() { close(e.hostDead) })
 			return
 		}
 	}
 }
 
-// fromHost translates the n packets read into b: overlay-bound ones stay
-// (compacted to the front), hairpinned ones are written back to the host.
+// fromHost translates the n packets read into the pump's batch b and keeps
+// the overlay-bound ones (see translateOut).
 func (e *Engine) fromHost(b *batch, n int) {
-	now := e.clock.Now()
-	k := 0
-	var passPkts, passBytes uint64
-	e.reflect = e.reflect[:0]
-	// One batch call: at large flow tables the NAT overlaps the cache
-	// misses of a batch's lookups (flow's BenchmarkTranslate *-batch64).
 	if len(b.pkts) < n {
 		b.pkts, b.res = make([][]byte, len(b.bufs)), make([]flow.Result, len(b.bufs))
 	}
+	b.n = e.translateOut(b.bufs, b.sizes, 0, n, b.pkts, b.res, true)
+}
+
+// translateOut runs the n host packets bufs[i][offset:offset+sizes[i]]
+// through the NAT, writes hairpinned ones back to the host and compacts the
+// overlay-bound ones, in order, to the front; it returns how many those
+// are. Buffers the engine owns (own) are compacted by swapping them;
+// wireguard-go's stay in place (it ties each to a queue element), so a kept
+// packet behind a dropped one is copied forward. pkts and res are scratch
+// of at least n entries.
+func (e *Engine) translateOut(bufs [][]byte, sizes []int, offset, n int, pkts [][]byte, res []flow.Result, own bool) int {
+	now := e.clock.Now()
 	for i := 0; i < n; i++ {
-		b.pkts[i] = b.bufs[i][:b.sizes[i]]
+		pkts[i] = bufs[i][offset : offset+sizes[i]]
 	}
-	e.nat.FromHostBatch(b.pkts[:n], now, b.res[:n])
+	// One batch call: at large flow tables the NAT overlaps the cache
+	// misses of a batch's lookups (flow's BenchmarkTranslate *-batch64).
+	e.nat.FromHostBatch(pkts[:n], now, res[:n])
+	var passPkts, passBytes uint64
+	kept := 0
+	e.reflect = e.reflect[:0]
 	for i := 0; i < n; i++ {
-		size := b.sizes[i]
-		pkt := b.pkts[i]
-		switch r := b.res[i]; r.Verdict {
+		switch res[i].Verdict {
 		case flow.Pass:
 			passPkts++
-			passBytes += uint64(size)
-			fallthrough
+			passBytes += uint64(sizes[i])
+			kept++
 		case flow.Forward:
-			b.bufs[k], b.bufs[i] = b.bufs[i], b.bufs[k]
-			b.sizes[k] = size
-			k++
+			kept++
 		case flow.Reflect:
-			e.reflect = append(e.reflect, pkt)
+			// With the headroom in front: a TUN writes its virtio
+			// header there instead of copying the packet.
+			e.reflect = append(e.reflect, bufs[i][:offset+sizes[i]])
 		}
 	}
-	b.n = k
+	if len(e.reflect) > 0 {
+		// Before the compaction, which may overwrite these in place.
+		e.writeHost(e.reflect, offset)
+		clear(e.reflect)
+	}
+	if kept < n {
+		k := 0
+		for i := 0; i < n; i++ {
+			if v := res[i].Verdict; v != flow.Pass && v != flow.Forward {
+				continue
+			}
+			if k != i {
+				if own {
+					bufs[k], bufs[i] = bufs[i], bufs[k]
+					sizes[k] = sizes[i]
+				} else {
+					sizes[k] = copy(bufs[k][offset:], pkts[i])
+				}
+			}
+			k++
+		}
+	}
 	if passPkts > 0 {
 		e.counters.passOutPkts.Add(passPkts)
 		e.counters.passOutBytes.Add(passBytes)
 	}
-	if len(e.reflect) > 0 {
-		e.writeHost(e.reflect, 0)
-		clear(e.reflect)
-	}
 	e.flushHostQ()
+	return kept
 }
 
 // flushHostQ writes the NAT's host-bound output (reassembled and
@@ -149,8 +204,13 @@ func (e *Engine) writeHost(bufs [][]byte, offset int) {
 // Read implements transport.PacketIO for wireguard-go: the packets to
 // encrypt, translated host traffic and the engine's own packets. It blocks
 // until at least one is available and returns ErrEngineClosed after Close,
-// or the host's error if the host failed.
+// or the host's error if the host failed. On a direct host (see
+// EngineOptions.ReadAhead) the host fills bufs itself, and the host's own
+// errors pass through with the packets read before them, as from a TUN.
 func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if e.direct != nil {
+		return e.readDirect(bufs, sizes, offset)
+	}
 	n := 0
 	for n == 0 {
 		if e.readBatch == nil {
@@ -158,11 +218,14 @@ func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 			case b := <-e.full:
 				e.readBatch, e.readPos = b, 0
 			case p := <-e.inject:
+				e.pending.Add(-1)
 				n = e.put(bufs, sizes, offset, n, p)
 			case <-e.done:
 				return 0, ErrEngineClosed
 			case <-e.hostDead:
-				if p := e.hostErr.Load(); p != nil {
+				// Close closes done before the host, so a host that
+				// failed because of Close reports ErrEngineClosed.
+				if p := e.hostErr.Load(); p != nil && !e.isClosed() {
 					return 0, fmt.Errorf("vip: engine host: %w", *p)
 				}
 				return 0, ErrEngineClosed
@@ -178,17 +241,52 @@ func (e *Engine) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 				e.free <- b
 			}
 		}
-		for n < len(bufs) {
-			select {
-			case p := <-e.inject:
-				n = e.put(bufs, sizes, offset, n, p)
-				continue
-			default:
-			}
-			break
-		}
+		n = e.takeInjected(bufs, sizes, offset, n)
 	}
 	return n, nil
+}
+
+// readDirect is Read on a host that can interrupt its Read: the host reads
+// into bufs, the NAT translates there, and engine-made packets fill what
+// room is left. An engine-made packet queued while the host is idle
+// interrupts the host's Read (injectOverlay), so it leaves at once.
+func (e *Engine) readDirect(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if len(e.directPkts) < len(bufs) {
+		e.directPkts, e.directRes = make([][]byte, len(bufs)), make([]flow.Result, len(bufs))
+	}
+	for {
+		if n := e.takeInjected(bufs, sizes, offset, 0); n > 0 {
+			return n, nil
+		}
+		if e.isClosed() {
+			return 0, ErrEngineClosed
+		}
+		e.reading.Store(true)
+		if e.pending.Load() > 0 {
+			e.reading.Store(false)
+			continue
+		}
+		n, err := e.host.Read(bufs, sizes, offset)
+		e.reading.Store(false)
+		if n > 0 {
+			n = e.translateOut(bufs, sizes, offset, n, e.directPkts, e.directRes, false)
+			n = e.takeInjected(bufs, sizes, offset, n)
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, transport.ErrInterrupted):
+			// Whatever woke it is in inject, taken above or on the
+			// next turn.
+		case e.isClosed():
+			return n, ErrEngineClosed
+		default:
+			return n, fmt.Errorf("vip: engine host: %w", err)
+		}
+		if n > 0 {
+			return n, nil
+		}
+		// Every packet read was hairpinned or dropped: read again.
+	}
 }
 
 // put copies pkt into bufs[n] (dropping it if it does not fit) and returns

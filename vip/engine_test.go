@@ -80,7 +80,24 @@ func apiService(t *testing.T, c *cluster) ServiceView {
 // api.home:443, served by a and b, on the closer backend a; a dies; new
 // connections go to b within limit; the established one stays bound to a.
 func failover(t *testing.T, prober probe.ProberConfig, limit time.Duration) time.Duration {
-	c := newCluster(t, clusterOptions{prober: prober, latency: closeLatency})
+	return failoverWith(t, clusterOptions{prober: prober, latency: closeLatency}, limit)
+}
+
+// readPaths runs f once on engines that read their hosts directly into
+// wireguard-go's buffers and once on engines that read ahead (the pump):
+// the two host read paths under the same test body.
+func readPaths(t *testing.T, f func(t *testing.T, readAhead bool)) {
+	for _, ra := range []bool{false, true} {
+		name := "direct"
+		if ra {
+			name = "read-ahead"
+		}
+		t.Run(name, func(t *testing.T) { f(t, ra) })
+	}
+}
+
+func failoverWith(t *testing.T, o clusterOptions, limit time.Duration) time.Duration {
+	c := newCluster(t, o)
 	serveName(t, c.nodes[nA], 8443)
 	serveName(t, c.nodes[nB], 8443)
 	apiService(t, c)
@@ -181,8 +198,10 @@ func backendIn(l ListenerStatus, nd *cnode) BackendStatus {
 }
 
 func TestEngineClosestBackendAndFastFailover(t *testing.T) {
-	checkLeaks(t)
-	failover(t, fastProber, 1500*time.Millisecond)
+	readPaths(t, func(t *testing.T, readAhead bool) {
+		checkLeaks(t)
+		failoverWith(t, clusterOptions{prober: fastProber, latency: closeLatency, readAhead: readAhead}, 1500*time.Millisecond)
+	})
 }
 
 // observeSlack is the measurement's own granularity in the failover tests
@@ -204,123 +223,127 @@ func TestEngineFailoverDefaultTimings(t *testing.T) {
 }
 
 func TestEngineUDPFailoverOnPortUnreachable(t *testing.T) {
-	checkLeaks(t)
-	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
-	ctx := context.Background()
-	cn, a, b := c.nodes[nC], c.nodes[nA], c.nodes[nB]
-	// Only b serves udp/5353; a answers with ICMP port unreachable.
-	pc, err := b.host.ListenUDP(netip.AddrPortFrom(b.info.Addr, 5353))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(append([]byte("b:"), buf[:n]...), from)
-		}
-	}()
-	if _, err := cn.reg.Create(ctx, "dns"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cn.reg.PortAdd(ctx, "dns", PortKey{UDP, 53}, []Backend{{a.info.ID, 5353}, {b.info.ID, 5353}}); err != nil {
-		t.Fatal(err)
-	}
-	c.spread()
-	vip, err := c.resolve(cn, "dns.home")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
-		return c.settledOn(cn, "dns", "udp/53", a, 50*time.Millisecond)
-	})
-	conn, err := cn.host.DialUDP(netip.AddrPortFrom(cn.info.Addr, 0), netip.AddrPortFrom(vip, 53))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	var reply string
-	pollUntil(t, 10*time.Second, "a reply from b", func() bool {
-		_, _ = conn.Write([]byte("ping"))
-		_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		buf := make([]byte, 64)
-		n, err := conn.Read(buf)
+	readPaths(t, func(t *testing.T, readAhead bool) {
+		checkLeaks(t)
+		c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency, readAhead: readAhead})
+		ctx := context.Background()
+		cn, a, b := c.nodes[nC], c.nodes[nA], c.nodes[nB]
+		// Only b serves udp/5353; a answers with ICMP port unreachable.
+		pc, err := b.host.ListenUDP(netip.AddrPortFrom(b.info.Addr, 5353))
 		if err != nil {
-			return false
+			t.Fatal(err)
 		}
-		reply = string(buf[:n])
-		return true
+		defer pc.Close()
+		go func() {
+			buf := make([]byte, 1500)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = pc.WriteTo(append([]byte("b:"), buf[:n]...), from)
+			}
+		}()
+		if _, err := cn.reg.Create(ctx, "dns"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cn.reg.PortAdd(ctx, "dns", PortKey{UDP, 53}, []Backend{{a.info.ID, 5353}, {b.info.ID, 5353}}); err != nil {
+			t.Fatal(err)
+		}
+		c.spread()
+		vip, err := c.resolve(cn, "dns.home")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pollUntil(t, 40*time.Second, "the closer backend a to be next", func() bool {
+			return c.settledOn(cn, "dns", "udp/53", a, 50*time.Millisecond)
+		})
+		conn, err := cn.host.DialUDP(netip.AddrPortFrom(cn.info.Addr, 0), netip.AddrPortFrom(vip, 53))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		var reply string
+		pollUntil(t, 10*time.Second, "a reply from b", func() bool {
+			_, _ = conn.Write([]byte("ping"))
+			_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			buf := make([]byte, 64)
+			n, err := conn.Read(buf)
+			if err != nil {
+				return false
+			}
+			reply = string(buf[:n])
+			return true
+		})
+		if reply != "b:ping" {
+			t.Fatalf("reply %q, want b:ping", reply)
+		}
+		l, _ := listenerOf(cn, "dns", "udp/53")
+		if l.Failovers < 1 {
+			t.Errorf("udp failovers = %d, want ≥ 1", l.Failovers)
+		}
+		if ba := backendIn(l, a); ba.Reason != "icmp-unreachable" || ba.UnreachableUntil == nil {
+			t.Errorf("a's reason = %q, want icmp-unreachable with an end", ba.Reason)
+		}
+		if c.next(cn, "dns", "udp/53") != "b" {
+			t.Errorf("next is not b while a is excluded")
+		}
+		if l.Active != 1 || l.PacketsIn == 0 || l.PacketsOut < 2 {
+			t.Errorf("listener counters: active %d, in %d, out %d", l.Active, l.PacketsIn, l.PacketsOut)
+		}
 	})
-	if reply != "b:ping" {
-		t.Fatalf("reply %q, want b:ping", reply)
-	}
-	l, _ := listenerOf(cn, "dns", "udp/53")
-	if l.Failovers < 1 {
-		t.Errorf("udp failovers = %d, want ≥ 1", l.Failovers)
-	}
-	if ba := backendIn(l, a); ba.Reason != "icmp-unreachable" || ba.UnreachableUntil == nil {
-		t.Errorf("a's reason = %q, want icmp-unreachable with an end", ba.Reason)
-	}
-	if c.next(cn, "dns", "udp/53") != "b" {
-		t.Errorf("next is not b while a is excluded")
-	}
-	if l.Active != 1 || l.PacketsIn == 0 || l.PacketsOut < 2 {
-		t.Errorf("listener counters: active %d, in %d, out %d", l.Active, l.PacketsIn, l.PacketsOut)
-	}
 }
 
 func TestEngineHairpinLocalBackendSeesVIP(t *testing.T) {
-	checkLeaks(t)
-	c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency})
-	ctx := context.Background()
-	cn := c.nodes[nC]
-	serveName(t, cn, 8080)
-	serveName(t, c.nodes[nB], 8080)
-	if _, err := cn.reg.Create(ctx, "web"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cn.reg.PortAdd(ctx, "web", PortKey{TCP, 80}, []Backend{{cn.info.ID, 8080}, {c.nodes[nB].info.ID, 8080}}); err != nil {
-		t.Fatal(err)
-	}
-	c.spread()
-	vip, err := c.resolve(cn, "web.home")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The local backend has RTT 0: it is chosen at once.
-	if got := c.next(cn, "web", "tcp/80"); got != "c" {
-		t.Fatalf("next = %q, want the local c", got)
-	}
-	who, _, err := whoAt(t, cn, netip.AddrPortFrom(vip, 80), 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(who)
-	if len(f) != 2 || f[0] != "c" {
-		t.Fatalf("greeting %q, want c's", who)
-	}
-	if src := netip.MustParseAddrPort(f[1]).Addr(); src != vip {
-		t.Errorf("local backend saw source %v, want the VIP %v", src, vip)
-	}
-	var hair bool
-	for _, b := range cn.engine().NAT().Bindings() {
-		hair = hair || b.Hairpin
-	}
-	if !hair {
-		t.Error("no hairpin binding")
-	}
-	l, _ := listenerOf(cn, "web", "tcp/80")
-	if bc := backendIn(l, cn); bc.RTTMillis != 0 || !bc.Local || !bc.RTTKnown {
-		t.Errorf("local backend status %+v", bc)
-	}
-	// Node c's peers see the VIP only through c: b may not send from it.
-	if st := c.nodes[nB].engine().Status(); st.Flow.Drops["vip-source"] != 0 {
-		t.Errorf("unexpected VIP-source drops at b: %v", st.Flow.Drops)
-	}
+	readPaths(t, func(t *testing.T, readAhead bool) {
+		checkLeaks(t)
+		c := newCluster(t, clusterOptions{prober: fastProber, latency: closeLatency, readAhead: readAhead})
+		ctx := context.Background()
+		cn := c.nodes[nC]
+		serveName(t, cn, 8080)
+		serveName(t, c.nodes[nB], 8080)
+		if _, err := cn.reg.Create(ctx, "web"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cn.reg.PortAdd(ctx, "web", PortKey{TCP, 80}, []Backend{{cn.info.ID, 8080}, {c.nodes[nB].info.ID, 8080}}); err != nil {
+			t.Fatal(err)
+		}
+		c.spread()
+		vip, err := c.resolve(cn, "web.home")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The local backend has RTT 0: it is chosen at once.
+		if got := c.next(cn, "web", "tcp/80"); got != "c" {
+			t.Fatalf("next = %q, want the local c", got)
+		}
+		who, _, err := whoAt(t, cn, netip.AddrPortFrom(vip, 80), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(who)
+		if len(f) != 2 || f[0] != "c" {
+			t.Fatalf("greeting %q, want c's", who)
+		}
+		if src := netip.MustParseAddrPort(f[1]).Addr(); src != vip {
+			t.Errorf("local backend saw source %v, want the VIP %v", src, vip)
+		}
+		var hair bool
+		for _, b := range cn.engine().NAT().Bindings() {
+			hair = hair || b.Hairpin
+		}
+		if !hair {
+			t.Error("no hairpin binding")
+		}
+		l, _ := listenerOf(cn, "web", "tcp/80")
+		if bc := backendIn(l, cn); bc.RTTMillis != 0 || !bc.Local || !bc.RTTKnown {
+			t.Errorf("local backend status %+v", bc)
+		}
+		// Node c's peers see the VIP only through c: b may not send from it.
+		if st := c.nodes[nB].engine().Status(); st.Flow.Drops["vip-source"] != 0 {
+			t.Errorf("unexpected VIP-source drops at b: %v", st.Flow.Drops)
+		}
+	})
 }
 
 func TestEnginePartitionEditsMergeAndRoute(t *testing.T) {

@@ -261,6 +261,27 @@ func (h *failingHost) InterruptRead() {}
 
 var _ transport.ReadInterrupter = (*failingHost)(nil)
 
+// A host error that comes with packets (a TUN's tun.ErrTooManySegments
+// comes with the segments that fit) does not end the read-ahead pump: the
+// packets keep coming.
+func TestEngineReadAheadHostErrorWithPackets(t *testing.T) {
+	hostErr := errors.New("too many segments")
+	// The unit engine's node and peer are 100.80.0.1 and .2.
+	pkt, err := packet.AppendUDP(nil, packet.IPv4Fields{Src: netip.MustParseAddr("100.80.0.1"), Dst: netip.MustParseAddr("100.80.0.2")},
+		packet.UDPFields{SrcPort: 40000, DstPort: 9}, []byte("segment"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &failingHost{recHost: recHost{done: make(chan struct{})}, pkt: pkt, err: hostErr}
+	u := newUnitEngineWith(t, 7, func(o *EngineOptions) { o.Host, o.ReadAhead = h, true })
+	for i := range 3 {
+		r := waitRead(t, readOnce(u), "packets")
+		if r.err != nil || len(r.pkts) == 0 {
+			t.Fatalf("Read %d = %d packets, %v; want packets and no error", i, len(r.pkts), r.err)
+		}
+	}
+}
+
 // A direct host's own read error reaches wireguard-go with the packets read
 // before it, as from a TUN: wireguard-go tells a transient one
 // (tun.ErrTooManySegments) from a fatal one.

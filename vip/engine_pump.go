@@ -96,10 +96,13 @@ func (e *Engine) pump() {
 		} else {
 			e.free <- b
 		}
-		if err != nil {
+		if err != nil && n == 0 {
 			// Like wireguard-go's TUN reader, a read error ends the
-			// pump: Read then reports it. (A copy, so that err itself
-			// stays off the heap on the path.)
+			// pump: Read then reports it. One that came with packets
+			// is taken as transient (a TUN's tun.ErrTooManySegments
+			// comes with the segments that fit): the pump reads on,
+			// and a lasting error returns with none. (A copy, so that
+			// err itself stays off the heap on the path.)
 			hostErr := err
 			e.hostErr.Store(&hostErr)
 			e.deadOnce.Do(func() { close(e.hostDead) })

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dataplane-bench: the whole data plane measured as a user would, against
 # wireguard-go alone. Two network namespaces on one veth pair; iperf3 over TCP
-# for 10 s with 1 and 4 streams, 3 runs of each, interleaved:
+# for 10 s with 1 and 4 streams, 3 runs of each (ROUNDS), interleaved, the
+# order of wireguard-go and tsng alternating from round to round:
 #
 #   wg-go   wireguard-go (built from the module version vipkit requires) on a
 #           kernel TUN in each namespace, iperf3 to the peer's overlay address
@@ -16,6 +17,10 @@
 # samples both daemons with perf during one more 4-stream run of wg-go and
 # of tsng-vip and writes the top symbols of each to
 # $OUT/dataplane-profile.txt (OUT defaults to the current directory).
+#
+# With AA=1 each round also runs wireguard-go a second time (mode wg-go-2,
+# fresh daemons): an A/A comparison that shows how far two sets of runs of
+# the same program differ on this machine.
 #
 # Not a CI gate: it needs root, iproute2, iperf3 and python3 with the
 # cryptography package, and it runs only with VIPKIT_LONG=1.
@@ -59,6 +64,9 @@ ip -n "$nsB" addr add 192.168.77.2/24 dev "v$nsB"
 for ns in "$nsA" "$nsB"; do
   ip -n "$ns" link set lo up
   ip -n "$ns" link set "v$ns" up
+  # Each run starts from the kernel's defaults, not from the TCP metrics
+  # (ssthresh, RTT) that the previous mode's run left for the same peer.
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_no_metrics_save=1
 done
 ip netns exec "$nsB" iperf3 -s -D -p 5201 --logfile "$work/iperf3-server.log" --pidfile "$work/iperf3.pid"
 
@@ -163,23 +171,41 @@ stop_tsng() {
 
 results=$work/results.txt
 : >"$results"
+vip=
+wg_runs() { # STREAMS [NAME]
+  start_wg
+  warm 100.80.0.2
+  run "${2:-wg-go}" 100.80.0.2 "$1" "$wgpid_a" "$wgpid_b" | tee -a "$results"
+  stop_wg
+}
+tsng_runs() { # STREAMS
+  start_tsng
+  if [ -z "$vip" ]; then
+    "$work/tsng" --socket "$work/tsng-a.sock" vip create bench iperf >/dev/null
+    "$work/tsng" --socket "$work/tsng-a.sock" vip port add bench iperf tcp/5201 --backend b:5201 >/dev/null
+  fi
+  vip=$("$work/tsng" --socket "$work/tsng-a.sock" vip show bench iperf --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["addr"])')
+  warm 100.80.0.2
+  warm "$vip"
+  run tsng 100.80.0.2 "$1" "$tspid_a" "$tspid_b" | tee -a "$results"
+  run tsng-vip "$vip" "$1" "$tspid_a" "$tspid_b" | tee -a "$results"
+  stop_tsng
+}
+# Odd rounds run wireguard-go first, even rounds tsng first, so that a
+# drift within a round (the machine's load, its clock) does not always
+# favour the same side.
 for round in $(seq "${ROUNDS:-3}"); do
   for streams in 1 4; do
-    start_wg
-    warm 100.80.0.2
-    run wg-go 100.80.0.2 "$streams" "$wgpid_a" "$wgpid_b" | tee -a "$results"
-    stop_wg
-    start_tsng
-    if [ "$round$streams" = 11 ]; then
-      "$work/tsng" --socket "$work/tsng-a.sock" vip create bench iperf >/dev/null
-      "$work/tsng" --socket "$work/tsng-a.sock" vip port add bench iperf tcp/5201 --backend b:5201 >/dev/null
+    if [ $((round % 2)) = 1 ]; then
+      wg_runs "$streams"
+      tsng_runs "$streams"
+    else
+      tsng_runs "$streams"
+      wg_runs "$streams"
     fi
-    vip=$("$work/tsng" --socket "$work/tsng-a.sock" vip show bench iperf --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["addr"])')
-    warm 100.80.0.2
-    warm "$vip"
-    run tsng 100.80.0.2 "$streams" "$tspid_a" "$tspid_b" | tee -a "$results"
-    run tsng-vip "$vip" "$streams" "$tspid_a" "$tspid_b" | tee -a "$results"
-    stop_tsng
+    # AA=1: wireguard-go once more, fresh daemons, as a mode of its own:
+    # its ratio to wg-go is the measurement's own noise.
+    if [ "${AA:-}" = 1 ]; then wg_runs "$streams" wg-go-2; fi
   done
 done
 
@@ -223,7 +249,7 @@ print("| --- | --- | --- | --- | --- | --- |")
 for streams in (1, 4):
     base = rows.get(("wg-go", streams))
     bt = statistics.median(r[0] for r in base); bc = statistics.median(r[1] for r in base)
-    for name in ("wg-go", "tsng", "tsng-vip"):
+    for name in ("wg-go", "wg-go-2", "tsng", "tsng-vip"):
         rs = rows.get((name, streams), [])
         if not rs:
             continue

@@ -75,6 +75,17 @@ func readOnce(u *unitEngine) <-chan readResult {
 	return ch
 }
 
+// blockedRead is readOnce, returning once a direct engine's Read waits in
+// the host (a read-ahead engine's Read waits on its pump instead).
+func blockedRead(t *testing.T, u *unitEngine, readAhead bool) <-chan readResult {
+	t.Helper()
+	ch := readOnce(u)
+	if !readAhead {
+		pollUntil(t, 10*time.Second, "Read to block in the host", u.e.reading.Load)
+	}
+	return ch
+}
+
 func waitRead(t *testing.T, ch <-chan readResult, what string) readResult {
 	t.Helper()
 	select {
@@ -91,10 +102,7 @@ func waitRead(t *testing.T, ch <-chan readResult, what string) readResult {
 func TestEngineDirectReadSendsEnginePacketsWhileHostIdle(t *testing.T) {
 	readPaths(t, func(t *testing.T, readAhead bool) {
 		u, _ := directEngine(t, readAhead)
-		ch := readOnce(u)
-		if !readAhead {
-			pollUntil(t, 10*time.Second, "Read to block in the host", u.e.reading.Load)
-		}
+		ch := blockedRead(t, u, readAhead)
 		pkt := hostUDP(t, u, 1)
 		if !u.e.injectOverlay(pkt) {
 			t.Fatal("inject queue full")
@@ -233,10 +241,7 @@ func TestEngineDirectReadNoLostWakeup(t *testing.T) {
 func TestEngineDirectReadClose(t *testing.T) {
 	readPaths(t, func(t *testing.T, readAhead bool) {
 		u, _ := directEngine(t, readAhead)
-		ch := readOnce(u)
-		if !readAhead {
-			pollUntil(t, 10*time.Second, "Read to block in the host", u.e.reading.Load)
-		}
+		ch := blockedRead(t, u, readAhead)
 		u.e.Close()
 		if r := waitRead(t, ch, "after Close"); !errors.Is(r.err, ErrEngineClosed) {
 			t.Fatalf("Read after Close: %v, want ErrEngineClosed", r.err)

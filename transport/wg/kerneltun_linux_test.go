@@ -66,18 +66,7 @@ func TestKernelTUN(t *testing.T) {
 				return err
 			}
 			devc <- d
-			link, err := netlink.LinkByName("wgt0")
-			if err != nil {
-				return err
-			}
-			addr, _ := netlink.ParseAddr("10.9.0.1/24")
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(link); err != nil {
-				return err
-			}
-			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(10, 9, 0, 2), Port: 9000})
+			c, err := upAndDial("wgt0", "10.9.0.1/24", net.IPv4(10, 9, 0, 2))
 			if err != nil {
 				return err
 			}
@@ -159,18 +148,7 @@ func TestKernelTUNInterruptRead(t *testing.T) {
 			return
 		}
 		sent <- func() error {
-			link, err := netlink.LinkByName("wgt1")
-			if err != nil {
-				return err
-			}
-			addr, _ := netlink.ParseAddr("10.9.1.1/24")
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(link); err != nil {
-				return err
-			}
-			c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(10, 9, 1, 2), Port: 9000})
+			c, err := upAndDial("wgt1", "10.9.1.1/24", net.IPv4(10, 9, 1, 2))
 			if err != nil {
 				return err
 			}
@@ -190,4 +168,25 @@ func TestKernelTUNInterruptRead(t *testing.T) {
 			t.Fatalf("sending into the TUN: %v", err)
 		}
 	})
+}
+
+// upAndDial gives the TUN link name the address cidr, brings it up and
+// returns a UDP socket connected to dst:9000 through it. It runs on the
+// namespace's thread.
+func upAndDial(name, cidr string, dst net.IP) (*net.UDPConn, error) {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return nil, err
+	}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return nil, err
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return nil, err
+	}
+	return net.DialUDP("udp4", nil, &net.UDPAddr{IP: dst, Port: 9000})
 }

@@ -133,19 +133,45 @@ func TestControllerOnEtcd(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "b follows a", func() bool { return b.Carrier.RoutedTo(p.f.VIP) == p.f.A.Addr })
 
-	// Renew: a steady holder makes exactly one round trip per renewal.
+	// Renew: a steady holder makes exactly one round trip per renewal. A
+	// window in which a did not carry throughout says nothing about a
+	// steady holder: on a loaded machine a's renewals can stall past the
+	// lease's TTL, and b then rightly takes the VIP (a then renews its new
+	// lease and reads the keys each step, as a follower does). Such a
+	// window is logged, a is promoted back, and the window measured again,
+	// at most three times.
 	transport.Sleep(transport.RealClock{}, 3*tRenew, nil) // let the watch's wake-ups settle
-	before, r0 := a.KV.Counts(), a.Ctl().Stats().Renewals
-	transport.Sleep(transport.RealClock{}, 10*tRenew, nil)
-	d, renewals := a.KV.Counts().Sub(before), a.Ctl().Stats().Renewals-r0
-	// A renewal in flight at either end of the window is counted by the
-	// KV when sent and by the controller when answered: allow one.
-	diff := int64(d.KeepAlive) - int64(renewals)
-	if renewals < 5 || diff < -1 || diff > 1 || d.Total()-d.Watch != d.KeepAlive {
-		t.Fatalf("holder over %v: %d renewals, calls %+v; want exactly one round trip per renewal", 10*tRenew, renewals, d)
+	for try := 1; ; try++ {
+		st0, before := a.Ctl().Stats(), a.KV.Counts()
+		carried0 := a.Ctl().Status().Carried
+		transport.Sleep(transport.RealClock{}, 10*tRenew, nil)
+		d, st1 := a.KV.Counts().Sub(before), a.Ctl().Stats()
+		renewals := st1.Renewals - st0.Renewals
+		if !carried0 || !a.Ctl().Status().Carried || st1.Drops != st0.Drops || st1.Fences != st0.Fences {
+			if try == 3 {
+				t.Fatalf("no steady window in 3: stats %+v → %+v, status %+v", st0, st1, a.Ctl().Status())
+			}
+			t.Logf("window %d not steady (carried %v, drops %d→%d, fences %d→%d, status %+v); promoting a again", try, carried0, st0.Drops, st1.Drops, st0.Fences, st1.Fences, a.Ctl().Status())
+			if !a.Ctl().Status().Carried {
+				if _, err := a.Ctl().Promote(ctx, claim.PromoteOptions{}); err != nil {
+					t.Logf("promote a again: %v", err)
+				}
+			}
+			eventually(t, 10*time.Second, "a carries again", func() bool { return a.Ctl().Status().Carried })
+			eventually(t, 5*time.Second, "b follows a again", func() bool { return b.Carrier.RoutedTo(p.f.VIP) == p.f.A.Addr })
+			transport.Sleep(transport.RealClock{}, 3*tRenew, nil)
+			continue
+		}
+		// A renewal in flight at either end of the window is counted by
+		// the KV when sent and by the controller when answered: allow one.
+		diff := int64(d.KeepAlive) - int64(renewals)
+		if renewals < 5 || diff < -1 || diff > 1 || d.Total()-d.Watch != d.KeepAlive {
+			t.Fatalf("steady holder over %v: %d renewals, calls %+v, stats %+v; want exactly one round trip per renewal", 10*tRenew, renewals, d, st1)
+		}
+		t.Logf("holder: %d renewals, %d round trips", renewals, d.Total()-d.Watch)
+		break
 	}
-	t.Logf("holder: %d renewals, %d round trips", renewals, d.Total()-d.Watch)
-	_, epochRev := p.counter(t)
+	held, epochRev := p.counter(t) // epoch 1, or later if a was promoted back
 
 	// Expire and fail over: a dies; its lease expires; b claims with one
 	// read and one transaction, its lease granted ahead.
@@ -162,13 +188,13 @@ func TestControllerOnEtcd(t *testing.T) {
 		t.Fatalf("b carried %v after a stopped, before a's %v lease could expire", took, tTTL)
 	}
 	c, rev := p.counter(t)
-	if c.Epoch != 2 || c.Holder != p.f.B.Addr {
-		t.Fatalf("counter after failover: %v", c)
+	if c.Epoch != held.Epoch+1 || c.Holder != p.f.B.Addr {
+		t.Fatalf("counter after failover: %v, want epoch %d held by b", c, held.Epoch+1)
 	}
 
 	// A stale claim: a claimant that read the counter before the failover
 	// loses the compare, and the counter is unchanged.
-	stale := p.f.Claim(p.f.A, 2)
+	stale := p.f.Claim(p.f.A, c.Epoch)
 	keys := claim.KeysFor(p.f.Mesh, p.f.VIP)
 	r, err := a.KV.Txn(ctx, claim.Txn{
 		If: []claim.Compare{{Key: keys.Epoch, Target: claim.ModRevision, Revision: epochRev},
@@ -189,7 +215,7 @@ func TestControllerOnEtcd(t *testing.T) {
 	// The restarted old holder takes the newer claim, is fenced, and
 	// never carries.
 	p.start("a")
-	eventually(t, 5*time.Second, "restarted a takes epoch 2", func() bool { return a.Ctl().Status().Epoch == 2 })
+	eventually(t, 5*time.Second, "restarted a takes b's epoch", func() bool { return a.Ctl().Status().Epoch == c.Epoch })
 	transport.Sleep(transport.RealClock{}, 2*tDrop, nil)
 	if a.Carrier.Carried(p.f.VIP) {
 		t.Fatal("restarted old holder carries")

@@ -218,16 +218,17 @@ type Engine struct {
 	directRes    []flow.Result             // Read's goroutine, direct: its results
 	free         chan *batch
 	full         chan *batch
-	readBatch    *batch        // Read's goroutine, pumped
-	readPos      int           // Read's goroutine, pumped
-	inject       chan []byte   // engine-made packets toward the overlay
-	hostQ        chan []byte   // engine-made packets toward the host (flow's Emit)
-	hostMu       sync.Mutex    // serializes Host.Write; guards no field
-	writeOut     [][]byte      // Write's goroutine: its scratch
-	writeRun     [][]byte      // Write's goroutine: a run of one peer's packets (views)
-	writeRunBufs [][]byte      // Write's goroutine: the same run's whole buffers
-	writeResults []flow.Result // Write's goroutine: the NAT's results for a run
-	reflect      [][]byte      // the host reader's goroutine (pump or direct Read): hairpinned packets of a batch
+	readBatch    *batch                       // Read's goroutine, pumped
+	readPos      int                          // Read's goroutine, pumped
+	inject       chan []byte                  // engine-made packets toward the overlay
+	hostQ        chan []byte                  // engine-made packets toward the host (flow's Emit)
+	hostMu       sync.Mutex                   // serializes Host.Write; guards no field
+	writeOut     [][]byte                     // Write's goroutine: its scratch
+	writeRun     [][]byte                     // Write's goroutine: a run of one peer's packets (views)
+	writeRunBufs [][]byte                     // Write's goroutine: the same run's whole buffers
+	writeResults []flow.Result                // Write's goroutine: the NAT's results for a run
+	replyBuckets map[flow.PeerID]*replyBucket // Write's goroutine: probe replies per peer (engine_probe.go)
+	reflect      [][]byte                     // the host reader's goroutine (pump or direct Read): hairpinned packets of a batch
 	done         chan struct{}
 	pumpDone     chan struct{}
 	hostErr      atomic.Pointer[error]
@@ -265,7 +266,7 @@ type engineCounters struct {
 	passInPkts, passInBytes     atomic.Uint64 // overlay → host, not NAT traffic
 	probeOutPkts, probeOutBytes atomic.Uint64 // probe requests and replies this engine sent
 	probeInPkts, probeInBytes   atomic.Uint64 // probe packets received
-	probeBad                    atomic.Uint64 // probe packets refused (malformed, unknown peer, late)
+	probeBad                    atomic.Uint64 // probe packets refused (malformed, unknown peer, late, over a peer's reply rate)
 	queueFull                   atomic.Uint64 // engine-made packets dropped: queue full
 	tooBig                      atomic.Uint64 // packets larger than wireguard-go's buffer
 	unknownPeer                 atomic.Uint64 // packets from a source that is no member's address

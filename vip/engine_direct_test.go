@@ -11,6 +11,7 @@ import (
 
 	"github.com/vipkit/vipkit/flow"
 	"github.com/vipkit/vipkit/packet"
+	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
@@ -299,5 +300,146 @@ func TestEngineDirectReadHostErrorPassesThrough(t *testing.T) {
 	r := waitRead(t, readOnce(u), "the host's error")
 	if !errors.Is(r.err, hostErr) || len(r.pkts) != 1 || !bytes.Equal(r.pkts[0], h.pkt) {
 		t.Fatalf("Read = %d packets, %v; want the packet and the host's error", len(r.pkts), r.err)
+	}
+}
+
+// A member with a valid key floods probe requests (as wireguard-go hands
+// them to Write after decryption) while the host sends traffic of its own.
+// Each request is answered with an engine-made packet that goes through the
+// inject queue and may interrupt the host's Read. The flood must not starve
+// the host: every host packet leaves while it lasts. The engine answers at
+// most probeReplyRate requests a second per peer (a burst of as many, here
+// on a clock that stands still), refuses and counts the rest, and every
+// reply it queued comes out of Read.
+// (The peer's batches cross the engine's Write directly; wireguard-go's
+// decryption, which bounds a real peer's rate far below this, is left out.)
+func TestEngineDirectReadProbeFloodDoesNotStarveHost(t *testing.T) {
+	readPaths(t, func(t *testing.T, readAhead bool) {
+		u, stack := directEngine(t, readAhead)
+		const hostPkts = 500
+		port := u.e.probePort
+		stop := make(chan struct{})
+		floodDone := make(chan uint64)
+		// The flood: 64-request batches, as fast as Write takes them, from
+		// prebuilt requests (so that building them does not pace it).
+		batch := make([][]byte, 64)
+		for i := range batch {
+			batch[i] = probeRequest(t, u, uint64(i))
+		}
+		go func() {
+			var sent uint64
+			for {
+				select {
+				case <-stop:
+					floodDone <- sent
+					return
+				default:
+				}
+				for i := range batch { // Write may have used the headroom
+					batch[i] = batch[i][:16+probe.PacketLen]
+				}
+				if _, err := u.e.Write(batch, 16); err != nil {
+					floodDone <- sent
+					return
+				}
+				sent += uint64(len(batch))
+			}
+		}()
+		go func() {
+			for i := range hostPkts {
+				_, _ = stack.Write([][]byte{hostUDP(t, u, i)}, 0)
+				if i%16 == 0 {
+					time.Sleep(time.Millisecond) // the host's own pace
+				}
+			}
+		}()
+		bufs, sizes := make([][]byte, 64), make([]int, 64)
+		for i := range bufs {
+			bufs[i] = make([]byte, 16+1500)
+		}
+		var hostGot, replies uint64
+		deadline := time.Now().Add(20 * time.Second)
+		for hostGot < hostPkts {
+			if time.Now().After(deadline) {
+				close(stop)
+				t.Fatalf("%d of %d host packets left during the flood (%d replies read)", hostGot, hostPkts, replies)
+			}
+			n, err := u.e.Read(bufs, sizes, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range n {
+				if probe.IsProbePacket(bufs[i][16:16+sizes[i]], port) {
+					replies++
+				} else if _, dst, _, err := probe.ParseIPv4UDP(bufs[i][16 : 16+sizes[i]]); err == nil && dst.Port() == 9 {
+					hostGot++
+				}
+			}
+		}
+		close(stop)
+		sent := <-floodDone
+		// Drain what is still queued, then account for every answered request.
+		for u.e.pending.Load() > 0 {
+			n, err := u.e.Read(bufs, sizes, 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			replies += uint64(n)
+		}
+		// Every probe packet the engine queued (replies and its own probes)
+		// came out of Read; beyond the burst, requests were refused.
+		st, full := u.e.Status().Probe, u.e.counters.queueFull.Load()
+		if replies != st.PacketsOut || full != 0 {
+			t.Fatalf("%d probe packets queued, %d read, %d queue-full", st.PacketsOut, replies, full)
+		}
+		if st.Answered > probeReplyRate || st.Answered+st.Rejected != sent {
+			t.Fatalf("%d requests: %d answered, %d rejected; want at most %d answered, the rest rejected", sent, st.Answered, st.Rejected, probeReplyRate)
+		}
+		t.Logf("flood of %d requests: %d replies read, %d dropped as queue-full, %d host packets", sent, replies, full, hostGot)
+	})
+}
+
+// probeRequest is a probe request from the unit engine's peer to its node.
+func probeRequest(t *testing.T, u *unitEngine, seq uint64) []byte {
+	t.Helper()
+	m, err := probe.Message{Type: probe.TypeRequest, Session: 1, Sequence: seq, Nonce: seq}.Marshal(make([]byte, probe.MessageLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := u.e.probePort
+	p, err := probe.AppendIPv4UDP(make([]byte, 16, 16+probe.PacketLen), netip.AddrPortFrom(u.peer.Addr, port), netip.AddrPortFrom(u.self.Addr, port), uint16(seq), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A peer's probe replies follow a token bucket: a burst of probeReplyRate,
+// then probeReplyRate a second; at the boundary, exactly the tokens earned.
+func TestEngineProbeReplyRate(t *testing.T) {
+	u := newUnitEngine(t, 7)
+	send := func(n int) (answered, rejected uint64) {
+		st0 := u.e.Status().Probe
+		for i := range n {
+			if _, err := u.e.Write([][]byte{probeRequest(t, u, uint64(i))}, 16); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st1 := u.e.Status().Probe
+		return st1.Answered - st0.Answered, st1.Rejected - st0.Rejected
+	}
+	if a, r := send(probeReplyRate - 1); a != probeReplyRate-1 || r != 0 {
+		t.Fatalf("burst-1: %d answered, %d rejected", a, r)
+	}
+	if a, r := send(2); a != 1 || r != 1 {
+		t.Fatalf("burst and one over: %d answered, %d rejected; want 1 and 1", a, r)
+	}
+	u.clock.Advance(500 * time.Millisecond) // earns half the rate
+	if a, r := send(probeReplyRate); a != probeReplyRate/2 || r != probeReplyRate/2 {
+		t.Fatalf("after 500 ms: %d answered, %d rejected; want %d each", a, r, probeReplyRate/2)
+	}
+	u.clock.Advance(time.Hour) // the bucket holds no more than the burst
+	if a, r := send(2 * probeReplyRate); a != probeReplyRate || r != probeReplyRate {
+		t.Fatalf("after an hour: %d answered, %d rejected; want %d each", a, r, probeReplyRate)
 	}
 }

@@ -133,6 +133,10 @@ func (e *Engine) handleProbe(pkt []byte, pt *peerTable, peer flow.PeerID, now ti
 			e.counters.probeBad.Add(1)
 			return
 		}
+		if !e.replyAllowed(peer, now) {
+			e.counters.probeBad.Add(1)
+			return
+		}
 		reply, err := e.responder.RespondIPv4(pkt, make([]byte, 0, probe.PacketLen))
 		if err != nil {
 			e.counters.probeBad.Add(1)
@@ -154,4 +158,40 @@ func (e *Engine) handleProbe(pkt []byte, pt *peerTable, peer flow.PeerID, now ti
 	default:
 		e.counters.probeBad.Add(1)
 	}
+}
+
+// Probe replies per peer: a member's prober sends one request per interval
+// (1 s by default, 250 ms at the fastest anyone configures), so a member
+// asking for more than probeReplyRate a second (after a burst of as many)
+// is flooding. Its excess is refused and counted with the rejected probes:
+// replies go through the engine's own queue ahead of host traffic, and a
+// flood answered in full would crowd the host out.
+const probeReplyRate = 64
+
+// replyBucket is one peer's token bucket for probe replies.
+type replyBucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// replyAllowed takes a token from peer's bucket. It runs on Write's
+// goroutine, which owns replyBuckets.
+func (e *Engine) replyAllowed(peer flow.PeerID, now time.Time) bool {
+	if e.replyBuckets == nil {
+		e.replyBuckets = map[flow.PeerID]*replyBucket{}
+	}
+	b := e.replyBuckets[peer]
+	if b == nil {
+		b = &replyBucket{tokens: probeReplyRate, at: now}
+		e.replyBuckets[peer] = b
+	}
+	if d := now.Sub(b.at); d > 0 {
+		b.tokens = min(probeReplyRate, b.tokens+d.Seconds()*probeReplyRate)
+		b.at = now
+	}
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }

@@ -66,7 +66,7 @@ type ProbeTraffic struct {
 	BytesOut   uint64 `json:"bytes_out"`
 	PacketsIn  uint64 `json:"packets_in"`
 	BytesIn    uint64 `json:"bytes_in"`
-	Rejected   uint64 `json:"rejected"` // malformed, late, unknown peer
+	Rejected   uint64 `json:"rejected"` // malformed, late, unknown peer, over a peer's reply rate
 	Answered   uint64 `json:"answered"` // peers' probes this node answered
 	Expired    uint64 `json:"expired"`  // own probes that expired unanswered
 }

@@ -3,11 +3,12 @@
 package claim
 
 import (
-	"sync"
 	"time"
 
-	"github.com/vipkit/vipkit/transport"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipkit/vipkit/internal/syncx"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // BootClock is the transport.Clock the controller takes in production. It
@@ -57,7 +58,7 @@ type bootTimer struct {
 	c BootClock // +checklocksignore: set by AfterFunc, read-only after
 	f func()
 	// mu guards the deadline, the Go timer and its generation.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	deadline time.Time
 	// +checklocks:mu

@@ -2,9 +2,9 @@ package claim
 
 import (
 	"context"
-	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -35,7 +35,7 @@ type clockCtx struct {
 	context.Context // inner
 	cancel          context.CancelCauseFunc
 	done            chan struct{}
-	mu              sync.Mutex
+	mu              syncx.Mutex
 	// +checklocks:mu
 	err error
 }

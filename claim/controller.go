@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -101,7 +102,7 @@ type Controller struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	st State
 	// +checklocks:mu

@@ -4,7 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
-	"sync"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Policy holds what a node checks every claim and release against: its mesh,
@@ -16,7 +17,7 @@ type Policy struct {
 	Trust   TrustStore
 	Overlay netip.Prefix // when valid, a VIP outside it is refused
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	verified []byte // encoding of the last pair record found complete
 }

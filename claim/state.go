@@ -9,7 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Role is what a node of a pair is for a VIP. There is no role field
@@ -225,7 +226,7 @@ func UnmarshalState(b []byte) (State, error) {
 type FileStore struct {
 	Path string // +checklocksignore: set before use, read-only after
 	// mu serializes Load and Save, so that one never reads a half-done other.
-	mu sync.Mutex
+	mu syncx.Mutex
 }
 
 var _ StateStore = (*FileStore)(nil)
@@ -292,7 +293,7 @@ func (f *FileStore) Save(s State) error {
 // empty store.
 type MemStore struct {
 	// mu guards s and saves.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	s State
 	// +checklocks:mu

@@ -3,7 +3,8 @@ package claim
 import (
 	"context"
 	"net/netip"
-	"sync"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // DefaultWatchQueue is the queue length of a Watch given none.
@@ -125,7 +126,7 @@ type watcher struct {
 	wake chan struct{} // one pending wake-up
 
 	// mu guards queue and done.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	queue []Change
 	// +checklocks:mu

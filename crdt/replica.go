@@ -10,7 +10,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Config configures a Replica.
@@ -133,7 +134,7 @@ type Replica struct {
 
 	// writeMu serializes merges, edits and commits. With mu it guards the
 	// committed state (services, active, tombs, meta).
-	writeMu sync.Mutex
+	writeMu syncx.Mutex
 
 	// mu guards every field below and the error fields of the services;
 	// readers take it shared.
@@ -142,7 +143,7 @@ type Replica struct {
 	// writer (holding writeMu) reads it without mu and a reader reads it
 	// with mu held for reading. The analyzer has no rule for "either of
 	// two locks", so these four fields carry no annotation.
-	mu sync.RWMutex
+	mu syncx.RWMutex
 	// +checklocks:mu
 	closed bool
 	// +checklocks:mu

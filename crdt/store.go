@@ -8,7 +8,8 @@ import (
 	"hash/crc32"
 	"math"
 	"slices"
-	"sync"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Store is the durable home of a replica's state: one meta record (the
@@ -60,7 +61,7 @@ type Batch struct {
 type MemStore struct {
 	d *memData
 	// mu guards closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	closed bool
 }
@@ -69,7 +70,7 @@ type MemStore struct {
 // that Reopen makes over it.
 type memData struct {
 	// mu guards the content.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	version uint32
 	// +checklocks:mu

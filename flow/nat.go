@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport"
 )
@@ -174,7 +174,7 @@ type NAT struct {
 	// mu guards the table and the fields annotated with it. Both packet
 	// sides and the control methods take it; the sweep takes it on the
 	// clock's goroutine.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	closed bool
 	// +checklocks:mu

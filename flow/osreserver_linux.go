@@ -5,8 +5,9 @@ package flow
 import (
 	"fmt"
 	"net/netip"
-	"sync"
 	"syscall"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // OSReserver is the PortReserver for a real host: each shadow port is a
@@ -19,7 +20,7 @@ import (
 type OSReserver struct {
 	addr netip.Addr // +checklocksignore: immutable after NewOSReserver
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	fds map[osKey]int // the bound socket of every reserved port
 	// +checklocks:mu

@@ -5,7 +5,8 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"net/netip"
-	"sync"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // MemReserverOptions configures NewMemReserver.
@@ -33,7 +34,7 @@ type MemReserver struct {
 	hi  int  // +checklocksignore: immutable after NewMemReserver
 	per bool // +checklocksignore: immutable after NewMemReserver
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	rng *rand.Rand
 	// +checklocks:mu

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // MemStore is an in-memory Store with the same contract as the SQL store:
@@ -18,7 +19,7 @@ import (
 // concurrent use.
 type MemStore struct {
 	// mu guards every field below.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	shares map[string]Share
 	// +checklocks:mu

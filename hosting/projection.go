@@ -9,10 +9,10 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/vipkit/vipkit/hosting/ziti"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Ziti is the part of the Edge Management API that the projection calls.
@@ -161,7 +161,7 @@ type Projection struct {
 	z Ziti
 	o ProjectionOptions
 	// mu guards ct.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// ct is the host.v1 config type id, once found.
 	// +checklocks:mu
 	ct string

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -51,7 +52,7 @@ type Checker struct {
 
 	// mu serializes ticks and guards timer and buf; closed is atomic so
 	// that it can be read without it.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	timer  transport.Timer
 	closed atomic.Bool

@@ -1,10 +1,10 @@
 package probe
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -25,7 +25,7 @@ type Driver struct {
 	timer transport.Timer
 
 	// mu serializes run and Close and guards buf.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// buf is run's scratch list of probes.
 	// +checklocks:mu
 	buf []Probe

@@ -7,8 +7,9 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Defaults of ProberConfig (docs/defaults.md gives their reasons).
@@ -185,7 +186,7 @@ type Prober struct {
 	session uint32
 
 	// mu guards every field below and the peers' state.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	rng *rand.ChaCha8
 	// +checklocks:mu

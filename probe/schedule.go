@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Defaults of CheckConfig and SchedulerConfig (docs/defaults.md gives
@@ -151,7 +152,7 @@ type slot struct {
 // beyond growing out, except to record a failure's error.
 type Scheduler struct {
 	// mu guards every field below and the checks' state.
-	mu       sync.Mutex
+	mu       syncx.Mutex
 	maxCheck int // +checklocksignore: set by NewScheduler, read-only after
 	// +checklocks:mu
 	checks map[CheckKey]*check

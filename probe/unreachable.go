@@ -3,8 +3,9 @@ package probe
 import (
 	"fmt"
 	"net/netip"
-	"sync"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Defaults of UnreachableConfig.
@@ -51,7 +52,7 @@ type Unreachable struct {
 	max  int // +checklocksignore: set by NewUnreachable, read-only after
 
 	// mu guards until and stats.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// until holds when each reported port's exclusion ends.
 	// +checklocks:mu
 	until map[UnreachableKey]time.Time

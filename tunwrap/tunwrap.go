@@ -58,6 +58,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun"
 
 	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/packet"
 	"github.com/vipkit/vipkit/transport"
 )
@@ -158,7 +159,7 @@ type Wrapper struct {
 	empty chan *rbatch
 	full  chan *rbatch
 	// rmu serializes Read and guards cur and curPos.
-	rmu sync.Mutex
+	rmu syncx.Mutex
 	// +checklocks:rmu
 	cur *rbatch
 	// +checklocks:rmu
@@ -168,11 +169,11 @@ type Wrapper struct {
 
 	// wmu serializes Write and the inbound injections' writes, and guards
 	// kept, a Write's surviving packets.
-	wmu sync.Mutex
+	wmu syncx.Mutex
 	// +checklocks:wmu
 	kept [][]byte
 	// inMu guards inQ, the injected inbound packets, with Offset headroom.
-	inMu sync.Mutex
+	inMu syncx.Mutex
 	// +checklocks:inMu
 	inQ      [][]byte
 	inLen    atomic.Int32 // len(inQ), read without inMu on the packet path

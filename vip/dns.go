@@ -7,10 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // DNSTTL is the TTL of every answer: 30 s (docs/defaults.md). DNS does not
@@ -40,7 +41,7 @@ type DNSServer struct {
 	o      DNSOptions
 	suffix string // ".home."
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	srv *dns.Server
 }

@@ -10,9 +10,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // NodeInfo is a member of a network as the agent knows it: its identity,
@@ -92,10 +92,10 @@ func (v ServiceView) Error() error { return v.err }
 // A Registry is safe for concurrent use. Mutations are serialized.
 type Registry struct {
 	o  RegistryOptions
-	mu sync.Mutex // serializes mutations (read, validate, edit); guards no field
+	mu syncx.Mutex // serializes mutations (read, validate, edit); guards no field
 
 	// viewMu guards the derived state, rebuilt after every change.
-	viewMu sync.RWMutex
+	viewMu syncx.RWMutex
 	// +checklocks:viewMu
 	views []ServiceView
 	// +checklocks:viewMu

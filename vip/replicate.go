@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -100,7 +100,7 @@ type Replicator struct {
 	clock transport.Clock // +checklocksignore: immutable after NewReplicator
 	limit int
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	rng *rand.Rand
 	// +checklocks:mu

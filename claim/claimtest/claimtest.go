@@ -9,11 +9,11 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -52,7 +52,7 @@ type Event struct {
 // concurrent use.
 type History struct {
 	// mu guards events and watch.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	events []Event
 	// +checklocks:mu
@@ -93,7 +93,7 @@ type FakeCarrier struct {
 
 	// mu guards the carried addresses, their deadlines, the routes and
 	// fail.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	carried map[netip.Addr]bool
 	// +checklocks:mu

@@ -2,10 +2,10 @@ package claimtest
 
 import (
 	"net/netip"
-	"sync"
 	"testing"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Member is one member of a test's Members: its fixture node, its fakes
@@ -36,7 +36,7 @@ func (m *Member) Ctl() *claim.Controller {
 type Members struct {
 	t testing.TB
 
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	byAddr map[netip.Addr]*Member
 	// +checklocks:mu

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -56,7 +57,7 @@ type KV struct {
 
 	// mu guards the store: revisions, keys, leases, events, watchers and
 	// the closed flag.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	rev int64
 	// +checklocks:mu
@@ -478,7 +479,7 @@ type watcher struct {
 	wake   chan struct{}
 	done   chan struct{}
 
-	mu       sync.Mutex
+	mu       syncx.Mutex
 	queue    []claim.WatchResponse
 	final    bool // the queue ends with an error
 	stopOnce sync.Once

@@ -74,7 +74,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -82,6 +81,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // FormatVersion is the format version this package writes and reads:
@@ -130,7 +130,7 @@ type Options struct {
 type Store struct {
 	// mu guards the database handle, the witness file, the sequence
 	// number and the closed and failed states.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	db  *pebble.DB
 	fs  vfs.FS // +checklocksignore: set by Open, read-only after

@@ -16,10 +16,10 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Harness gives the suite one store implementation. Every function is
@@ -49,7 +49,7 @@ type Harness struct {
 type FaultStore struct {
 	crdt.Store
 	// mu guards fail.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// fail is the number of commits still to fail.
 	// +checklocks:mu
 	fail int

@@ -11,13 +11,13 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/vipkit/vipkit/claim"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/wg"
 )
@@ -50,7 +50,7 @@ type LinkCarrier struct {
 
 	// mu guards added, until and timers, and serializes the netlink
 	// changes to the link's addresses.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	added map[netip.Addr]bool
 	// until and timers: the deadline of each address carried with one, and

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/claim/etcdkv"
 	"github.com/vipkit/vipkit/internal/jsonx"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // helperCarrier is the controller's claim.Carrier: every carry and route
@@ -33,7 +33,7 @@ type helperCarrier struct {
 	hc    *http.Client
 	inner claim.StateStore
 	// mu guards held.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	held *claim.Claim
 }

@@ -9,8 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // EventLog appends one line per add and remove of a VIP address:
@@ -26,7 +27,7 @@ type EventLog struct {
 	node string           // +checklocksignore: set by the constructor, read-only after
 	now  func() time.Time // +checklocksignore: set by the constructor, read-only after
 	// mu serializes the lines written to f, so that each is whole.
-	mu sync.Mutex
+	mu syncx.Mutex
 	f  *os.File
 }
 

@@ -28,6 +28,7 @@ import (
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/internal/jsonx"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport/wg"
 )
 
@@ -370,7 +371,7 @@ type helper struct {
 	ctx context.Context // the helper's life
 
 	// mu guards the fields below it.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	ctlProc int // the controller process whose requests the helper serves now (0: none)
 	// +checklocks:mu

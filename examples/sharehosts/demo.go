@@ -21,6 +21,7 @@ import (
 	"github.com/vipkit/vipkit/hosting/pgstore/pgtest"
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // DemoHealthCheck is the demo's health check: the shortest the settings
@@ -32,7 +33,7 @@ var DemoHealthCheck = hosting.HealthCheck{Interval: time.Second, Timeout: time.S
 type loopTarget struct {
 	name string
 	// mu guards addr and l.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	addr string
 	// +checklocks:mu

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -80,7 +81,7 @@ type Control struct {
 	ln  net.Listener
 
 	// mu guards the peer connections, the inbound ones, the stats and closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	peers map[vip.NodeID]*peerConn
 	// inbound is oldest first

@@ -23,6 +23,7 @@ import (
 	"github.com/vipkit/vipkit/crdt"
 	"github.com/vipkit/vipkit/crdt/pebblestore"
 	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/netstack"
@@ -73,7 +74,7 @@ type netRuntime struct {
 
 	// mu serializes starting and stopping the network (with up) and
 	// guards its running parts, every field below up to collMu, and uapi.
-	mu sync.Mutex
+	mu syncx.Mutex
 	up atomic.Bool
 	// live holds the engine and the replicator while the network runs,
 	// for onChange. onChange must not take mu: it runs on the control
@@ -114,7 +115,7 @@ type netRuntime struct {
 	uapi *wg.UAPIServer
 
 	// collMu guards collisions, the address collisions already logged.
-	collMu sync.Mutex
+	collMu syncx.Mutex
 	// +checklocks:collMu
 	collisions map[string]bool
 }
@@ -600,7 +601,7 @@ func (n *netRuntime) mode() string {
 // last 180 s (WireGuard's reject-after time). Device stats are read at
 // most every 500 ms.
 func (n *netRuntime) pathUp(dev func() *wg.Device) func(vip.NodeID) bool {
-	var mu sync.Mutex
+	var mu syncx.Mutex
 	var at time.Time
 	var stats map[wg.Key]wg.PeerStats
 	keys := map[vip.NodeID]wg.Key{}

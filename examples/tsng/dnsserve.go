@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -39,7 +40,7 @@ type dnsHandler struct {
 	log       *slog.Logger
 
 	// mu guards inflight, the upstream queries under way, and loops.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	inflight map[dns.Question]int
 	// +checklocks:mu

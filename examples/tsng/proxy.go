@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/internal/socks5"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/vip"
 )
@@ -124,7 +125,7 @@ type httpProxy struct {
 	tr  *http.Transport
 
 	// mu guards tunnel, the CONNECT tunnels open, and closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	tunnel map[net.Conn]bool
 	// +checklocks:mu
@@ -332,7 +333,7 @@ type forwarder struct {
 	log    *slog.Logger
 
 	// mu guards conns, the connections open, and closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	conns map[io.Closer]bool
 	// +checklocks:mu
@@ -425,7 +426,7 @@ const (
 func (f *forwarder) serveUDP(pc *net.UDPConn) {
 	defer f.wg.Done()
 	sessions := map[netip.AddrPort]net.Conn{}
-	var smu sync.Mutex
+	var smu syncx.Mutex
 	buf := make([]byte, 64<<10)
 	for {
 		n, from, err := pc.ReadFromUDPAddrPort(buf)

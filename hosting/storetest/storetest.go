@@ -16,6 +16,7 @@ import (
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/zititest"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/internal/zitifake"
 )
 
@@ -61,7 +62,7 @@ func Run(t *testing.T, newStore func(t *testing.T) hosting.Store, o Options) {
 type staleStore struct {
 	hosting.Store
 	// mu guards waiting and both.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	waiting int
 	// +checklocks:mu

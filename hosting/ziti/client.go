@@ -11,9 +11,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -63,7 +63,7 @@ type Client struct {
 
 	// mu guards the session and its expiry. It is held across a login, so
 	// that one runs at a time.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	session string
 	// expires is when the session ends; zero for a static session.

@@ -58,13 +58,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
+
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/internal/jsonx"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -106,7 +107,7 @@ type Fake struct {
 	// list, detail and the other helpers, which run them with mu held,
 	// and the analyzer cannot follow a lock into a closure passed as a
 	// value.
-	mu        sync.Mutex
+	mu        syncx.Mutex
 	seq       int
 	ctypes    map[string]ziti.ConfigType
 	schemas   map[string]*ConfigSchema // config type id → its JSON Schema

@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -115,7 +116,7 @@ type Server struct {
 	Clock transport.Clock
 
 	// mu guards the listeners, the connections and closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	lns map[net.Listener]bool
 	// +checklocks:mu

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -119,7 +120,7 @@ type association struct {
 	idle     time.Duration
 
 	// mu guards peer.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// peer is the client's UDP address, once known.
 	// +checklocks:mu
 	peer netip.AddrPort

@@ -12,12 +12,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 
-	"github.com/vipkit/vipkit/transport"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipkit/vipkit/internal/syncx"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // RunDir is where named network namespaces are bind-mounted, as by
@@ -102,7 +103,7 @@ type Host struct {
 
 	// mu guards fd, closed, cleanup and ifSeq. A thread entering the
 	// namespace holds it for reading, so Close cannot close fd under it.
-	mu sync.RWMutex
+	mu syncx.RWMutex
 	// +checklocks:mu
 	fd int
 	// +checklocks:mu
@@ -243,7 +244,7 @@ func createNamespace(path string) (int, error) {
 
 var (
 	// runDirMu serialises prepareRunDir and guards runDirReady.
-	runDirMu sync.Mutex
+	runDirMu syncx.Mutex
 	// runDirReady says prepareRunDir succeeded once in this process.
 	// +checklocks:runDirMu
 	runDirReady bool

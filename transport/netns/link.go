@@ -17,6 +17,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // Address plan. Every address lives only inside this package's namespaces,
@@ -72,7 +74,7 @@ func OverlayAddr6(n int) netip.Prefix {
 // pool hands out subnet numbers 0..maxSubnets-1.
 type pool struct {
 	// mu guards used and next.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	used [maxSubnets]bool
 	// next is where the search for a free number starts.
@@ -508,7 +510,7 @@ type Switch struct {
 	subnet int
 
 	// mu guards next and members.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// next is the next host number.
 	// +checklocks:mu
 	next int

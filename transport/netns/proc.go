@@ -12,11 +12,12 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vipkit/vipkit/internal/syncx"
 )
 
 // ErrUnknownChild is returned by StartChild for a name that RegisterChild
@@ -63,7 +64,7 @@ type Process struct {
 
 	// mu guards reaped. It is held while reaping, so that no signal goes
 	// to a reused process id.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	reaped bool
 
@@ -309,7 +310,7 @@ func (p *Process) Output() (out []byte, truncated bool) { return p.out.snapshot(
 // length), however many small writes a chatty child makes.
 type tailBuffer struct {
 	// mu guards buf and dropped.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	buf []byte
 	// dropped says bytes before buf were discarded.
@@ -354,7 +355,7 @@ type ChildFunc func(ctx context.Context, args []string) error
 
 var (
 	// childMu guards children, the registered child functions.
-	childMu sync.Mutex
+	childMu syncx.Mutex
 	// +checklocks:childMu
 	children = map[string]ChildFunc{}
 )

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/internal/testenv"
 )
 
@@ -171,7 +172,7 @@ func StartChildT(t testing.TB, h *Host, name string, args ...string) *Process {
 type logWriter struct {
 	// mu guards every field below, and serialises the calls to t, so
 	// that lines do not interleave and none is logged after close.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	t testing.TB
 	// +checklocks:mu

@@ -16,6 +16,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -243,13 +244,13 @@ type Host struct {
 	// closeMu guards closed. Write holds it for reading for a whole batch
 	// and Close for writing, so that no packet is injected into a stack
 	// being torn down.
-	closeMu sync.RWMutex
+	closeMu syncx.RWMutex
 	// +checklocks:closeMu
 	closed bool
 	once   sync.Once
 
 	// resMu guards reservations, the host's port reservations.
-	resMu sync.Mutex
+	resMu syncx.Mutex
 	// +checklocks:resMu
 	reservations map[portKey]reservation
 

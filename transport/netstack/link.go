@@ -2,7 +2,6 @@ package netstack
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"gvisor.dev/gvisor/pkg/buffer"
@@ -10,6 +9,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -23,7 +23,7 @@ type link struct {
 	dispatcher atomic.Pointer[dispatcherBox]
 
 	// mu guards the ring of outbound packets and the flags below.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	ring []*stack.PacketBuffer
 	// head is the index of the oldest packet.
@@ -43,7 +43,7 @@ type link struct {
 	done      chan struct{} // closed by Close
 
 	// readMu serialises Reads and guards scratch, which they share.
-	readMu sync.Mutex
+	readMu syncx.Mutex
 	// +checklocks:readMu
 	scratch []*stack.PacketBuffer
 

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/waiter"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -32,7 +32,7 @@ type UDPConn struct {
 	clock transport.Clock
 
 	// mu guards writeDeadline.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	writeDeadline time.Time
 }

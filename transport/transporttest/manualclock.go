@@ -2,9 +2,9 @@ package transporttest
 
 import (
 	"container/heap"
-	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -22,7 +22,7 @@ import (
 // ManualClock is safe for concurrent use, but Advance calls must not overlap.
 type ManualClock struct {
 	// mu guards the time, the timers pending and their sequence numbers.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	now time.Time
 	// seq numbers timers in the order they were set, so that timers due

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -35,7 +36,7 @@ type Network struct {
 	// mu guards every field below: the nodes, the links' configuration,
 	// state and statistics, the packets in flight and the RNG that decides
 	// their fates.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	rng *rand.Rand
 	// +checklocks:mu

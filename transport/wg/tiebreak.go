@@ -2,12 +2,12 @@ package wg
 
 import (
 	"bytes"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.zx2c4.com/wireguard/conn"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -85,7 +85,7 @@ type tieBreakBind struct {
 	clock transport.Clock
 
 	// mu guards pending.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// pending holds our initiations in flight, by the endpoint's
 	// DstToString.
 	// +checklocks:mu

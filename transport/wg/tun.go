@@ -11,6 +11,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/tun"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -32,7 +33,7 @@ func TUNFromPacketIO(p transport.PacketIO) tun.Device {
 type tunAdapter struct {
 	io        transport.PacketIO
 	events    chan tun.Event
-	wmu       sync.Mutex // serializes Write (see Write)
+	wmu       syncx.Mutex // serializes Write (see Write)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -184,7 +185,7 @@ type tunIO struct {
 	closeErr  error
 
 	// wmu serializes Write and guards scratch.
-	wmu sync.Mutex
+	wmu syncx.Mutex
 	// scratch holds the slow path's copies with headroom, reused.
 	// +checklocks:wmu
 	scratch [][]byte

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -30,7 +31,7 @@ type UAPIServer struct {
 	clock transport.Clock
 
 	// mu guards conns, the connections being served, and closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	conns map[net.Conn]bool
 	// +checklocks:mu

@@ -13,6 +13,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/conn"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -128,7 +129,7 @@ type UDPBind struct {
 
 	// mu guards the impairments, the delayed packets and their timer, and
 	// the statistics.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	rng *rand.Rand
 	// +checklocks:mu
@@ -156,7 +157,7 @@ type UDPBind struct {
 
 	// flushMu lets one flush run at a time, so that delayed packets keep
 	// their order, and guards batch, the flush's scratch.
-	flushMu sync.Mutex
+	flushMu syncx.Mutex
 	// +checklocks:flushMu
 	batch   [][]byte
 	pool    sync.Pool // *[]byte copies of delayed packets

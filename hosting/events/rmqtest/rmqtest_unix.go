@@ -13,12 +13,12 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -37,7 +37,7 @@ type Server struct {
 	// epmd is started once by startOnce and stopped by Stop.
 	epmd *exec.Cmd
 	// mu guards the broker's process, its exit and its output.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	broker *exec.Cmd
 	// +checklocks:mu

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 
 	"golang.zx2c4.com/wireguard/conn"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -42,13 +42,13 @@ type SimBind struct {
 	inbox   bool                // base was given with an inbox (NewSimBindOnNode)
 
 	// mu serializes Open and Close and guards ports.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	ports map[uint16]*simPort
 	open  atomic.Pointer[simPort] // the listening port, nil when closed
 
 	// epMu guards eps, the endpoints handed out by ParseEndpoint.
-	epMu sync.Mutex
+	epMu syncx.Mutex
 	// +checklocks:epMu
 	eps map[netip.AddrPort]*SimEndpoint
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/flow"
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport"
 )
@@ -176,7 +177,7 @@ type Engine struct {
 
 	// cfgMu guards the applied configuration: Apply, the path poll and
 	// Close take it.
-	cfgMu sync.Mutex
+	cfgMu syncx.Mutex
 	// +checklocks:cfgMu
 	peerIDs map[NodeID]flow.PeerID
 	// +checklocks:cfgMu
@@ -222,7 +223,7 @@ type Engine struct {
 	readPos      int                          // Read's goroutine, pumped
 	inject       chan []byte                  // engine-made packets toward the overlay
 	hostQ        chan []byte                  // engine-made packets toward the host (flow's Emit)
-	hostMu       sync.Mutex                   // serializes Host.Write; guards no field
+	hostMu       syncx.Mutex                  // serializes Host.Write; guards no field
 	writeOut     [][]byte                     // Write's goroutine: its scratch
 	writeRun     [][]byte                     // Write's goroutine: a run of one peer's packets (views)
 	writeRunBufs [][]byte                     // Write's goroutine: the same run's whole buffers
@@ -236,13 +237,18 @@ type Engine struct {
 	deadOnce     sync.Once
 	once         sync.Once
 
-	pathMu sync.Mutex
+	// The path tick's scratch: only the tick (one at a time, from the
+	// path timer) uses them.
+	pathIDs []NodeID // +checklocksignore: the path tick's own
+	pathUps []bool   // +checklocksignore: the path tick's own
+
+	pathMu syncx.Mutex
 	// +checklocks:pathMu
 	pathTimer transport.Timer
 
 	// Per-VIP totals (status.go). totalsMu is a leaf lock: it is taken inside
 	// the NAT's lock (listenerGone), so nothing holding it calls the NAT.
-	totalsMu sync.Mutex
+	totalsMu syncx.Mutex
 	// +checklocks:totalsMu
 	listenerService map[flow.Listener]ServiceID // the service of every listener the NAT has
 	// +checklocks:totalsMu

@@ -14,15 +14,37 @@ func (e *Engine) pathTick() {
 	if e.isClosed() {
 		return
 	}
+	// PathUp is the user's: it runs with no engine lock held (it may ask
+	// the WireGuard device, whose Close closes this engine). The ids are a
+	// snapshot; a peer that Apply drops meanwhile is skipped below, and one
+	// it adds is asked on the next tick.
+	e.cfgMu.Lock()
+	ids := e.pathIDs[:0]
+	for id := range e.probed {
+		ids = append(ids, id)
+	}
+	e.pathIDs = ids[:0]
+	e.cfgMu.Unlock()
+	ups := e.pathUps[:0]
+	for _, id := range ids {
+		ups = append(ups, e.o.PathUp == nil || e.o.PathUp(id))
+	}
+	e.pathUps = ups[:0]
+	if e.isClosed() {
+		return
+	}
+
 	now := e.clock.Now()
 	changed := false
 	e.cfgMu.Lock()
 	_ = e.syncProbedLocked(now) // no peer is added here: draining peers were probed
 	e.pruneTotals()
-	for id := range e.probed {
-		if e.o.PathUp != nil {
-			_ = e.prober.SetPath(probe.NodeID(id), e.o.PathUp(id))
+	for i, id := range ids {
+		if _, ok := e.probed[id]; ok && e.o.PathUp != nil {
+			_ = e.prober.SetPath(probe.NodeID(id), ups[i])
 		}
+	}
+	for id := range e.probed {
 		el := e.prober.Health(probe.NodeID(id), now).Eligible()
 		if prev, ok := e.eligible[id]; !ok || prev != el {
 			e.eligible[id] = el

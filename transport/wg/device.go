@@ -7,12 +7,12 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 
+	"github.com/vipkit/vipkit/internal/syncx"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -48,9 +48,12 @@ type Device struct {
 	log      *slog.Logger
 
 	// mu serializes configuration changes and Close, and guards closed.
-	mu sync.Mutex
+	mu syncx.Mutex
 	// +checklocks:mu
 	closed bool
+	// closeDone is closed once wireguard-go's device is closed; a second
+	// Close waits for it.
+	closeDone chan struct{}
 }
 
 // NewDevice starts a wireguard-go device on io with the configuration cfg
@@ -80,6 +83,7 @@ func NewDevice(io transport.PacketIO, cfg Config, o Options) (*Device, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Device{
+		closeDone: make(chan struct{}),
 		// No EventUp: NewDevice brings the device up itself, after its
 		// configuration, so that the Bind opens once, on the right port.
 		tun:  newTUNAdapter(io, false),
@@ -348,13 +352,21 @@ func (d *Device) Bind() conn.Bind { return d.bind }
 // once wireguard-go's Close has returned; wireguard-go's worker goroutines
 // exit right after, asynchronously.
 func (d *Device) Close() error {
+	// Closed is marked under the lock, and wireguard-go's device closed
+	// after it is released: that Close closes the TUN adapter, whose owner
+	// (a vip.Engine, say) may be inside a callback that asks this Device
+	// (PeerStats from PathUp). Every method checks closed under the lock,
+	// so none reaches wireguard-go's device once this returns from Unlock.
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
+		<-d.closeDone
 		return nil
 	}
 	d.closed = true
+	d.mu.Unlock()
 	d.dev.Close()
+	close(d.closeDone)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/vipkit/vipkit/crdt"
 	"github.com/vipkit/vipkit/internal/syncx"
@@ -38,7 +39,9 @@ type RegistryOptions struct {
 	// close it.
 	Replica *crdt.Replica
 	// Nodes returns the network's members (names, identities, addresses).
-	// Required; called on every read and mutation.
+	// Required; called on every read and mutation, with the Registry's
+	// mutation lock held during a mutation: it must return promptly and
+	// must not call the Registry (a membership table's snapshot).
 	Nodes func() []NodeInfo
 	// FormerNodes, when set, returns nodes this agent knew as members
 	// that may have left (only ID and Name are read). A backend whose
@@ -46,6 +49,7 @@ type RegistryOptions struct {
 	// its stored node id on every agent; with FormerNodes it is also
 	// addressable by the name this agent knew. A name of a current
 	// member takes precedence.
+	// Like Nodes, it may run under the mutation lock.
 	FormerNodes func() []NodeInfo
 	// Limits bounds the configuration; zero fields take their defaults.
 	Limits Limits
@@ -54,8 +58,11 @@ type RegistryOptions struct {
 	// OnChange, when set, is called after a change is committed to the
 	// store, with the services that changed; local is true for this node's
 	// own mutations (which the replicator publishes at once) and false for
-	// merged snapshots. It runs on the goroutine that made the change and
-	// must not call mutating methods of the Registry.
+	// merged snapshots. It runs on the goroutine that made the change,
+	// after the mutation returned its lock, so it may call any method of
+	// the Registry. Calls for concurrent changes may arrive in either
+	// order; each follows its own commit, so a receiver that reads the
+	// current state (Engine.Apply) ends on the newest.
 	OnChange func(changed []ServiceID, local bool)
 }
 
@@ -92,7 +99,13 @@ func (v ServiceView) Error() error { return v.err }
 // A Registry is safe for concurrent use. Mutations are serialized.
 type Registry struct {
 	o  RegistryOptions
-	mu syncx.Mutex // serializes mutations (read, validate, edit); guards no field
+	mu syncx.Mutex // serializes mutations (read, validate, edit)
+	// +checklocks:mu
+	pending []ServiceID // local changes committed under mu, for OnChange after it
+
+	// refreshGen numbers Refresh calls in the order they read the replica;
+	// a Refresh stores its views only when no later one stored first.
+	refreshGen atomic.Uint64
 
 	// viewMu guards the derived state, rebuilt after every change.
 	viewMu syncx.RWMutex
@@ -100,6 +113,8 @@ type Registry struct {
 	views []ServiceView
 	// +checklocks:viewMu
 	byID map[ServiceID]int
+	// +checklocks:viewMu
+	viewsGen uint64
 }
 
 // NewRegistry returns a Registry over o.Replica.
@@ -132,13 +147,18 @@ func (r *Registry) Limits() Limits { return r.o.Limits }
 // Refresh rebuilds the derived state from the replica. The Registry calls it
 // after its own mutations and merges; call it after changing membership.
 func (r *Registry) Refresh() {
+	gen := r.refreshGen.Add(1)
 	views := r.derive()
 	byID := make(map[ServiceID]int, len(views))
 	for i, v := range views {
 		byID[v.ID] = i
 	}
 	r.viewMu.Lock()
-	r.views, r.byID = views, byID
+	// A later Refresh read the replica after this one did: its views are
+	// at least as new, so an earlier one that finishes last is dropped.
+	if gen > r.viewsGen {
+		r.views, r.byID, r.viewsGen = views, byID, gen
+	}
 	r.viewMu.Unlock()
 }
 
@@ -415,7 +435,7 @@ func (r *Registry) isMember(id NodeID) bool {
 // reservation that avoids every node address and known VIP.
 func (r *Registry) Create(ctx context.Context, name string) (ServiceView, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlock()
 	for _, v := range r.List() {
 		if v.Name == name {
 			return ServiceView{}, fmt.Errorf("%w: service %q in network %s (id %s)", ErrExists, name, r.o.Network, v.ID)
@@ -464,10 +484,11 @@ func (r *Registry) Create(ctx context.Context, name string) (ServiceView, error)
 // carrying the current revision, and nothing is written.
 func (r *Registry) Save(ctx context.Context, draft Service, shown Revision) (ServiceView, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlock()
 	return r.saveLocked(ctx, draft, shown)
 }
 
+// +checklocks:r.mu
 func (r *Registry) saveLocked(ctx context.Context, draft Service, shown Revision) (ServiceView, error) {
 	base, err := parseRevision(shown)
 	if err != nil {
@@ -578,7 +599,7 @@ func mapCrdtErr(err error, s Service, shown, current Revision) error {
 // to a state it did not read.
 func (r *Registry) mutate(ctx context.Context, sel string, fn func(*Service) error) (ServiceView, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlock()
 	var err error
 	for range 4 {
 		var cur ServiceView
@@ -723,7 +744,7 @@ func (r *Registry) PortRemove(ctx context.Context, sel string, k PortKey) (Servi
 // not empty, must be the current revision (a GUI's delete of a draft).
 func (r *Registry) Remove(ctx context.Context, sel string, shown Revision) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	defer r.unlock()
 	cur, err := r.Get(sel)
 	if err != nil {
 		return err
@@ -744,16 +765,40 @@ func (r *Registry) Remove(ctx context.Context, sel string, shown Revision) error
 	return nil
 }
 
-func (r *Registry) changed(ids []ServiceID) { r.notify(ids, true) }
+// changed records local changes committed under r.mu: the derived state is
+// rebuilt at once (the rest of the mutation reads it), and OnChange hears
+// of them from unlock, after r.mu is released.
+//
+// +checklocks:r.mu
+func (r *Registry) changed(ids []ServiceID) {
+	r.Refresh()
+	r.pending = append(r.pending, ids...)
+}
+
+// unlock releases r.mu, then calls OnChange with the local changes made
+// under it. OnChange thus never runs under a Registry lock: it may call
+// any method, mutations included. Two mutations' calls may reach OnChange
+// in either order; each is made after its own commit, and OnChange carries
+// no state, so a receiver that reads the Registry (Engine.Apply) always
+// ends on the newest.
+//
+// +checklocksrelease:r.mu
+func (r *Registry) unlock() {
+	ids := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if r.o.OnChange != nil && len(ids) > 0 {
+		r.o.OnChange(ids, true)
+	}
+}
 
 // Merged tells the Registry that merges into its replica changed ids: it
-// rebuilds the derived state and calls OnChange with local false.
-func (r *Registry) Merged(ids []ServiceID) { r.notify(ids, false) }
-
-func (r *Registry) notify(ids []ServiceID, local bool) {
+// rebuilds the derived state and calls OnChange with local false, on the
+// caller's goroutine, with no Registry lock held.
+func (r *Registry) Merged(ids []ServiceID) {
 	r.Refresh()
 	if r.o.OnChange != nil && len(ids) > 0 {
-		r.o.OnChange(ids, local)
+		r.o.OnChange(ids, false)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
 // TestRegistryOnChangeRunsUnlocked: OnChange runs with no Registry lock
@@ -82,5 +83,42 @@ func TestRegistryRefreshKeepsNewest(t *testing.T) {
 	wg.Wait()
 	if got := len(reg.List()); got != 20 {
 		t.Fatalf("List has %d services after 20 creates, want 20", got)
+	}
+}
+
+type nopCarrier struct{}
+
+func (nopCarrier) Send(context.Context, NodeID, []byte) error { return nil }
+
+// TestReplicatorPeersRunsUnlocked: the rotation asks Peers with no
+// Replicator lock held, so Peers may call the Replicator (here Stop, as an
+// agent whose membership just emptied would).
+func TestReplicatorPeersRunsUnlocked(t *testing.T) {
+	tn := newTestNet(t, 2, 3)
+	clk := transporttest.NewManualClock()
+	var p *Replicator
+	var asked atomic.Int32
+	p, err := NewReplicator(ReplicatorOptions{Registry: tn.regs[0], Carrier: nopCarrier{}, Clock: clk, Seed: 1,
+		Peers: func() []NodeID {
+			asked.Add(1)
+			p.Stop()
+			return []NodeID{tn.nodes[1].ID}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Start()
+	done := make(chan struct{})
+	go func() { defer close(done); clk.Advance(2 * DefaultRotation) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("rotation deadlocked: Peers called Stop under the Replicator's lock")
+	}
+	if asked.Load() == 0 {
+		t.Fatal("Peers never asked")
+	}
+	if n := p.Stats().Rotations; n != 0 {
+		t.Errorf("%d rotations ran after Peers stopped the Replicator", n)
 	}
 }

@@ -65,6 +65,7 @@ type ReplicatorOptions struct {
 	Registry *Registry
 	Carrier  Carrier
 	// Peers returns the network's other members that frames may be sent to.
+	// It is called with no Replicator lock held.
 	Peers func() []NodeID
 	Clock transport.Clock // nil means the real clock
 	// Rotation is the anti-entropy period; 0 means DefaultRotation.
@@ -201,12 +202,14 @@ func (p *Replicator) Publish(ctx context.Context, ids []ServiceID) {
 }
 
 func (p *Replicator) rotate() {
+	// Peers is the agent's: asked with no lock held, so that it may call
+	// the Replicator (Stop, Publish). A Stop it makes is seen below.
+	peers := p.o.Peers()
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
 		return
 	}
-	peers := p.o.Peers()
 	k := min(p.o.Fanout, len(peers))
 	chosen := make([]NodeID, 0, k)
 	// Partial Fisher-Yates over a copy: k distinct random peers.

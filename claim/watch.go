@@ -67,6 +67,8 @@ func (v view) change(seq uint64) Change {
 // queue loses changes from the queue's end: the newest change replaces the
 // last queued one and counts it in Missed, so the reader still sees the
 // oldest queued changes in order, then the gap, then the latest view. The
+// first Change, the view when Watch began, is kept apart from the queue
+// and is never dropped or replaced, whatever the queue's length. The
 // reader must read until the channel closes or end ctx.
 func (c *Controller) Watch(ctx context.Context, queue int) <-chan Change {
 	if queue <= 0 {
@@ -74,7 +76,11 @@ func (c *Controller) Watch(ctx context.Context, queue int) <-chan Change {
 	}
 	out := make(chan Change)
 	c.mu.Lock()
-	w := &watcher{max: queue, wake: make(chan struct{}, 1), queue: []Change{c.published.change(c.seq)}, done: c.watchEnded}
+	// The first Change is held by the watch's goroutine, outside the queue,
+	// so no later change can replace it: a full queue drops from its own
+	// end, never the view the watch began with.
+	first := c.published.change(c.seq)
+	w := &watcher{max: queue, wake: make(chan struct{}, 1), done: c.watchEnded}
 	if !c.watchEnded {
 		if c.watchers == nil {
 			c.watchers = map[*watcher]struct{}{}
@@ -82,7 +88,7 @@ func (c *Controller) Watch(ctx context.Context, queue int) <-chan Change {
 		c.watchers[w] = struct{}{}
 	}
 	c.mu.Unlock()
-	go w.run(ctx, out, func() {
+	go w.run(ctx, out, first, func() {
 		c.mu.Lock()
 		delete(c.watchers, w)
 		c.mu.Unlock()
@@ -90,12 +96,18 @@ func (c *Controller) Watch(ctx context.Context, queue int) <-chan Change {
 	return out
 }
 
-// unlock publishes a change of the view, if any, and unlocks c.mu. Every
-// unlock of c.mu goes through it, so no change escapes the watchers.
+// unlock publishes a change of the view, if any, unlocks c.mu and then
+// hands the errors reported under it to OnError. Every unlock of c.mu goes
+// through it, so no change escapes the watchers and no error is kept.
 // +checklocksrelease:c.mu
 func (c *Controller) unlock() {
 	c.publishLocked()
+	errs := c.errs
+	c.errs = nil
 	c.mu.Unlock()
+	for _, err := range errs {
+		c.report(err)
+	}
 }
 
 // +checklocks:c.mu
@@ -160,9 +172,15 @@ func (w *watcher) signal() {
 	}
 }
 
-func (w *watcher) run(ctx context.Context, out chan<- Change, remove func()) {
+// run sends first, then the queue's changes as they come, on out.
+func (w *watcher) run(ctx context.Context, out chan<- Change, first Change, remove func()) {
 	defer close(out)
 	defer remove()
+	select {
+	case out <- first:
+	case <-ctx.Done():
+		return
+	}
 	for {
 		w.mu.Lock()
 		if len(w.queue) == 0 {

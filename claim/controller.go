@@ -78,8 +78,11 @@ type Config struct {
 	// Deterministic simulations set it.
 	NoWatch bool
 	// OnError, when set, receives errors the controller handles itself
-	// (failed renewals, invalid values in the KV, failed announcements). It
-	// must not block or call the Controller.
+	// (failed renewals, invalid values in the KV, failed announcements).
+	// It is never called with a lock of the Controller held, so it may call
+	// the Controller; it should not block, since it runs in the goroutine
+	// that hit the error (a step, a watch, a Promote or a handler).
+	// Errors of one goroutine arrive in order; no order holds across them.
 	OnError func(error)
 }
 
@@ -142,6 +145,8 @@ type Controller struct {
 	watchEnded bool // Close ended the watches
 	// +checklocks:mu
 	token FenceToken // the holder key's put of the claim held, once confirmed or written
+	// +checklocks:mu
+	errs []error // reported under mu, handed to OnError by unlock once mu is released
 }
 
 type verifiedValue struct {
@@ -340,7 +345,7 @@ func (c *Controller) Close() error {
 	}
 	c.publishLocked()
 	c.finishWatchersLocked()
-	c.mu.Unlock()
+	c.unlock()
 	return nil
 }
 
@@ -373,16 +378,27 @@ func (c *Controller) Stats() Stats {
 	return c.stats
 }
 
+// report hands err to OnError. c.mu must not be held: under it, use
+// reportLocked.
 func (c *Controller) report(err error) {
 	if c.cfg.OnError != nil && err != nil {
 		c.cfg.OnError(err)
 	}
 }
 
+// reportLocked queues err for OnError; unlock hands it over once c.mu is
+// released, so that OnError never runs under the controller's lock.
+// +checklocks:c.mu
+func (c *Controller) reportLocked(err error) {
+	if c.cfg.OnError != nil && err != nil {
+		c.errs = append(c.errs, err)
+	}
+}
+
 // +checklocks:c.mu
 func (c *Controller) saveLocked() {
 	if err := c.cfg.Store.Save(c.st); err != nil {
-		c.report(err)
+		c.reportLocked(err)
 	}
 }
 
@@ -403,7 +419,7 @@ func (c *Controller) carryLocked() {
 		return
 	}
 	if err := c.carryCallLocked(); err != nil {
-		c.report(fmt.Errorf("claim: carry %v: %w", c.cfg.VIP, err))
+		c.reportLocked(fmt.Errorf("claim: carry %v: %w", c.cfg.VIP, err))
 		return
 	}
 	c.carried = true
@@ -432,7 +448,7 @@ func (c *Controller) extendLocked() {
 		return
 	}
 	if err := c.carryCallLocked(); err != nil {
-		c.report(fmt.Errorf("claim: extend %v: %w", c.cfg.VIP, err))
+		c.reportLocked(fmt.Errorf("claim: extend %v: %w", c.cfg.VIP, err))
 	}
 }
 
@@ -445,7 +461,7 @@ func (c *Controller) dropLocked() {
 	// leaves the VIP marked carried, so every step tries again, and the
 	// abandoned lease is not revoked while the address may still be there.
 	if err := c.cfg.Carrier.Drop(context.WithoutCancel(c.ctx), c.cfg.VIP); err != nil {
-		c.report(fmt.Errorf("claim: drop %v: %w", c.cfg.VIP, err))
+		c.reportLocked(fmt.Errorf("claim: drop %v: %w", c.cfg.VIP, err))
 		return
 	}
 	c.carried = false
@@ -455,7 +471,7 @@ func (c *Controller) dropLocked() {
 // +checklocks:c.mu
 func (c *Controller) routeLocked(to netip.Addr) {
 	if err := c.routeCallLocked(to); err != nil {
-		c.report(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
+		c.reportLocked(fmt.Errorf("claim: route %v to %v: %w", c.cfg.VIP, to, err))
 	}
 }
 
@@ -627,7 +643,7 @@ func (c *Controller) renew(ctx context.Context) {
 		defer c.unlock()
 		if err != nil {
 			c.stats.RenewErrors++
-			c.report(fmt.Errorf("claim: grant: %w", err))
+			c.reportLocked(fmt.Errorf("claim: grant: %w", err))
 			return
 		}
 		if c.st.Lease != 0 || c.closed { // raced with a promote that granted one
@@ -667,7 +683,7 @@ func (c *Controller) renew(ctx context.Context) {
 		c.saveLocked()
 	default:
 		c.stats.RenewErrors++
-		c.report(fmt.Errorf("claim: renew: %w", err))
+		c.reportLocked(fmt.Errorf("claim: renew: %w", err))
 	}
 }
 
@@ -766,7 +782,7 @@ func (c *Controller) apply(ks keyState) bool {
 	self := c.cfg.Self
 	if ks.counter != nil && ks.counter.Newer(c.st.Held) {
 		if err := Fresh(c.st.Held, ks.counter); err != nil {
-			c.report(fmt.Errorf("claim: counter: %w", err))
+			c.reportLocked(fmt.Errorf("claim: counter: %w", err))
 		} else {
 			was := c.st.Role(self)
 			c.st = c.st.Take(self, ks.counter)

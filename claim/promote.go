@@ -35,15 +35,39 @@ var _ Handler = (*Controller)(nil)
 // allows it; a holder that takes another's newer claim drops the VIP and is
 // fenced; the VIP is routed to the new holder.
 func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim) error {
-	c.mu.Lock()
-	defer c.unlock()
+	for {
+		c.mu.Lock()
+		closed, kept := c.closed, c.st.Pair
+		c.unlock()
+		if closed {
+			return ErrClosed
+		}
+		if cl.VIP != c.cfg.VIP {
+			return fmt.Errorf("%w: claim for %v", ErrPairMismatch, cl.VIP)
+		}
+		// Verify asks the trust store, a caller's: never under c.mu.
+		if err := c.cfg.Policy.Verify(kept, cl, from); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		if c.st.Pair != kept && !c.closed {
+			c.unlock() // the kept record changed meanwhile: verify again
+			continue
+		}
+		err := c.takeClaimLocked(cl)
+		c.unlock()
+		return err
+	}
+}
+
+// takeClaimLocked is HandleClaim once cl is verified against the kept
+// pair record.
+// +checklocks:c.mu
+func (c *Controller) takeClaimLocked(cl *Claim) error {
 	if c.closed {
 		return ErrClosed
 	}
-	if cl.VIP != c.cfg.VIP {
-		return fmt.Errorf("%w: claim for %v", ErrPairMismatch, cl.VIP)
-	}
-	if err := c.cfg.Policy.Accept(c.st.Held, c.st.Pair, cl, from); err != nil {
+	if err := Fresh(c.st.Held, cl); err != nil {
 		return err
 	}
 	self := c.cfg.Self
@@ -63,45 +87,60 @@ func (c *Controller) HandleClaim(ctx context.Context, from netip.Addr, cl *Claim
 
 // HandleRelease implements Handler.
 func (c *Controller) HandleRelease(ctx context.Context, from netip.Addr, r *Release) (*Claim, error) {
-	c.mu.Lock()
-	if c.closed {
+	for {
+		c.mu.Lock()
+		closed, held, kept := c.closed, c.st.Held, c.st.Pair
 		c.unlock()
+		if closed {
+			return nil, ErrClosed
+		}
+		// AcceptRelease asks the trust store, a caller's: never under c.mu.
+		accept := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, kept, r, from)
+		c.mu.Lock()
+		if !c.closed && (c.st.Held != held || c.st.Pair != kept) {
+			c.unlock() // the state moved meanwhile: check again
+			continue
+		}
+		held, err := c.releaseLocked(accept)
+		c.unlock()
+		return held, err
+	}
+}
+
+// releaseLocked is HandleRelease once the release was checked (accept is
+// AcceptRelease's answer) against the claim held and the kept record.
+// +checklocks:c.mu
+func (c *Controller) releaseLocked(accept error) (*Claim, error) {
+	if c.closed {
 		return nil, ErrClosed
 	}
 	held := c.st.Held
 	if c.st.Released && held != nil && held.Holder == c.cfg.Self {
 		// A retried release: answer again, it has already happened.
-		if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
-			c.unlock()
-			return nil, err
+		if accept != nil {
+			return nil, accept
 		}
-		c.unlock()
 		return held, nil
 	}
 	if c.st.Fenced && held != nil && held.Holder == c.cfg.Self {
-		c.unlock()
 		return nil, ErrFenced
 	}
 	if c.st.Role(c.cfg.Self) != RoleHolder {
-		c.unlock()
 		return nil, ErrNotHolder
 	}
-	if err := c.cfg.Policy.AcceptRelease(c.cfg.Self, held, c.st.Pair, r, from); err != nil {
-		c.unlock()
-		return nil, err
+	if accept != nil {
+		return nil, accept
 	}
 	c.dropLocked()
 	if c.carried {
-		c.unlock()
 		return nil, fmt.Errorf("claim: release: could not drop %v; not released", c.cfg.VIP)
 	}
 	c.st = c.st.Release()
 	c.lastRenew = time.Time{}
 	c.saveLocked()
-	c.unlock()
 	// The released lease is revoked by this node's next step (renew), not
 	// before answering: the claimant's transaction replaces the holder key
-	// at the revision it read, so the revoke is not on the planned move's
+	// at the revision read, so the revoke is not on the planned move's
 	// critical path (one quorum round trip less of downtime).
 	return held, nil
 }
@@ -363,9 +402,7 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 			if err != nil || cl == nil {
 				continue
 			}
-			c.mu.Lock()
 			verr := c.cfg.Policy.Verify(pair, cl, netip.Addr{})
-			c.unlock()
 			if verr == nil && cl.Newer(newest) {
 				newest = cl
 			}

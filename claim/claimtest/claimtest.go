@@ -51,12 +51,17 @@ type Event struct {
 // History records the carrier events of many nodes in order. Safe for
 // concurrent use.
 type History struct {
-	// mu guards events and watch.
+	// mu guards events, watch, the events not yet handed to watch and the
+	// delivering flag.
 	mu syncx.Mutex
 	// +checklocks:mu
 	events []Event
 	// +checklocks:mu
 	watch func(Event)
+	// +checklocks:mu
+	undelivered []Event
+	// +checklocks:mu
+	delivering bool // a goroutine is handing undelivered to watch
 }
 
 // Events returns a copy of the events so far.
@@ -66,21 +71,47 @@ func (h *History) Events() []Event {
 	return append([]Event(nil), h.events...)
 }
 
-// OnEvent installs fn, called (under the history's lock, in order) for every
-// event recorded from now on. It must not call the History.
+// OnEvent installs fn, called for every event recorded from now on, in the
+// order recorded and one at a time, but never under a lock of the History
+// or of a FakeCarrier: fn may call the History and the carriers. (It may
+// still run inside the claim.Controller's Carrier call, under that
+// controller's lock: it must not call that controller.)
 func (h *History) OnEvent(fn func(Event)) {
 	h.mu.Lock()
 	h.watch = fn
+	h.undelivered = nil
 	h.mu.Unlock()
 }
 
+// add records e; the caller then calls deliver once it holds no lock.
 func (h *History) add(e Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.events = append(h.events, e)
 	if h.watch != nil {
-		h.watch(e)
+		h.undelivered = append(h.undelivered, e)
 	}
+}
+
+// deliver hands the recorded events to the OnEvent callback, unlocked. One
+// goroutine delivers at a time, in the order recorded: one that finds
+// another delivering leaves its events to it.
+func (h *History) deliver() {
+	h.mu.Lock()
+	if h.delivering {
+		h.mu.Unlock()
+		return
+	}
+	h.delivering = true
+	for len(h.undelivered) > 0 && h.watch != nil {
+		e, fn := h.undelivered[0], h.watch
+		h.undelivered = h.undelivered[1:]
+		h.mu.Unlock()
+		fn(e)
+		h.mu.Lock()
+	}
+	h.delivering = false
+	h.mu.Unlock()
 }
 
 // FakeCarrier is a claim.Carrier that keeps the carried addresses and
@@ -125,6 +156,7 @@ func (f *FakeCarrier) SetFail(err error) {
 
 // Carry implements claim.Carrier.
 func (f *FakeCarrier) Carry(ctx context.Context, vip netip.Addr) error {
+	defer f.History.deliver() // after f.mu is released
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail != nil {
@@ -171,6 +203,7 @@ func (f *FakeCarrier) Deadline(vip netip.Addr) time.Time {
 
 // Drop implements claim.Carrier.
 func (f *FakeCarrier) Drop(ctx context.Context, vip netip.Addr) error {
+	defer f.History.deliver() // after f.mu is released
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail != nil {
@@ -186,6 +219,7 @@ func (f *FakeCarrier) Drop(ctx context.Context, vip netip.Addr) error {
 
 // Route implements claim.Carrier.
 func (f *FakeCarrier) Route(ctx context.Context, vip, holder netip.Addr) error {
+	defer f.History.deliver() // after f.mu is released
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.fail != nil {

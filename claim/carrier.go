@@ -15,6 +15,11 @@ import (
 // Every method is idempotent: adding a carried address, or routing a VIP to
 // the peer it is already routed to, succeeds. Implementations are safe for
 // concurrent use.
+//
+// The Controller calls every method with its own lock held: the calls are
+// the fence, and a Carry that began before a Drop must not finish after it.
+// A method must therefore return promptly (bound netlink and UAPI calls)
+// and must not call the Controller.
 type Carrier interface {
 	// Carry adds vip/128 to the node's overlay interface, preferred_lft 0.
 	Carry(ctx context.Context, vip netip.Addr) error

@@ -148,7 +148,9 @@ func (s State) MayFailover(self netip.Addr, counter *Claim, holderAlive bool) bo
 }
 
 // StateStore keeps a node's State across restarts. Implementations are safe
-// for concurrent use.
+// for concurrent use. The Controller calls Save with its lock held (a state
+// is durable before any peer hears of it), so Save must not call the
+// Controller.
 type StateStore interface {
 	// Load returns the stored state; a store never written returns the zero
 	// State. A state that cannot be decoded is ErrCorruptState.

@@ -35,7 +35,8 @@ type Config struct {
 	// function of the fields and monotonic (a field obsolete in a set stays
 	// obsolete in every superset), so that all replicas drop the same
 	// fields whatever the arrival order. It must not retain the slice and
-	// must not call the Replica (it runs inside a merge).
+	// must not call the Replica: it runs inside a merge, with the
+	// replica's write lock held (every merge and edit waits for it).
 	Obsolete func(service ServiceID, fields []Field) []string
 	// Check, when set, is the schema's validation of a field's key and
 	// value, run on every field a merge would verify (never on the
@@ -44,14 +45,18 @@ type Config struct {
 	// its snapshot merges. It must be a pure function of the field alone
 	// (never of membership or other local state), so that every replica
 	// refuses the same fields. Local edits are not checked: the schema
-	// validates its drafts before editing.
+	// validates its drafts before editing. Like Obsolete it runs inside a
+	// merge, with the replica's write lock held: it must be quick and must
+	// not call the Replica.
 	Check func(f *Field) error
 	// Rank, when set, is the schema's precedence of a register's values,
 	// compared before the Lamport clock: within one key the field of the
 	// higher rank wins whatever its clock, and equal ranks fall back to
 	// the (clock, author, bytes) order. It must be a pure function of the
 	// field. vip uses it for listener generations, so that a removed
-	// generation stays removed. Without it every rank is 0.
+	// generation stays removed. Without it every rank is 0. It runs in Open
+	// and inside merges and edits, with the replica's write lock held: it
+	// must be quick and must not call the Replica.
 	Rank func(f *Field) uint64
 }
 
@@ -326,17 +331,23 @@ func (r *Replica) rankOf(f *Field) uint64 {
 	return r.rank(f)
 }
 
-// Close closes the replica and its store.
+// Close closes the replica and its store. It waits for a merge or edit in
+// progress, then closes the store with no replica lock held: Store.Close
+// may call the replica (every method then returns ErrClosed).
 func (r *Replica) Close() error {
+	// Taking writeMu waits for the merge or edit in progress; every later
+	// one takes writeMu, sees closed and leaves the store alone, so the
+	// store is closed after writeMu is released.
 	r.writeMu.Lock()
-	defer r.writeMu.Unlock()
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
+		r.writeMu.Unlock()
 		return ErrClosed
 	}
 	r.closed = true
 	r.mu.Unlock()
+	r.writeMu.Unlock()
 	return r.store.Close()
 }
 

@@ -20,6 +20,11 @@ import (
 // Implementations: MemStore here, pebblestore.Store on disk. Both pass the
 // contract suite in crdt/storetest. A Store is used by one Replica at a
 // time; its methods need not be safe for concurrent use.
+//
+// The replica calls Load from Open and Commit with its write lock held (a
+// commit is part of the merge or edit it makes durable, and every other
+// merge and edit waits for it): Load and Commit must not call the Replica.
+// Close is called with no replica lock held, after the last commit.
 type Store interface {
 	// Load returns every committed record, services in id order. An empty
 	// store returns Records with a nil Meta. A store that cannot be read

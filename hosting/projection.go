@@ -17,7 +17,8 @@ import (
 
 // Ziti is the part of the Edge Management API that the projection calls.
 // *ziti.Client implements it against a real controller; hosting/zititest
-// serves a fake controller for it. Every call takes a context.
+// serves a fake controller for it. Every call takes a context. The
+// projection calls it with none of its locks held.
 type Ziti interface {
 	ListConfigTypes(ctx context.Context, filter string) ([]ziti.ConfigType, error)
 	CreateConfig(ctx context.Context, c ziti.ConfigCreate) (string, error)
@@ -160,7 +161,7 @@ type ProjectionOptions struct {
 type Projection struct {
 	z Ziti
 	o ProjectionOptions
-	// mu guards ct.
+	// mu guards ct. It is never held while Ziti is called.
 	mu syncx.Mutex
 	// ct is the host.v1 config type id, once found.
 	// +checklocks:mu
@@ -258,20 +259,30 @@ func normJSON(v map[string]any) map[string]any {
 	return out
 }
 
+// hostConfigType returns the id of the host.v1 config type, asking Ziti
+// the first time. Ziti is the caller's and is called with no lock held (it
+// may call the projection); lookups that race all ask, and the first
+// answer is kept: the controller gives every one the same id.
 func (p *Projection) hostConfigType(ctx context.Context) (string, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ct != "" {
-		return p.ct, nil
+	ct := p.ct
+	p.mu.Unlock()
+	if ct != "" {
+		return ct, nil
 	}
 	cts, err := p.z.ListConfigTypes(ctx, ziti.Eq("name", HostConfigType))
 	if err != nil {
 		return "", err
 	}
-	for _, ct := range cts {
-		if ct.Name == HostConfigType {
-			p.ct = ct.ID
-			return ct.ID, nil
+	for _, c := range cts {
+		if c.Name == HostConfigType {
+			p.mu.Lock()
+			if p.ct == "" {
+				p.ct = c.ID
+			}
+			ct = p.ct
+			p.mu.Unlock()
+			return ct, nil
 		}
 	}
 	return "", fmt.Errorf("%w: config type %s not found", ErrZitiState, HostConfigType)

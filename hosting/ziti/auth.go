@@ -98,17 +98,41 @@ func (c *Client) Authenticate(ctx context.Context) (Session, error) {
 // token returns a session token that is not about to expire, logging in
 // when there is none, when it is within RefreshBefore of its expiry, or
 // when stale (the token a request was refused with) is still the current
-// one. One login runs at a time; callers that waited reuse its session.
+// one. One login runs at a time; callers that waited reuse its session, or
+// log in themselves when it failed. The login runs with no lock held, and
+// a caller waiting for another's login gives up when its ctx ends.
 func (c *Client) token(ctx context.Context, stale string) (string, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.session != "" && c.session != stale && c.clk.Now().Before(c.expires.Add(-c.refresh)) {
-		return c.session, nil
+	for {
+		now := c.clk.Now()
+		c.mu.Lock()
+		if c.session != "" && c.session != stale && now.Before(c.expires.Add(-c.refresh)) {
+			tok := c.session
+			c.mu.Unlock()
+			return tok, nil
+		}
+		if l := c.inflight; l != nil {
+			c.mu.Unlock()
+			select {
+			case <-l.done:
+				continue // look again: its session, or our turn
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		}
+		l := &loginCall{done: make(chan struct{})}
+		c.inflight = l
+		c.mu.Unlock()
+		s, err := c.Authenticate(ctx)
+		c.mu.Lock()
+		if err == nil {
+			c.session, c.expires = s.Token, s.ExpiresAt
+		}
+		c.inflight = nil
+		c.mu.Unlock()
+		close(l.done)
+		if err != nil {
+			return "", err
+		}
+		return s.Token, nil
 	}
-	s, err := c.Authenticate(ctx)
-	if err != nil {
-		return "", err
-	}
-	c.session, c.expires = s.Token, s.ExpiresAt
-	return c.session, nil
 }

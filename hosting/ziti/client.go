@@ -32,7 +32,8 @@ const pageLimit = 500
 // Options configure a Client.
 type Options struct {
 	// HTTPClient sends the requests; nil means http.DefaultClient. Its
-	// transport carries the controller's TLS trust.
+	// transport carries the controller's TLS trust. The client calls it
+	// with none of its locks held, logins included.
 	HTTPClient *http.Client
 	// Session is sent as the zt-session header (the ztSession API key of
 	// the specification), obtained from the controller's authentication.
@@ -61,14 +62,24 @@ type Client struct {
 	refresh time.Duration // +checklocksignore: set by New, read-only after
 	clk     transport.Clock
 
-	// mu guards the session and its expiry. It is held across a login, so
-	// that one runs at a time.
+	// mu guards the session, its expiry and the login in flight. It is
+	// never held across a request (the HTTPClient's transport is the
+	// caller's): one login runs at a time because the others wait for
+	// inflight, each within its own context.
 	mu syncx.Mutex
 	// +checklocks:mu
 	session string
 	// expires is when the session ends; zero for a static session.
 	// +checklocks:mu
 	expires time.Time
+	// inflight is the login running, nil when none.
+	// +checklocks:mu
+	inflight *loginCall
+}
+
+// loginCall is one login in flight; done is closed when it ends.
+type loginCall struct {
+	done chan struct{}
 }
 
 // New returns a client for the controller at baseURL (scheme, host and

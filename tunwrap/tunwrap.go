@@ -94,8 +94,13 @@ const (
 // Filter is the packet path the Wrapper runs. Outbound and Inbound may
 // rewrite pkt in place, but not beyond its length; they must not keep pkt
 // after returning. Outbound runs on wireguard-go's TUN reader goroutine,
-// Inbound under the Wrapper's write lock: each side is called by one
-// goroutine at a time, the two sides concurrently.
+// under the Wrapper's read lock (Read's), Inbound under its write lock
+// (Write's): each side is called by one goroutine at a time, the two sides
+// concurrently. Holding the lock across the batch is what serializes each
+// side without per-packet cost, so the contract is: the Filter must not
+// block, and must not call the Wrapper's Read or Write (it would wait for
+// itself). It may call InjectOutbound, InjectInbound, Emit, Stats and
+// Close, which take neither lock.
 type Filter interface {
 	// Outbound sees a packet the host sent, before wireguard-go encrypts it.
 	Outbound(pkt []byte) Verdict
@@ -110,8 +115,9 @@ type Options struct {
 	// Filter is the packet path; nil accepts everything.
 	Filter Filter
 	// PeerOf maps the source address of a decrypted packet to its peer.
-	// It is called under the write lock and must not block. nil reports no
-	// peer for any source.
+	// It is called under the write lock, once per packet, and must not
+	// block or call the Wrapper's Read or Write (see Filter). nil reports
+	// no peer for any source.
 	PeerOf func(src netip.Addr) (flow.PeerID, bool)
 	// QueueLen bounds each injection queue, in packets; 0 means 1024.
 	QueueLen int
@@ -178,6 +184,13 @@ type Wrapper struct {
 	inQ      [][]byte
 	inLen    atomic.Int32 // len(inQ), read without inMu on the packet path
 	queueLen int          // +checklocksignore: set by New, read-only after
+	// inPath counts the Read and Write calls running the Filter. An
+	// inbound injection made while one runs (from inside the Filter, or
+	// from an Emit called under a NAT's lock) only queues its packet and
+	// never touches wmu: the call running the Filter writes the queue once
+	// the Filter is done (Write before releasing wmu, Read right after
+	// its batch). So no lock is taken from inside the Filter.
+	inPath atomic.Int32
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -304,8 +317,9 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 			}
 		}
 	}
-	n, reflected := 0, false
+	n := 0
 	var err error
+	w.inPath.Add(1)
 	for {
 		i := w.curPos
 		for ; i < b.n && n < len(bufs); i++ {
@@ -319,7 +333,7 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 				n = w.put(bufs, sizes, offset, n, pkt, nil)
 			case Reflect:
 				w.st.outRefl.Add(1)
-				reflected = w.injectInbound(pkt) || reflected
+				w.injectInbound(pkt)
 			default:
 				w.st.outDrop.Add(1)
 			}
@@ -341,9 +355,10 @@ func (w *Wrapper) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 		}
 		break
 	}
-	if reflected {
-		w.kickInbound()
-	}
+	w.inPath.Add(-1)
+	// Reflected packets and the Filter's inbound injections were queued
+	// without a kick: write them now.
+	w.kickInbound()
 	if err != nil && errors.Is(err, os.ErrClosed) {
 		err = ErrClosed
 	}
@@ -393,6 +408,7 @@ func (w *Wrapper) Write(bufs [][]byte, offset int) (int, error) {
 	}
 	w.wmu.Lock()
 	kept := w.kept[:0]
+	w.inPath.Add(1)
 	for _, b := range bufs {
 		pkt := b[offset:]
 		v := Accept
@@ -414,6 +430,7 @@ func (w *Wrapper) Write(bufs [][]byte, offset int) (int, error) {
 			w.st.inDrop.Add(1)
 		}
 	}
+	w.inPath.Add(-1)
 	var err error
 	if len(kept) > 0 {
 		_, err = w.tun.Write(kept, offset)
@@ -491,14 +508,21 @@ func (w *Wrapper) injectInbound(pkt []byte) bool {
 }
 
 // kickInbound writes queued inbound injections unless a writer holds the
-// lock (it writes them before releasing it). The loop closes the window
-// between that writer's flush and its unlock. With nothing queued it costs
-// one atomic load, so Write calls it after every batch.
+// lock (it writes them before releasing it) or a Read or Write is running
+// the Filter (it writes them once the Filter is done; see inPath). The
+// loop closes the window between that writer's flush and its unlock. With
+// nothing queued it costs one atomic load, so Write calls it after every
+// batch.
+//
+// The injector stores inLen before it loads inPath, and a Filter's caller
+// decrements inPath before it loads inLen (all sequentially consistent):
+// either the injector sees no Filter running, or that caller sees the
+// packet.
 //
 // +checklocksignore: the analyzer does not model TryLock, so it cannot see
 // that flushInLocked runs with w.wmu held.
 func (w *Wrapper) kickInbound() {
-	for w.inLen.Load() != 0 && w.wmu.TryLock() {
+	for w.inLen.Load() != 0 && w.inPath.Load() == 0 && w.wmu.TryLock() {
 		w.flushInLocked()
 		w.wmu.Unlock()
 	}

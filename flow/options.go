@@ -43,9 +43,11 @@ type Options struct {
 	// LocalAddr is this node's IPv4 overlay address: the source remote
 	// backends see, and the address of local backends. Required.
 	LocalAddr netip.Addr
-	// Selector picks backends for new bindings. Required.
+	// Selector picks backends for new bindings. Required. It is called
+	// with the NAT's lock held (see Selector for the contract).
 	Selector Selector
-	// Reserver reserves shadow ports. nil means a MemReserver keyed per
+	// Reserver reserves shadow ports, called with the NAT's lock held (see
+	// PortReserver for the contract). nil means a MemReserver keyed per
 	// protocol over the ephemeral range (32768–60999). Use an OSReserver on
 	// a real host so that no local socket can take a shadow port.
 	Reserver PortReserver
@@ -56,14 +58,19 @@ type Options struct {
 	// Emit receives packets the NAT produces besides in-place rewrites:
 	// fragments, reassembled datagrams and ICMP errors it originates. pkt
 	// is valid only during the call (copy it). Emit is called only from inside
-	// FromHost and FromPeer (never from a timer), with the NAT's lock held,
-	// so it must not call back into the NAT. nil drops such output with
+	// FromHost and FromPeer (never from a timer), with the NAT's lock held:
+	// it is on the packet path, where releasing the lock per emitted packet
+	// would cost, so it must not block (queue the packet, dropping when the
+	// queue is full) and must not call back into the NAT, or anything that
+	// waits for a NAT call to finish. nil drops such output with
 	// ReasonNoEmit.
 	Emit func(dir Direction, pkt []byte)
 	// Admit is the network/peer admission of traffic from peers, applied to
 	// every IPv4 packet FromPeer sees for LocalAddr before reverse NAT: it
-	// reports whether peer may send from src to dst. nil admits everything
-	// (the VIP source and destination checks apply regardless).
+	// reports whether peer may send from src to dst. It is called with no
+	// NAT lock held, from the goroutine calling FromPeer, once per packet,
+	// so it should be quick. nil admits everything (the VIP source and
+	// destination checks apply regardless).
 	Admit func(peer PeerID, src, dst netip.Addr) bool
 	// OnPortUnreachable is told when a backend answers a binding with ICMP
 	// port unreachable (the engine excludes it, for UDP failover, and calls
@@ -76,8 +83,10 @@ type Options struct {
 	// counters are part of the listener's. Whoever keeps totals above the
 	// listener (the vip engine's per-VIP totals) folds them in here. It is
 	// called with the NAT's lock held, from the control method, the packet
-	// path or the expiry sweep, so it must be quick and must not call back
-	// into the NAT. Close forgets listeners without calling it.
+	// path or the expiry sweep (keeping the final counts and the listener's
+	// removal one atomic step), so it must be quick, must not block and
+	// must not call back into the NAT; a leaf lock of the receiver's own
+	// is fine. Close forgets listeners without calling it.
 	OnListenerGone func(ListenerStats)
 
 	MTU     int // the overlay MTU (bytes); 0 means 1420

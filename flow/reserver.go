@@ -152,7 +152,9 @@ func (r *MemReserver) InUse() int {
 // and ReleasePort on the client's address), so that shadow ports are
 // reserved in the userspace stack that owns the address. Reserve should
 // return an error matching ErrPortsExhausted when no port is free. Both
-// functions must be safe for concurrent use.
+// functions must be safe for concurrent use, and are called with the NAT's
+// lock held: they must be quick, must not block and must not call back
+// into the NAT (see PortReserver).
 type FuncReserver struct {
 	ReserveFunc func(proto Proto, backend netip.AddrPort) (uint16, error)
 	ReleaseFunc func(proto Proto, backend netip.AddrPort, port uint16)

@@ -112,8 +112,11 @@ type SelectRequest struct {
 
 // Selector chooses backends. The vip engine implements it on top of its
 // health and RTT state. The NAT calls it with its lock held, from the
-// goroutine calling FromHost: it must be quick and must not call back into
-// the NAT.
+// goroutine calling FromHost: it is on the packet path (every
+// new binding asks Select), and the lock also serializes the calls, so an
+// implementation may use scratch state without a lock of its own. The
+// contract: it must be quick, must not block, and must not call back into
+// the NAT or into anything that waits for a NAT call to finish.
 type Selector interface {
 	// Select returns the index in req.Candidates of the backend to use, or
 	// -1 when none is eligible (the packet is then dropped with
@@ -136,9 +139,12 @@ func (f SelectorFunc) Select(req SelectRequest) int { return f(req) }
 func (SelectorFunc) Available(Listener, Backend, time.Time) bool { return true }
 
 // PortReserver reserves the shadow source ports of bindings. Reserve is
-// called with the NAT's lock held when a binding is created; Release when it
-// leaves quarantine, is refused, or the NAT closes. Implementations must be
-// safe for concurrent use (several NATs may share one).
+// called with the NAT's lock held when a binding is created; Release, also
+// with the NAT's lock held, when it leaves quarantine, is refused, or the
+// NAT closes. Both are on the packet path: they must be quick, must not
+// block and must not call back into the NAT (a leaf lock of their own, as
+// MemReserver and OSReserver take, is fine). Implementations must be safe
+// for concurrent use (several NATs may share one).
 type PortReserver interface {
 	// Reserve returns a port not in use for proto toward backend. It returns
 	// an error matching ErrPortsExhausted when there is none.

@@ -15,6 +15,11 @@ import (
 // Dialer opens TCP connections for connect checks. *net.Dialer satisfies it
 // (over the overlay in production, since the overlay is routed by the host);
 // a gVisor netstack host or a test fake can stand in.
+//
+// The Checker calls it from a goroutine of its own, with none of its locks
+// held. Close cancels the contexts of the connects in flight and waits for
+// them to return, so DialContext must give up when ctx ends and must not
+// call the Checker's Close.
 type Dialer interface {
 	// DialContext connects to address ("ip:port") on network ("tcp"),
 	// giving up when ctx ends (the checker's timeout); as net.Dialer's.

@@ -33,9 +33,13 @@ type Driver struct {
 
 // Drive starts running p on clock (nil means the real clock) and returns the
 // Driver; Close stops it. send is called with each probe from the clock's
-// callback, one call at a time; it must not block (the engine queues the
-// packet for its tunnel) and must not call Close. A Prober has at most
-// one Driver: a second Drive replaces the first one's wake-ups.
+// callback, one call at a time, with the Driver's own lock held (not the
+// Prober's): that lock is what lets Close wait for a send in progress, so
+// that send is never called after Close returns. The contract: send must
+// not block (the engine queues the packet for its tunnel), must not call
+// Close, and must not wait for anything that may be calling Close. It may
+// call the Prober (AddPeer, HandleReply and the rest). A Prober has at
+// most one Driver: a second Drive replaces the first one's wake-ups.
 func (p *Prober) Drive(clock transport.Clock, send func(Probe)) *Driver {
 	d := &Driver{p: p, clock: transport.Or(clock), send: send}
 	d.mu.Lock()

@@ -299,6 +299,7 @@ func TestProberPollDeadlines(t *testing.T) {
 }
 
 func TestProberZeroAlloc(t *testing.T) {
+	skipIfLockOrder(t)
 	p := newProber(t, ProberConfig{})
 	id := nodeID(1)
 	_ = p.AddPeer(id, t0)

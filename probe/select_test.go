@@ -245,6 +245,7 @@ func TestSelectEndToEnd(t *testing.T) {
 }
 
 func TestSelectZeroAlloc(t *testing.T) {
+	skipIfLockOrder(t)
 	f := newSelectorFixture(t)
 	bs := []Backend{be(5, 80), be(1, 80), be(4, 80)}
 	bs[0].Node, bs[1].Node, bs[2].Node = f.slow, f.stale, f.fast

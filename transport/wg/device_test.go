@@ -283,8 +283,14 @@ func TestMoveAllowedIPRaw(t *testing.T) {
 	}
 
 	// Moves while packets flow: none is left unrouted. Packets go in
-	// windows small enough for every queue on the way.
+	// windows small enough for every queue on the way. The mover runs
+	// freely, so moves land at any point of a window; but how many land in
+	// one depends on the scheduler, and on a loaded machine the mover may
+	// not run at all for a whole run. So each window waits for a move made
+	// since the one before, which guarantees moves between windows without
+	// pacing them.
 	var moves atomic.Int64
+	moved := make(chan struct{}, 1)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -302,6 +308,10 @@ func TestMoveAllowedIPRaw(t *testing.T) {
 				return
 			}
 			moves.Add(1)
+			select {
+			case moved <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	const total, window = 600, 8
@@ -326,6 +336,13 @@ func TestMoveAllowedIPRaw(t *testing.T) {
 			sent++
 		}
 		count(time.Now().Add(waitLong), sent)
+		select {
+		case <-moved:
+		case <-time.After(waitLong):
+			close(stop)
+			wg.Wait()
+			t.Fatalf("no move in %v after %d packets (%d moves)", waitLong, sent, moves.Load())
+		}
 	}
 	close(stop)
 	wg.Wait()

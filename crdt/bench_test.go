@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 // benchAuthors is how many members sign the benchmark state.
@@ -175,6 +177,7 @@ func BenchmarkReMergeHeldSnapshot(b *testing.B) {
 // TestReMergeAllocs: re-merging a held full snapshot allocates a bounded
 // number of times, independent of its 192 fields (nothing per field).
 func TestReMergeAllocs(t *testing.T) {
+	testenv.SkipIfLockOrder(t)
 	ctx := context.Background()
 	snap := [][]byte{fullSnapshot(0)}
 	r, err := Open(ctx, Config{Network: testNet, Members: testMembers(benchAuthors)})

@@ -3,16 +3,14 @@ package flow
 import (
 	"testing"
 
-	"github.com/vipkit/vipkit/internal/syncx"
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/packet"
 )
 
 // Established flows translate without allocating, in both directions, for
 // TCP and UDP, and hairpin.
 func TestZeroAllocsEstablished(t *testing.T) {
-	if syncx.LockOrderChecked {
-		t.Skip("the lock-order build's mutexes allocate")
-	}
+	testenv.SkipIfLockOrder(t)
 	f := newFixture(t)
 	setTCP(t, f, be1)
 	setUDP(t, f, be2)

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 // BenchmarkSchedulerTick measures the scheduling cost of the worker tick
@@ -160,7 +162,7 @@ func benchNaive(b *testing.B, n int) {
 // TestSchedulerTickZeroAlloc: the worker tick's scheduling, with 10,000
 // checks in steady state, does not allocate.
 func TestSchedulerTickZeroAlloc(t *testing.T) {
-	skipIfLockOrder(t)
+	testenv.SkipIfLockOrder(t)
 	for _, timeouts := range []bool{false, true} {
 		tick := schedLoad(t, 10000, timeouts)
 		started := 0

@@ -299,7 +299,7 @@ func TestProberPollDeadlines(t *testing.T) {
 }
 
 func TestProberZeroAlloc(t *testing.T) {
-	skipIfLockOrder(t)
+	testenv.SkipIfLockOrder(t)
 	p := newProber(t, ProberConfig{})
 	id := nodeID(1)
 	_ = p.AddPeer(id, t0)

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 func be(node byte, port uint16) Backend {
@@ -245,7 +247,7 @@ func TestSelectEndToEnd(t *testing.T) {
 }
 
 func TestSelectZeroAlloc(t *testing.T) {
-	skipIfLockOrder(t)
+	testenv.SkipIfLockOrder(t)
 	f := newSelectorFixture(t)
 	bs := []Backend{be(5, 80), be(1, 80), be(4, 80)}
 	bs[0].Node, bs[1].Node, bs[2].Node = f.slow, f.stale, f.fast

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 func udpKey(port uint16) UnreachableKey {
@@ -71,7 +73,7 @@ func TestUnreachableLimit(t *testing.T) {
 }
 
 func TestUnreachableZeroAlloc(t *testing.T) {
-	skipIfLockOrder(t)
+	testenv.SkipIfLockOrder(t)
 	u, _ := NewUnreachable(UnreachableConfig{})
 	k := udpKey(53)
 	now := t0

@@ -216,6 +216,7 @@ func newBatch(n, size int) *batch {
 // The pass-through and established-flow paths allocate nothing, in both
 // directions.
 func TestEnginePacketPathZeroAlloc(t *testing.T) {
+	testenv.SkipIfLockOrder(t)
 	checkLeaks(t)
 	u := newUnitEngine(t, testenv.Seed(t, 1))
 	client := netip.AddrPortFrom(u.self.Addr, 40000)

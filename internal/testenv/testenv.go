@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/vipkit/vipkit/internal/syncx"
+
 	"go.uber.org/goleak"
 )
 
@@ -101,5 +103,16 @@ func IdleHTTP() []goleak.Option {
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	}
+}
+
+// SkipIfLockOrder skips an allocation-counting test in the vipkit_lockorder
+// build, whose checking mutexes allocate on every Lock (they record the
+// caller's stack). It is a plain skip, not one VIPKIT_REQUIRE_ALL turns into
+// a failure: the same test runs, and counts, in every other build.
+func SkipIfLockOrder(t testing.TB) {
+	t.Helper()
+	if syncx.LockOrderChecked {
+		t.Skip("allocations are not counted in the lock-order build: its mutexes allocate")
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/tun"
 
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
@@ -209,6 +210,7 @@ func (nopIO) MTU() int                                     { return 1420 }
 func (nopIO) Close() error                                 { return nil }
 
 func TestTUNAdapterAllocs(t *testing.T) {
+	testenv.SkipIfLockOrder(t)
 	td := TUNFromPacketIO(nopIO{})
 	bufs := [][]byte{make([]byte, 100)}
 	sizes := []int{0}

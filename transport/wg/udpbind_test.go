@@ -309,6 +309,7 @@ func TestUDPBindQueueAndClose(t *testing.T) {
 }
 
 func TestUDPBindFastPathAllocs(t *testing.T) {
+	testenv.SkipIfLockOrder(t)
 	b, rec, _ := newTestUDPBind(t, 1)
 	_ = rec
 	nop := &nopBind{}

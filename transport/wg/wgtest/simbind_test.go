@@ -10,6 +10,7 @@ import (
 
 	"golang.zx2c4.com/wireguard/conn"
 
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -213,6 +214,7 @@ func TestSimBindOnNode(t *testing.T) {
 }
 
 func TestSimBindReceiveAllocs(t *testing.T) {
+	testenv.SkipIfLockOrder(t)
 	n := transporttest.NewNetwork(nil, 1)
 	defer n.Close()
 	a, b := NewSimBind(n, "a"), NewSimBind(n, "b")

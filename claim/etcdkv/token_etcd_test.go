@@ -85,6 +85,13 @@ func TestFenceTokenOnEtcd(t *testing.T) {
 	if guarded(t, tokB, app, "b2") {
 		t.Fatal("write guarded by the old holder's token committed after a planned promote")
 	}
+	// The promote has claimed; the address is added once a's renewal is
+	// fresh (a controller never carries on a stale lease), which on a
+	// loaded machine may be a step after Promote returns.
+	eventually(t, 5*time.Second, "a carries after the planned promote", func() bool {
+		_, err := a.Ctl().FenceToken()
+		return err == nil
+	})
 	tokA2, err := a.Ctl().FenceToken()
 	if err != nil || !guarded(t, tokA2, app, "a4") {
 		t.Fatalf("token after the planned promote %+v %v", tokA2, err)

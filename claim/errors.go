@@ -68,7 +68,7 @@ var (
 	ErrNotHolder = errors.New("claim: not the holder")
 	// ErrFenced is returned when a fenced node is asked to release a VIP
 	// its newest claim names it for: it has already dropped it.
-	ErrFenced = errors.New("claim: node is fenced")
+	ErrFenced = errors.New("claim: node is fenced") // +checklocksignore: never written
 )
 
 // Address errors, from the pair record and from spec validation.

@@ -9,23 +9,8 @@ import (
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/claim/claimtest"
+	"github.com/vipkit/vipkit/internal/testenv"
 )
-
-// within runs f in its own goroutine and fails the test if it has not
-// returned within 5 s: a callback run under a lock it takes again hangs.
-func within(t *testing.T, what string, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("%s: no return within 5 s (a callback runs under a lock it needs)", what)
-	}
-}
 
 // OnError may call the Controller: errors reported under the controller's
 // lock (here a failed grant and failed renewals) reach it after the lock
@@ -48,7 +33,7 @@ func TestOnErrorMayCallController(t *testing.T) {
 	}
 	ctl.Store(c)
 	e.ms.Put("a", c)
-	within(t, "start and steps with etcd down", func() {
+	testenv.Within(t, "start and steps with etcd down", func() {
 		if err := c.Start(); err != nil {
 			t.Error(err)
 		}
@@ -86,7 +71,7 @@ func TestHandleClaimTrustUnlocked(t *testing.T) {
 	ctl := e.start("b")
 	rt.ctl.Store(ctl)
 	cl := e.f.Claim(e.f.A, 1)
-	within(t, "HandleClaim", func() {
+	testenv.Within(t, "HandleClaim", func() {
 		if err := ctl.HandleClaim(context.Background(), e.f.A.Addr, cl); err != nil {
 			t.Error(err)
 		}
@@ -113,7 +98,7 @@ func TestHandleReleaseTrustUnlocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	within(t, "HandleRelease", func() {
+	testenv.Within(t, "HandleRelease", func() {
 		if _, err := ctl.HandleRelease(context.Background(), e.f.B.Addr, r); err != nil {
 			t.Error(err)
 		}
@@ -140,7 +125,7 @@ func TestHistoryOnEventUnlocked(t *testing.T) {
 		f.Carried(vip)
 		kinds = append(kinds, ev.Kind)
 	})
-	within(t, "carrier calls", func() {
+	testenv.Within(t, "carrier calls", func() {
 		ctx := context.Background()
 		_ = f.Carry(ctx, vip)
 		_ = f.Route(ctx, vip, netip.MustParseAddr("fd7a::2"))

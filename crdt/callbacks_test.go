@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
+
+	"github.com/vipkit/vipkit/internal/testenv"
 )
 
 // reentrantStore is a Store whose Close calls back into its replica, as a
@@ -35,15 +36,9 @@ func TestStoreCloseMayCallReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.r = r
-	done := make(chan error, 1)
-	go func() { done <- r.Close() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Replica.Close deadlocked: Store.Close called the replica")
+	testenv.Within(t, "Replica.Close with a Store.Close that calls the replica", func() { err = r.Close() })
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(st.errs) != 2 {
 		t.Fatalf("store saw %d calls, want 2", len(st.errs))

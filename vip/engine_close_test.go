@@ -3,37 +3,13 @@ package vip
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/vipkit/vipkit/transport/wg"
+	"github.com/vipkit/vipkit/internal/testenv"
 )
-
-// closeDeadline bounds every Close in these tests. A Close that takes
-// longer is a deadlock: the test dumps every goroutine and ends the binary
-// instead of leaving CI hung.
-const closeDeadline = 5 * time.Second
-
-// within runs f and waits for it up to closeDeadline.
-func within(t *testing.T, what string, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() { defer close(done); f() }()
-	select {
-	case <-done:
-	case <-time.After(closeDeadline):
-		// A deadlocked Close cannot be cleaned up after: end the binary
-		// with every goroutine's stack rather than hang in the cleanups.
-		// (A panic on the test's goroutine would run them first.)
-		debug.SetTraceback("all")
-		msg := fmt.Sprintf("%s: %s still running after %v", t.Name(), what, closeDeadline)
-		go func() { panic(msg) }()
-		select {}
-	}
-}
 
 // TestEngineCloseDeviceFromPathUp closes the device while the engine's
 // path tick is inside PathUp, then lets PathUp ask the device for its
@@ -61,7 +37,7 @@ func TestEngineCloseDeviceFromPathUp(t *testing.T) {
 						// lock while the device's Close waits for the
 						// engine's.
 						var err error
-						for end := time.Now().Add(closeDeadline); time.Now().Before(end); {
+						for end := time.Now().Add(testenv.DeadlockTimeout); time.Now().Before(end); {
 							if _, err = nd.dev.Stats(); err != nil {
 								break
 							}
@@ -73,7 +49,7 @@ func TestEngineCloseDeviceFromPathUp(t *testing.T) {
 			}})
 		nd = c.nodes[0]
 		probePeer(t, c)
-		within(t, "device Close from PathUp", func() {
+		testenv.Within(t, "device Close from PathUp", func() {
 			trigger.Store(true)
 			if err := <-tried; err == nil {
 				t.Error("device still answers after Close")
@@ -93,6 +69,14 @@ func TestEngineCloseOrders(t *testing.T) {
 				engine: func(o *EngineOptions) { o.PathInterval = time.Millisecond }})
 			nd := c.nodes[0]
 			probePeer(t, c)
+			// Wait for traffic of the engine's own: probes answered.
+			deadline := time.Now().Add(10 * time.Second)
+			for nd.engine().Status().Probe.PacketsIn == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("no probe traffic within 10 s: the closes would not run under probes")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			var wgr sync.WaitGroup
 			wgr.Add(1)
@@ -102,13 +86,8 @@ func TestEngineCloseOrders(t *testing.T) {
 					_ = nd.engine().Apply()
 				}
 			}()
-			// Wait for traffic of the engine's own: probes answered.
-			deadline := time.Now().Add(10 * time.Second)
-			for nd.engine().Status().Probe.PacketsIn == 0 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
-			var dev *wg.Device = nd.dev
-			within(t, "Close", func() {
+			dev := nd.dev
+			testenv.Within(t, "Close", func() {
 				if deviceFirst {
 					dev.Close()
 					nd.engine().Close()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/crdt"
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/transporttest"
 )
 
@@ -108,13 +109,7 @@ func TestReplicatorPeersRunsUnlocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Start()
-	done := make(chan struct{})
-	go func() { defer close(done); clk.Advance(2 * DefaultRotation) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("rotation deadlocked: Peers called Stop under the Replicator's lock")
-	}
+	testenv.Within(t, "a rotation whose Peers stops the Replicator", func() { clk.Advance(2 * DefaultRotation) })
 	if asked.Load() == 0 {
 		t.Fatal("Peers never asked")
 	}

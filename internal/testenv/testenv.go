@@ -15,9 +15,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/vipkit/vipkit/internal/syncx"
 
@@ -114,5 +116,32 @@ func SkipIfLockOrder(t testing.TB) {
 	t.Helper()
 	if syncx.LockOrderChecked {
 		t.Skip("allocations are not counted in the lock-order build: its mutexes allocate")
+	}
+}
+
+// DeadlockTimeout is how long Within waits for a call that must not block.
+const DeadlockTimeout = 5 * time.Second
+
+// Within runs f and waits up to DeadlockTimeout for it to return. A call
+// still running then is taken for a deadlock (a callback run under a lock
+// it needs, a Close waiting for itself): Within prints every goroutine's
+// stack and ends the test binary. It does not fail the test and go on,
+// because the test's cleanups would then wait on the same locks and hang
+// the run instead of reporting it.
+func Within(t testing.TB, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(DeadlockTimeout):
+		debug.SetTraceback("all")
+		msg := fmt.Sprintf("%s: %s still running after %v: deadlock", t.Name(), what, DeadlockTimeout)
+		// A panic on the test's goroutine would run the cleanups first.
+		go func() { panic(msg) }()
+		select {}
 	}
 }

@@ -18,20 +18,24 @@ func (e *Engine) pathTick() {
 	// the WireGuard device, whose Close closes this engine). The ids are a
 	// snapshot; a peer that Apply drops meanwhile is skipped below, and one
 	// it adds is asked on the next tick.
-	e.cfgMu.Lock()
-	ids := e.pathIDs[:0]
-	for id := range e.probed {
-		ids = append(ids, id)
-	}
-	e.pathIDs = ids[:0]
-	e.cfgMu.Unlock()
-	ups := e.pathUps[:0]
-	for _, id := range ids {
-		ups = append(ups, e.o.PathUp == nil || e.o.PathUp(id))
-	}
-	e.pathUps = ups[:0]
-	if e.isClosed() {
-		return
+	var ids []NodeID
+	var ups []bool
+	if e.o.PathUp != nil {
+		e.cfgMu.Lock()
+		ids = e.pathIDs[:0]
+		for id := range e.probed {
+			ids = append(ids, id)
+		}
+		e.pathIDs = ids[:0]
+		e.cfgMu.Unlock()
+		ups = e.pathUps[:0]
+		for _, id := range ids {
+			ups = append(ups, e.o.PathUp(id))
+		}
+		e.pathUps = ups[:0]
+		if e.isClosed() {
+			return
+		}
 	}
 
 	now := e.clock.Now()
@@ -40,7 +44,7 @@ func (e *Engine) pathTick() {
 	_ = e.syncProbedLocked(now) // no peer is added here: draining peers were probed
 	e.pruneTotals()
 	for i, id := range ids {
-		if _, ok := e.probed[id]; ok && e.o.PathUp != nil {
+		if _, ok := e.probed[id]; ok {
 			_ = e.prober.SetPath(probe.NodeID(id), ups[i])
 		}
 	}

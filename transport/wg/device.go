@@ -349,8 +349,11 @@ func (d *Device) Bind() conn.Bind { return d.bind }
 
 // Close brings the device down and releases everything: wireguard-go's
 // goroutines, the Bind, and the PacketIO. It is idempotent and returns
-// once wireguard-go's Close has returned; wireguard-go's worker goroutines
-// exit right after, asynchronously.
+// once wireguard-go's Close has returned, a concurrent second Close too;
+// wireguard-go's worker goroutines exit right after, asynchronously. It
+// holds no lock while wireguard-go closes the PacketIO, so the PacketIO's
+// Close may run callbacks that ask this Device (they get ErrDeviceClosed); it
+// must not call Close itself, which would wait for its own return.
 func (d *Device) Close() error {
 	// Closed is marked under the lock, and wireguard-go's device closed
 	// after it is released: that Close closes the TUN adapter, whose owner

@@ -68,6 +68,8 @@ type EngineOptions struct {
 	// docs/defaults.md).
 	Prober probe.ProberConfig
 	// ProbePort is the reserved UDP probe port; 0 means probe.DefaultPort.
+	// The engine makes and answers probes itself: host packets to this
+	// port of any overlay address are dropped (ProbeTraffic.HostDropped).
 	ProbePort uint16
 	// UnreachableHold is how long an ICMP port-unreachable excludes a
 	// backend; 0 means 10 s.
@@ -273,6 +275,7 @@ type engineCounters struct {
 	probeOutPkts, probeOutBytes atomic.Uint64 // probe requests and replies this engine sent
 	probeInPkts, probeInBytes   atomic.Uint64 // probe packets received
 	probeBad                    atomic.Uint64 // probe packets refused (malformed, unknown peer, late, over a peer's reply rate)
+	hostProbe                   atomic.Uint64 // host packets to an overlay address's probe port, dropped
 	queueFull                   atomic.Uint64 // engine-made packets dropped: queue full
 	tooBig                      atomic.Uint64 // packets larger than wireguard-go's buffer
 	unknownPeer                 atomic.Uint64 // packets from a source that is no member's address
@@ -448,6 +451,11 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 
 // LocalAddr returns this node's overlay address (the NAT's local address).
 func (e *Engine) LocalAddr() netip.Addr { return e.selfAddr }
+
+// ProbePort returns the UDP probe port the engine makes and answers probes
+// on. Proxies into the overlay refuse it: a host process sending there
+// would speak as this node, and the engine drops what they send anyway.
+func (e *Engine) ProbePort() uint16 { return e.probePort }
 
 // Registry returns the engine's Registry.
 func (e *Engine) Registry() *Registry { return e.reg }

@@ -141,10 +141,20 @@ func (e *Engine) translateOut(bufs [][]byte, sizes []int, offset, n int, pkts []
 	for i := 0; i < n; i++ {
 		switch res[i].Verdict {
 		case flow.Pass:
+			if e.toProbePort(pkts[i]) {
+				res[i].Verdict = flow.Drop
+				e.counters.hostProbe.Add(1)
+				continue
+			}
 			passPkts++
 			passBytes += uint64(sizes[i])
 			kept++
 		case flow.Forward:
+			if e.toProbePort(pkts[i]) {
+				res[i].Verdict = flow.Drop
+				e.counters.hostProbe.Add(1)
+				continue
+			}
 			kept++
 		case flow.Reflect:
 			// With the headroom in front: a TUN writes its virtio
@@ -180,6 +190,26 @@ func (e *Engine) translateOut(bufs [][]byte, sizes []int, offset, n int, pkts []
 	}
 	e.flushHostQ()
 	return kept
+}
+
+// toProbePort reports whether a host packet, as it leaves for the overlay
+// (after the NAT), is UDP to the probe port of an overlay address. The
+// probe port belongs to the engines: they make and answer probes
+// themselves, and a peer takes what arrives there as this node's probes.
+// A host process (any local user, through a proxy or a TUN) must not speak
+// there as the node, so such packets are dropped and counted. A first
+// fragment carries the port and is dropped; later ones, without it, can
+// never be taken for a probe.
+func (e *Engine) toProbePort(pkt []byte) bool {
+	if len(pkt) < packet.IPv4MinHeaderLen || packet.Version(pkt) != 4 {
+		return false
+	}
+	ip := packet.IPv4(pkt)
+	ihl := ip.HeaderLen()
+	if ip.Protocol() != packet.ProtoUDP || ihl < packet.IPv4MinHeaderLen || len(pkt) < ihl+packet.UDPHeaderLen || ip.FragOffset() != 0 {
+		return false
+	}
+	return packet.UDP(pkt[ihl:]).DstPort() == e.probePort && e.prefix.Contains(ip.Dst())
 }
 
 // flushHostQ writes the NAT's host-bound output (reassembled and

@@ -69,6 +69,9 @@ type ProbeTraffic struct {
 	Rejected   uint64 `json:"rejected"` // malformed, late, unknown peer, over a peer's reply rate
 	Answered   uint64 `json:"answered"` // peers' probes this node answered
 	Expired    uint64 `json:"expired"`  // own probes that expired unanswered
+	// HostDropped counts host packets to the probe port of an overlay
+	// address, dropped: only the engine speaks there for this node.
+	HostDropped uint64 `json:"host_dropped"`
 }
 
 // FlowStatus is the NAT's table and its drops.
@@ -443,6 +446,7 @@ func (e *Engine) Status() Status {
 		PacketsOut: e.counters.probeOutPkts.Load(), BytesOut: e.counters.probeOutBytes.Load(),
 		PacketsIn: e.counters.probeInPkts.Load(), BytesIn: e.counters.probeInBytes.Load(),
 		Rejected: e.counters.probeBad.Load(), Answered: rs.Answered, Expired: ps.Expired,
+		HostDropped: e.counters.hostProbe.Load(),
 	}
 	fs := e.nat.Stats()
 	st.Flow = FlowStatus{

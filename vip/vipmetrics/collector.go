@@ -39,7 +39,8 @@ type Options struct {
 type Collector struct {
 	statuses func() []vip.Status
 
-	probeBytes, probeExpired                    *prometheus.Desc
+	probeBytes, probeExpired, probeRejected     *prometheus.Desc
+	probeHostDropped                            *prometheus.Desc
 	flowBindings, flowCapacity, flowRefused     *prometheus.Desc
 	flowDrops, vipRoutable                      *prometheus.Desc
 	lnPackets, lnBytes, lnBindings, lnFailovers *prometheus.Desc
@@ -63,29 +64,31 @@ func New(o Options) *Collector {
 	be := []string{"network", "vip", "listener", "backend"}
 	traffic := "IP %s forwarded, by direction (out: toward the backend)."
 	return &Collector{
-		statuses:     o.Statuses,
-		probeBytes:   d("probe_bytes_total", "Data-plane probe bytes, apart from user traffic.", append(net, "direction")...),
-		probeExpired: d("probe_expired_total", "Probes that expired unanswered.", net...),
-		flowBindings: d("flow_bindings", "NAT bindings by state.", append(net, "state")...),
-		flowCapacity: d("flow_capacity", "NAT binding capacity (active and quarantined).", net...),
-		flowRefused:  d("flow_refused_total", "New flows refused for capacity.", net...),
-		flowDrops:    d("flow_drops_total", "Packets the NAT dropped, by reason.", append(net, "reason")...),
-		vipRoutable:  d("vip_routable", "1 when the VIP is routed.", "network", "vip"),
-		lnPackets:    d("listener_packets_total", fmt.Sprintf(traffic, "packets"), append(ln, "direction")...),
-		lnBytes:      d("listener_bytes_total", fmt.Sprintf(traffic, "bytes"), append(ln, "direction")...),
-		lnBindings:   d("listener_bindings", "Active bindings of a listener.", ln...),
-		lnFailovers:  d("listener_udp_failovers_total", "UDP bindings moved to another backend.", ln...),
-		beEligible:   d("backend_eligible", "1 when the backend is eligible; the reason label says why not.", append(be, "reason")...),
-		beRTT:        d("backend_rtt_seconds", "Smoothed path RTT to the backend's node.", be...),
-		beBindings:   d("backend_bindings", "Active bindings to a backend.", be...),
-		bePackets:    d("backend_packets_total", fmt.Sprintf(traffic, "packets"), append(be, "direction")...),
-		beBytes:      d("backend_bytes_total", fmt.Sprintf(traffic, "bytes"), append(be, "direction")...),
+		statuses:         o.Statuses,
+		probeBytes:       d("probe_bytes_total", "Data-plane probe bytes, apart from user traffic.", append(net, "direction")...),
+		probeExpired:     d("probe_expired_total", "Probes that expired unanswered.", net...),
+		probeRejected:    d("probe_rejected_total", "Probe packets refused: malformed, late, from an unknown peer or over a peer's reply rate.", net...),
+		probeHostDropped: d("probe_host_dropped_total", "Host packets to an overlay address's probe port, dropped: only the agent speaks there.", net...),
+		flowBindings:     d("flow_bindings", "NAT bindings by state.", append(net, "state")...),
+		flowCapacity:     d("flow_capacity", "NAT binding capacity (active and quarantined).", net...),
+		flowRefused:      d("flow_refused_total", "New flows refused for capacity.", net...),
+		flowDrops:        d("flow_drops_total", "Packets the NAT dropped, by reason.", append(net, "reason")...),
+		vipRoutable:      d("vip_routable", "1 when the VIP is routed.", "network", "vip"),
+		lnPackets:        d("listener_packets_total", fmt.Sprintf(traffic, "packets"), append(ln, "direction")...),
+		lnBytes:          d("listener_bytes_total", fmt.Sprintf(traffic, "bytes"), append(ln, "direction")...),
+		lnBindings:       d("listener_bindings", "Active bindings of a listener.", ln...),
+		lnFailovers:      d("listener_udp_failovers_total", "UDP bindings moved to another backend.", ln...),
+		beEligible:       d("backend_eligible", "1 when the backend is eligible; the reason label says why not.", append(be, "reason")...),
+		beRTT:            d("backend_rtt_seconds", "Smoothed path RTT to the backend's node.", be...),
+		beBindings:       d("backend_bindings", "Active bindings to a backend.", be...),
+		bePackets:        d("backend_packets_total", fmt.Sprintf(traffic, "packets"), append(be, "direction")...),
+		beBytes:          d("backend_bytes_total", fmt.Sprintf(traffic, "bytes"), append(be, "direction")...),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.probeBytes, c.probeExpired, c.flowBindings, c.flowCapacity, c.flowRefused,
+	for _, d := range []*prometheus.Desc{c.probeBytes, c.probeExpired, c.probeRejected, c.probeHostDropped, c.flowBindings, c.flowCapacity, c.flowRefused,
 		c.flowDrops, c.vipRoutable, c.lnPackets, c.lnBytes, c.lnBindings, c.lnFailovers,
 		c.beEligible, c.beRTT, c.beBindings, c.bePackets, c.beBytes} {
 		ch <- d
@@ -125,6 +128,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.probeBytes, st.Probe.BytesOut, n, "out")
 		counter(c.probeBytes, st.Probe.BytesIn, n, "in")
 		counter(c.probeExpired, st.Probe.Expired, n)
+		counter(c.probeRejected, st.Probe.Rejected, n)
+		counter(c.probeHostDropped, st.Probe.HostDropped, n)
 		gauge(c.flowBindings, float64(st.Flow.Active), n, "active")
 		gauge(c.flowBindings, float64(st.Flow.Quarantined), n, "quarantined")
 		gauge(c.flowCapacity, float64(st.Flow.Capacity), n)

@@ -20,7 +20,7 @@ func fixture() []vip.Status {
 	}
 	return []vip.Status{{
 		Network: "home",
-		Probe:   vip.ProbeTraffic{BytesOut: 640, BytesIn: 600, Expired: 2},
+		Probe:   vip.ProbeTraffic{BytesOut: 640, BytesIn: 600, Expired: 2, Rejected: 3, HostDropped: 4},
 		Flow:    vip.FlowStatus{Capacity: 4096, Active: 3, Quarantined: 1, Refused: 5, Drops: map[string]uint64{"no-binding": 7}},
 		Services: []vip.ServiceStatus{{
 			Name: "api", Routable: true,
@@ -62,8 +62,8 @@ func TestCollectorOutput(t *testing.T) {
 	if err := testutil.CollectAndCompare(collector(), strings.NewReader(expected)); err != nil {
 		t.Fatal(err)
 	}
-	if n := testutil.CollectAndCount(collector()); n != 28 {
-		t.Fatalf("%d series, want 28", n)
+	if n := testutil.CollectAndCount(collector()); n != 30 {
+		t.Fatalf("%d series, want 30", n)
 	}
 }
 
@@ -136,6 +136,12 @@ tsng_probe_bytes_total{direction="out",network="home"} 640
 # HELP tsng_probe_expired_total Probes that expired unanswered.
 # TYPE tsng_probe_expired_total counter
 tsng_probe_expired_total{network="home"} 2
+# HELP tsng_probe_host_dropped_total Host packets to an overlay address's probe port, dropped: only the agent speaks there.
+# TYPE tsng_probe_host_dropped_total counter
+tsng_probe_host_dropped_total{network="home"} 4
+# HELP tsng_probe_rejected_total Probe packets refused: malformed, late, from an unknown peer or over a peer's reply rate.
+# TYPE tsng_probe_rejected_total counter
+tsng_probe_rejected_total{network="home"} 3
 # HELP tsng_vip_routable 1 when the VIP is routed.
 # TYPE tsng_vip_routable gauge
 tsng_vip_routable{network="home",vip="api"} 1

@@ -471,7 +471,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	}
 	var dev *wg.Device
 	pathUp := n.pathUp(func() *wg.Device { return dev })
-	eo := vip.EngineOptions{Registry: n.reg, Self: self.ID, Host: host, Dialer: dialer, PathUp: pathUp, Reserver: res}
+	eo := vip.EngineOptions{Registry: n.reg, Self: self.ID, Host: host, Dialer: dialer, PathUp: pathUp, Reserver: res, ProbePort: agentProbePort}
 	if n.cfg.ProbeFast {
 		eo.Prober = probe.ProberConfig{Interval: 250 * time.Millisecond, Timeout: 750 * time.Millisecond}
 	}

@@ -3,10 +3,12 @@
 package tsng_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +16,9 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/examples/tsng"
+	"github.com/vipkit/vipkit/internal/testenv"
+	"github.com/vipkit/vipkit/probe"
+	"github.com/vipkit/vipkit/transport/netns"
 )
 
 // The end-to-end test of the agent on kernel TUNs: three `tsng daemon`
@@ -109,6 +114,59 @@ func TestE2ETUN(t *testing.T) {
 			return allEligible(st, 3), raw
 		})
 		step(t, "client: both backends of tcp/%d, tcp/%d and udp/%d eligible", httpPort, localPort, udpPort)
+	})
+
+	// A local user on the client (another uid) floods server1's probe port
+	// through the TUN. The client's engine drops it: server1 refuses none
+	// of the client's probes and every backend stays eligible.
+	phase(t, "local user's probe flood", func(t *testing.T) {
+		probeCounts := func(n *e2eNode) (rejected, hostDropped float64) {
+			m, err := scrapeMetrics(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return metricValue(m, `tsng_probe_rejected_total{network="`+e2eNet+`"}`), metricValue(m, `tsng_probe_host_dropped_total{network="`+e2eNet+`"}`)
+		}
+		rej0, _ := probeCounts(s1)
+		_, drop0 := probeCounts(cl)
+		cmd := testenv.AsOtherUser(t, "TestLocalUserProbeFlood", "udp-flood", fmt.Sprintf("FLOOD_TARGET=%v:%d", s1.addr, probe.DefaultPort))
+		var out bytes.Buffer // written until p.Wait returns
+		p, err := cl.host.Start(ctx, cmd.Args, netns.ProcOptions{Env: cmd.Env[len(os.Environ()):], Dir: cmd.Dir, Output: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ineligible, samples := 0, 0
+		done := make(chan error, 1)
+		go func() { done <- p.Wait(ctx) }()
+		var werr error
+	flood:
+		for {
+			select {
+			case werr = <-done:
+				break flood
+			case <-time.After(250 * time.Millisecond):
+				st, _, err := statusVIP(ctx, bin, cl)
+				samples++
+				if err != nil || !allEligible(st, 3) {
+					ineligible++
+				}
+			}
+		}
+		if werr != nil {
+			t.Fatalf("flooder: %v\n%s", werr, out.String())
+		}
+		rej1, _ := probeCounts(s1)
+		_, drop1 := probeCounts(cl)
+		if rej1 != rej0 {
+			t.Errorf("server1 refused %v probe packets during the flood, want 0", rej1-rej0)
+		}
+		if drop1 <= drop0 {
+			t.Errorf("the client's engine dropped %v host packets to the probe port, want the flood's", drop1-drop0)
+		}
+		if ineligible > 0 {
+			t.Errorf("a backend was ineligible at the client in %d of %d samples during the flood", ineligible, samples)
+		}
+		step(t, "local user's flood of server1's probe port: %s; %v dropped by the client's engine, none refused by server1", strings.TrimSpace(out.String()), drop1-drop0)
 	})
 
 	// HTTP by name, through the agent's DNS and the VIP.
@@ -418,4 +476,16 @@ func testUDPFailover(t *testing.T, c *e2eCluster) {
 		}
 	}
 	u.close(t)
+}
+
+// metricValue is the value of one series (name and labels, as the text
+// format prints them) in a scrape, or 0 when it is absent.
+func metricValue(scrape, series string) float64 {
+	for _, line := range strings.Split(scrape, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f
+		}
+	}
+	return 0
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/vipkit/vipkit/internal/socks5"
 	"github.com/vipkit/vipkit/internal/syncx"
+	"github.com/vipkit/vipkit/probe"
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/vip"
 )
@@ -59,11 +60,23 @@ func (o overlayNet) resolve(_ context.Context, name string) (netip.Addr, error) 
 	return netip.Addr{}, fmt.Errorf("%w: no VIP or node %q in %s", socks5.ErrHostUnreachable, label, o.n.cfg.Name)
 }
 
+// agentProbePort is the engine's probe port (EngineOptions.ProbePort).
+// The engine makes and answers probes itself, and peers take what reaches
+// that port as this node's probes, so the proxies and forwards refuse it
+// on every overlay address: a local user is not the node.
+const agentProbePort = probe.DefaultPort
+
+// errProbePort is the proxies' answer for the probe port.
+var errProbePort = fmt.Errorf("%w: UDP and TCP port %d of overlay addresses is the agent's probe port", socks5.ErrNotAllowed, agentProbePort) // +checklocksignore: read-only
+
 // dial connects into the overlay; addresses outside it are unreachable
-// from the netstack host.
+// from the netstack host, and the probe port is refused.
 func (o overlayNet) dial(ctx context.Context, to netip.AddrPort) (net.Conn, error) {
 	if prefix, _ := netip.ParsePrefix(o.n.cfg.Overlay); !prefix.Contains(to.Addr().Unmap()) {
 		return nil, fmt.Errorf("%w: %v is outside the overlay %v", socks5.ErrNetworkUnreachable, to.Addr(), prefix)
+	}
+	if to.Port() == agentProbePort {
+		return nil, errProbePort
 	}
 	return o.host.DialTCP(ctx, to)
 }
@@ -84,8 +97,25 @@ func (o overlayNet) dialHostPort(ctx context.Context, hostport string) (net.Conn
 	return o.dial(ctx, netip.AddrPortFrom(a, uint16(port)))
 }
 
+// listenPacket opens a UDP ASSOCIATE's socket in the overlay; it refuses
+// datagrams to the probe port.
 func (o overlayNet) listenPacket(context.Context) (net.PacketConn, error) {
-	return o.host.ListenUDP(netip.AddrPortFrom(o.n.self().Addr, 0))
+	pc, err := o.host.ListenUDP(netip.AddrPortFrom(o.n.self().Addr, 0))
+	if err != nil {
+		return nil, err
+	}
+	return noProbePort{pc}, nil
+}
+
+// noProbePort is a PacketConn that refuses to send to the probe port.
+type noProbePort struct{ net.PacketConn }
+
+// WriteTo implements net.PacketConn.
+func (c noProbePort) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if ua, ok := addr.(*net.UDPAddr); !ok || ua.Port == int(agentProbePort) {
+		return 0, errProbePort
+	}
+	return c.PacketConn.WriteTo(b, addr)
 }
 
 // startProxiesLocked starts the network's configured proxies on host.
@@ -145,7 +175,7 @@ func newHTTPProxy(addr string, o overlayNet, log *slog.Logger) (*httpProxy, erro
 		pr.Out.URL = pr.In.URL
 		pr.Out.Host = pr.In.Host
 	}, ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-		http.Error(w, "tsng proxy: "+err.Error(), http.StatusBadGateway)
+		http.Error(w, "tsng proxy: "+err.Error(), proxyStatus(err))
 	}}
 	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	go p.srv.Serve(ln)
@@ -164,11 +194,7 @@ func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	out, err := p.o.dialHostPort(r.Context(), r.Host)
 	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, socks5.ErrHostUnreachable) || errors.Is(err, socks5.ErrNetworkUnreachable) {
-			code = http.StatusNotFound
-		}
-		http.Error(w, "tsng proxy: "+err.Error(), code)
+		http.Error(w, "tsng proxy: "+err.Error(), proxyStatus(err))
 		return
 	}
 	hj, ok := w.(http.Hijacker)
@@ -213,6 +239,19 @@ func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	socks5.Relay(in, out)
+}
+
+// proxyStatus is the HTTP proxy's status for a failed dial: 404 for a name
+// or address it cannot reach, 403 for a refused one (the probe port), 502
+// otherwise.
+func proxyStatus(err error) int {
+	switch {
+	case errors.Is(err, socks5.ErrNotAllowed):
+		return http.StatusForbidden
+	case errors.Is(err, socks5.ErrHostUnreachable), errors.Is(err, socks5.ErrNetworkUnreachable):
+		return http.StatusNotFound
+	}
+	return http.StatusBadGateway
 }
 
 // Close stops the proxy and every tunnel, and waits for them.
@@ -262,6 +301,9 @@ func (n *netRuntime) forward(ctx context.Context, req ForwardRequest) (ForwardDo
 	}
 	if _, ok := v.Listener(k); !ok {
 		return ForwardDoc{}, nil, fmt.Errorf("%w: %s.%s has no listener %s", vip.ErrNotFound, v.Name, n.cfg.Name, k)
+	}
+	if k.Port == agentProbePort {
+		return ForwardDoc{}, nil, fmt.Errorf("%w: %s.%s %s: %v", vip.ErrInvalid, v.Name, n.cfg.Name, k, errProbePort)
 	}
 	listen := req.Listen
 	if listen == "" {

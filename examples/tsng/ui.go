@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"time"
 )
 
 //go:embed webui
@@ -65,9 +64,10 @@ func NewUIServer(m Manager, addr string) (*UIServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tsng: ui: %w", err)
 	}
-	u := &UIServer{token: hex.EncodeToString(tok), api: NewAPIServer(m), files: http.FileServerFS(sub), ln: ln}
-	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = u.srv.Serve(ln) }()
+	lim := limitsOf(m, serverUI)
+	u := &UIServer{token: hex.EncodeToString(tok), api: NewAPIServer(m), files: http.FileServerFS(sub), ln: lim.listen(ln, serverUI)}
+	u.srv = lim.server(u)
+	go func() { _ = u.srv.Serve(u.ln) }()
 	return u, nil
 }
 

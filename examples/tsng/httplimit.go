@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,4 +238,21 @@ func (c *limitedConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return c.Close()
+}
+
+// localHost reports whether r's Host is one that only a local client, or
+// one that addressed the agent by IP address, sends: an IP address (a
+// loopback one unless anyIP) or localhost. Any other name is what a page
+// sends after rebinding its own name to the agent's address (DNS
+// rebinding), so the editor and metrics refuse it.
+func localHost(r *http.Request, anyIP bool) bool {
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
+	if err != nil {
+		return host == "localhost"
+	}
+	return anyIP || a.IsLoopback()
 }

@@ -13,9 +13,25 @@ import (
 
 // metricsHandler serves the agent's Prometheus metrics: the engines'
 // observations through vipmetrics (names prefixed tsng_), the control
-// channels' counters and the local HTTP servers' connections.
+// channels' counters and the local HTTP servers' connections. It answers
+// only a Host that is an IP address (a loopback one unless
+// metrics_any_address) or localhost, as the editor does: any other name is
+// a page that rebound its own name to this address (DNS rebinding), and
+// the metrics name every VIP.
 func (d *Daemon) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(d.metricsRegistry(), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	h := promhttp.HandlerFor(d.metricsRegistry(), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	anyIP := d.cfg.MetricsAnyAddress
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !localHost(r, anyIP) {
+			msg := "tsng metrics: Host must be this agent's IP address or localhost"
+			if !anyIP {
+				msg = "tsng metrics: loopback only"
+			}
+			http.Error(w, msg, http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (d *Daemon) metricsRegistry() *prometheus.Registry {

@@ -92,11 +92,7 @@ func (u *UIServer) sameOrigin(origin string) bool {
 
 // ServeHTTP implements http.Handler.
 func (u *UIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	host := r.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if a, err := netip.ParseAddr(host); (err != nil && host != "localhost") || (err == nil && !a.IsLoopback()) {
+	if !localHost(r, false) {
 		http.Error(w, "tsng ui: loopback only", http.StatusForbidden)
 		return
 	}

@@ -40,6 +40,9 @@ type DaemonOptions struct {
 	// NoAPI skips the local API socket (the demo drives the daemons
 	// directly).
 	NoAPI bool
+	// httpLimits replaces the limits of the named local HTTP servers
+	// (tests shorten the timeouts).
+	httpLimits map[string]httpLimits
 }
 
 // Daemon is the agent: it joins the networks of a config file, runs
@@ -166,10 +169,11 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			d.Close()
 			return nil, err
 		}
-		d.apiLn = ln
-		d.apiSrv = &http.Server{Handler: NewAPIServer(d), ReadHeaderTimeout: 10 * time.Second}
+		lim := d.httpLimitsFor(serverAPI)
+		d.apiLn = lim.listen(ln, serverAPI)
+		d.apiSrv = lim.server(NewAPIServer(d))
 		d.wg.Add(1)
-		go func() { defer d.wg.Done(); _ = d.apiSrv.Serve(ln) }()
+		go func() { defer d.wg.Done(); _ = d.apiSrv.Serve(d.apiLn) }()
 	}
 	if cfg.UI != "off" {
 		ui, err := NewUIServer(d, cfg.UI)
@@ -186,10 +190,11 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			d.Close()
 			return nil, fmt.Errorf("tsng: metrics: %w", err)
 		}
-		d.metricsLn = ln
-		d.metrics = &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		lim := d.httpLimitsFor(serverMetrics)
+		d.metricsLn = lim.listen(ln, serverMetrics)
+		d.metrics = lim.server(d.metricsHandler())
 		d.wg.Add(1)
-		go func() { defer d.wg.Done(); _ = d.metrics.Serve(ln) }()
+		go func() { defer d.wg.Done(); _ = d.metrics.Serve(d.metricsLn) }()
 	}
 	return d, nil
 }

@@ -2,6 +2,7 @@ package tsng
 
 import (
 	"net/http"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -11,15 +12,31 @@ import (
 )
 
 // metricsHandler serves the agent's Prometheus metrics: the engines'
-// observations through vipmetrics (names prefixed tsng_), and the control
-// channels' counters.
+// observations through vipmetrics (names prefixed tsng_), the control
+// channels' counters and the local HTTP servers' connections. It answers
+// only a Host that is an IP address (a loopback one unless
+// metrics_any_address) or localhost, as the editor does: any other name is
+// a page that rebound its own name to this address (DNS rebinding), and
+// the metrics name every VIP.
 func (d *Daemon) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(d.metricsRegistry(), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	h := promhttp.HandlerFor(d.metricsRegistry(), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	anyIP := d.cfg.MetricsAnyAddress
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !localHost(r, anyIP) {
+			msg := "tsng metrics: Host must be this agent's IP address or localhost"
+			if !anyIP {
+				msg = "tsng metrics: loopback only"
+			}
+			http.Error(w, msg, http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (d *Daemon) metricsRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(vipmetrics.New(vipmetrics.Options{Namespace: "tsng", Statuses: d.statuses}), controlCollector{d})
+	reg.MustRegister(vipmetrics.New(vipmetrics.Options{Namespace: "tsng", Statuses: d.statuses}), controlCollector{d}, httpCollector{d})
 	return reg
 }
 
@@ -71,5 +88,52 @@ func (c controlCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(controlFrames, prometheus.CounterValue, float64(s.Received), n.cfg.Name, "received")
 		ch <- prometheus.MustNewConstMetric(controlDropped, prometheus.CounterValue, float64(s.Dropped), n.cfg.Name)
 		ch <- prometheus.MustNewConstMetric(controlRefused, prometheus.CounterValue, float64(s.Refused), n.cfg.Name)
+	}
+}
+
+var (
+	httpConnsDesc = prometheus.NewDesc("tsng_http_connections",
+		"Connections open to a local HTTP server (server: api, ui, metrics, http-proxy; network: the HTTP proxy's).", []string{"server", "network"}, nil)
+	httpRefusedDesc = prometheus.NewDesc("tsng_http_connections_refused_total",
+		"Connections to a local HTTP server closed at once because it had its limit of connections open.", []string{"server", "network"}, nil)
+	httpProxyIdleDesc = prometheus.NewDesc("tsng_http_proxy_idle_closed_total",
+		"CONNECT tunnels and forwarded requests of the HTTP proxy closed because no byte flowed either way for the idle limit.", []string{"network"}, nil)
+)
+
+// httpCollector exports the local HTTP servers' connection counts.
+type httpCollector struct{ d *Daemon }
+
+// Describe implements prometheus.Collector.
+func (c httpCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- httpConnsDesc
+	ch <- httpRefusedDesc
+	ch <- httpProxyIdleDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c httpCollector) Collect(ch chan<- prometheus.Metric) {
+	emit := func(ln any, network string) {
+		l, ok := ln.(*connLimiter)
+		if !ok {
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(httpConnsDesc, prometheus.GaugeValue, float64(l.open.Load()), l.server, network)
+		ch <- prometheus.MustNewConstMetric(httpRefusedDesc, prometheus.CounterValue, float64(l.refused.Load()), l.server, network)
+	}
+	emit(c.d.apiLn, "")
+	emit(c.d.metricsLn, "")
+	if c.d.ui != nil {
+		emit(c.d.ui.ln, "")
+	}
+	for _, n := range c.d.nets {
+		n.mu.Lock()
+		proxies := slices.Clone(n.proxies)
+		n.mu.Unlock()
+		for _, p := range proxies {
+			if hp, ok := p.(*httpProxy); ok {
+				emit(hp.ln, n.cfg.Name)
+				ch <- prometheus.MustNewConstMetric(httpProxyIdleDesc, prometheus.CounterValue, float64(hp.idleClosed.Load()), n.cfg.Name)
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package tsng
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vipkit/vipkit/internal/socks5"
@@ -135,7 +137,9 @@ func (n *netRuntime) startProxiesLocked(host *netstack.Host) error {
 		log.Info("SOCKS5 proxy listening", "address", ln.Addr().String())
 	}
 	if n.cfg.HTTPProxy != "" {
-		p, err := newHTTPProxy(n.cfg.HTTPProxy, o, log.With("part", "http-proxy"))
+		lim := n.d.httpLimitsFor(serverHTTPProxy)
+		lim.log = log.With("part", "http-proxy")
+		p, err := newHTTPProxy(n.cfg.HTTPProxy, o.dialHostPort, lim)
 		if err != nil {
 			return err
 		}
@@ -146,13 +150,18 @@ func (n *netRuntime) startProxiesLocked(host *netstack.Host) error {
 }
 
 // httpProxy is an HTTP proxy into the overlay: CONNECT tunnels, and
-// absolute-form requests (http://api.home/...) forwarded.
+// absolute-form requests (http://api.home/...) forwarded. It has the
+// limits of serverHTTPProxy: the request timeouts apply until a tunnel is
+// established or a request is forwarded; from then on the connection
+// lasts until no byte has flowed either way for lim.tunnelIdle.
 type httpProxy struct {
-	o   overlayNet
-	ln  net.Listener
-	srv *http.Server
-	rp  *httputil.ReverseProxy
-	tr  *http.Transport
+	// dial connects to a CONNECT's or a request's host:port.
+	dial func(ctx context.Context, hostport string) (net.Conn, error)
+	lim  httpLimits
+	ln   *connLimiter
+	srv  *http.Server
+	rp   *httputil.ReverseProxy
+	tr   *http.Transport
 
 	// mu guards tunnel, the CONNECT tunnels open, and closed.
 	mu syncx.Mutex
@@ -161,15 +170,20 @@ type httpProxy struct {
 	// +checklocks:mu
 	closed bool
 	wg     sync.WaitGroup
+	// idleClosed counts tunnels and forwarded requests closed by the idle
+	// rule.
+	idleClosed atomic.Uint64
 }
 
-func newHTTPProxy(addr string, o overlayNet, log *slog.Logger) (*httpProxy, error) {
+// newHTTPProxy listens on addr and serves the proxy with lim; dial
+// connects to the host:port of each CONNECT and request.
+func newHTTPProxy(addr string, dial func(ctx context.Context, hostport string) (net.Conn, error), lim httpLimits) (*httpProxy, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http proxy: %w", err)
 	}
-	p := &httpProxy{o: o, ln: ln, tunnel: map[net.Conn]bool{}}
-	p.tr = &http.Transport{DialContext: func(ctx context.Context, _, hostport string) (net.Conn, error) { return o.dialHostPort(ctx, hostport) },
+	p := &httpProxy{dial: dial, lim: lim, ln: lim.listen(ln, serverHTTPProxy), tunnel: map[net.Conn]bool{}}
+	p.tr = &http.Transport{DialContext: func(ctx context.Context, _, hostport string) (net.Conn, error) { return p.dialTimeout(ctx, hostport) },
 		MaxIdleConns: 16, IdleConnTimeout: 30 * time.Second}
 	p.rp = &httputil.ReverseProxy{Transport: p.tr, Rewrite: func(pr *httputil.ProxyRequest) {
 		pr.Out.URL = pr.In.URL
@@ -177,10 +191,88 @@ func newHTTPProxy(addr string, o overlayNet, log *slog.Logger) (*httpProxy, erro
 	}, ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 		http.Error(w, "tsng proxy: "+err.Error(), proxyStatus(err))
 	}}
-	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
-	go p.srv.Serve(ln)
+	p.srv = lim.server(p)
+	go p.srv.Serve(p.ln)
 	return p, nil
 }
+
+// dialTimeout dials hostport within httpProxyDialTimeout.
+func (p *httpProxy) dialTimeout(ctx context.Context, hostport string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, httpProxyDialTimeout)
+	defer cancel()
+	return p.dial(ctx, hostport)
+}
+
+// forward forwards an absolute-form request. The server's request
+// timeouts end here: the request lasts as long as bytes flow either way
+// (a download, a stream), and ends once none has for lim.tunnelIdle.
+func (p *httpProxy) forward(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	_ = rc.SetWriteDeadline(time.Time{})
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	watch := socks5.NewIdleWatch(p.lim.tunnelIdle, p.lim.clock, func() {
+		cancel()
+		_ = rc.SetReadDeadline(time.Unix(1, 0))
+		_ = rc.SetWriteDeadline(time.Unix(1, 0))
+	})
+	defer func() {
+		if watch.Stop() {
+			p.idleClosed.Add(1)
+			p.lim.logger().Debug("forwarded request closed: idle", "url", r.URL.Redacted(), "idle", p.lim.tunnelIdle)
+		}
+	}()
+	r = r.WithContext(ctx)
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = activeBody{ReadCloser: r.Body, w: watch}
+	}
+	p.rp.ServeHTTP(&activeWriter{ResponseWriter: w, w: watch}, r)
+}
+
+// activeBody is a request body whose bytes are activity for an IdleWatch.
+type activeBody struct {
+	io.ReadCloser
+	w *socks5.IdleWatch
+}
+
+// Read implements io.Reader.
+func (b activeBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.w.Touch()
+	}
+	return n, err
+}
+
+// activeWriter is a ResponseWriter whose bytes are activity for an
+// IdleWatch, as are those of the connection it hijacks (an upgrade).
+type activeWriter struct {
+	http.ResponseWriter
+	w *socks5.IdleWatch
+}
+
+// Write implements http.ResponseWriter.
+func (a *activeWriter) Write(p []byte) (int, error) {
+	n, err := a.ResponseWriter.Write(p)
+	if n > 0 {
+		a.w.Touch()
+	}
+	return n, err
+}
+
+// Hijack implements http.Hijacker.
+func (a *activeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(a.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	return a.w.Conn(c), rw, nil
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (a *activeWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 
 // ServeHTTP implements http.Handler.
 func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -189,10 +281,10 @@ func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "tsng proxy: send CONNECT, or an absolute http:// URL", http.StatusBadRequest)
 			return
 		}
-		p.rp.ServeHTTP(w, r)
+		p.forward(w, r)
 		return
 	}
-	out, err := p.o.dialHostPort(r.Context(), r.Host)
+	out, err := p.dialTimeout(r.Context(), r.Host)
 	if err != nil {
 		http.Error(w, "tsng proxy: "+err.Error(), proxyStatus(err))
 		return
@@ -238,7 +330,10 @@ func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	socks5.Relay(in, out)
+	if err := socks5.RelayIdle(in, out, p.lim.tunnelIdle, p.lim.clock); errors.Is(err, socks5.ErrIdle) {
+		p.idleClosed.Add(1)
+		p.lim.logger().Debug("tunnel closed: idle", "to", r.Host, "idle", p.lim.tunnelIdle)
+	}
 }
 
 // proxyStatus is the HTTP proxy's status for a failed dial: 404 for a name

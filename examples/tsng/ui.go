@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"time"
 )
 
 //go:embed webui
@@ -65,9 +64,10 @@ func NewUIServer(m Manager, addr string) (*UIServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tsng: ui: %w", err)
 	}
-	u := &UIServer{token: hex.EncodeToString(tok), api: NewAPIServer(m), files: http.FileServerFS(sub), ln: ln}
-	u.srv = &http.Server{Handler: u, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = u.srv.Serve(ln) }()
+	lim := limitsOf(m, serverUI)
+	u := &UIServer{token: hex.EncodeToString(tok), api: NewAPIServer(m), files: http.FileServerFS(sub), ln: lim.listen(ln, serverUI)}
+	u.srv = lim.server(u)
+	go func() { _ = u.srv.Serve(u.ln) }()
 	return u, nil
 }
 
@@ -92,11 +92,7 @@ func (u *UIServer) sameOrigin(origin string) bool {
 
 // ServeHTTP implements http.Handler.
 func (u *UIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	host := r.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	if a, err := netip.ParseAddr(host); (err != nil && host != "localhost") || (err == nil && !a.IsLoopback()) {
+	if !localHost(r, false) {
 		http.Error(w, "tsng ui: loopback only", http.StatusForbidden)
 		return
 	}

@@ -168,6 +168,9 @@ func NewAPIServer(m Manager) *APIServer {
 	s := &APIServer{m: m, mux: http.NewServeMux(), maxBody: 1 << 20}
 	s.mux.HandleFunc("GET /v1/networks", s.listNetworks)
 	s.mux.HandleFunc("GET /v1/ui", s.ui)
+	s.mux.HandleFunc("GET /v1/ui/handoff", s.uiHandoffStats)
+	s.mux.HandleFunc("POST /v1/ui/handoff", s.uiHandoff)
+	s.mux.HandleFunc("GET /v1/ui/handoff/{id}", s.uiHandoffState)
 	s.mux.HandleFunc("POST /v1/networks/{net}/up", s.upDown(true))
 	s.mux.HandleFunc("POST /v1/networks/{net}/down", s.upDown(false))
 	s.mux.HandleFunc("GET /v1/networks/{net}/nodes", s.listNodes)

@@ -51,8 +51,9 @@ type Env struct {
 	// Daemon, Demo and UI run the long-lived commands; cmd/tsng wires them.
 	Daemon func(ctx context.Context, configPath string) error
 	Demo   func(ctx context.Context, out io.Writer) error
-	// OpenBrowser opens a URL in the user's browser; nil only prints it.
-	OpenBrowser func(url string) error
+	// OpenBrowser opens a file or URL in the user's browser (`tsng ui`
+	// gives it the path of its sign-in page); nil only prints it.
+	OpenBrowser func(target string) error
 }
 
 type cliCtx struct {
@@ -296,9 +297,13 @@ func rootCommand() *command {
 					}
 					return c.env.Demo(ctx, c.env.Stdout)
 				}},
-			{name: "ui", short: "Open the VIP editor (served by the agent on loopback, with a per-start token).", max: 0,
+			{name: "ui", short: "Open the VIP editor (served by the agent on loopback), signed in by a one-time page.", max: 0,
+				long: fmt.Sprintf("Prints the editor's address, which carries no secret, and writes a sign-in page (mode 0600, in a\n"+
+					"fresh 0700 directory) that signs one browser on this machine in, once, within %s; a browser\n"+
+					"opens it (xdg-open, unless --open=false). The command waits until the page was used or expired,\n"+
+					"then removes it.", UIHandoffTTL),
 				flags: func(fs *flag.FlagSet, o *opts) {
-					fs.BoolVar(&o.open, "open", true, "open a browser (xdg-open) as well as printing the address")
+					fs.BoolVar(&o.open, "open", true, "open the sign-in page in a browser (xdg-open)")
 				},
 				run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error { return runUI(ctx, c, o.open) }},
 			{name: "completion", args: "bash|zsh", short: "Print a shell completion script.", min: 1, max: 1,

@@ -122,7 +122,7 @@ func TestAddrCollisionReported(t *testing.T) {
 	}
 	// The editor shows it on the VIP's window, not only in the details.
 	ctx := browser(t)
-	if err := chromedp.Do(ctx, chromedp.Navigate(a.d.UIURL()+"#/n/home/v/"+v.ID.String()),
+	if err := chromedp.Do(ctx, uiSignIn(t, a.d, "#/n/home/v/"+v.ID.String()),
 		waitJS(`document.querySelector("#addr-collision") !== null`)); err != nil {
 		t.Fatalf("the editor shows no collision: %v", err)
 	}

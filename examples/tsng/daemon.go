@@ -181,6 +181,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			d.Close()
 			return nil, err
 		}
+		ui.setLogger(d.log)
 		d.ui = ui
 	}
 	if cfg.Metrics != "" {
@@ -207,8 +208,8 @@ func (d *Daemon) UIAddr() string {
 	return d.ui.ln.Addr().String()
 }
 
-// UIURL returns the editor's address with this start's token ("" when
-// off). It implements UIProvider.
+// UIURL returns the editor's address ("" when off); it carries no
+// secret. It implements UIProvider.
 func (d *Daemon) UIURL() string {
 	if d.ui == nil {
 		return ""

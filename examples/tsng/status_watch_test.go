@@ -237,7 +237,7 @@ func TestStatusWatchRates(t *testing.T) {
 	// The editor derives its rates from the same documents the same way:
 	// feed it the samples in order.
 	ctx := browser(t)
-	if err := chromedp.Do(ctx, chromedp.Navigate(a.d.UIURL()), waitJS(`typeof window.tsngStatusRates === "function"`)); err != nil {
+	if err := chromedp.Do(ctx, uiSignIn(t, a.d, ""), waitJS(`typeof window.tsngStatusRates === "function"`)); err != nil {
 		t.Fatal(err)
 	}
 	type guiRate struct {

@@ -1,7 +1,6 @@
 package tsng
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -20,10 +19,12 @@ var webui embed.FS
 
 // UIServer serves the VIP editor: the embedded page and the local API
 // under /api/, on a loopback address only. The page is public; the API
-// answers holders of a per-start token. The token arrives in the URL that
-// `tsng ui` prints; the page keeps it in its own session storage (scoped
-// to this origin, port included) and sends it in the X-Tsng-Token header.
-// It is never a cookie: browsers send cookies to every port of a host.
+// answers holders of a per-start token. A browser gets the token by the
+// sign-in hand-off (uihandoff.go): it posts a one-time code from the file
+// that `tsng ui` writes to /handoff, and the answer stores the token in the
+// editor origin's session storage (scoped to this origin, port included);
+// the page sends it in the X-Tsng-Token header. The token is in no URL,
+// and never a cookie: browsers send cookies to every port of a host.
 //
 // API requests must also be the page's own: a Host that is a loopback
 // address (no DNS rebinding), Sec-Fetch-Site "same-origin" when the
@@ -33,6 +34,7 @@ var webui embed.FS
 // a CORS preflight this server never grants.
 type UIServer struct {
 	token string
+	ho    uiHandoffs
 	api   http.Handler
 	files http.Handler
 	ln    net.Listener
@@ -71,9 +73,10 @@ func NewUIServer(m Manager, addr string) (*UIServer, error) {
 	return u, nil
 }
 
-// URL is the editor's address with the token.
+// URL is the editor's address. It carries no secret: a browser signs in
+// through the hand-off that `tsng ui` starts.
 func (u *UIServer) URL() string {
-	return fmt.Sprintf("http://%s/?token=%s", u.ln.Addr(), u.token)
+	return fmt.Sprintf("http://%s/", u.ln.Addr())
 }
 
 // Close stops the server.
@@ -99,6 +102,10 @@ func (u *UIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "no-referrer")
+	if r.URL.Path == uiHandoffPath {
+		u.serveHandoff(w, r)
+		return
+	}
 	rest, isAPI := strings.CutPrefix(r.URL.Path, "/api/")
 	if !isAPI {
 		w.Header().Set("Cache-Control", "no-store")
@@ -114,7 +121,7 @@ func (u *UIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !u.authorized(r) {
-		http.Error(w, "tsng ui: open the address that `tsng ui` prints (it carries this start's token)", http.StatusUnauthorized)
+		http.Error(w, "tsng ui: not signed in: run `tsng ui` on this machine (it opens the editor signed in)", http.StatusUnauthorized)
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -131,18 +138,4 @@ func (u *UIServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // uiInfo is the body of GET /v1/ui on the local API.
 type uiInfo struct {
 	URL string `json:"url"`
-}
-
-// runUI asks the agent for the editor's address and prints it (and opens a
-// browser when asked and one is available).
-func runUI(ctx context.Context, c *cliCtx, open bool) error {
-	var info uiInfo
-	if err := c.client.Do(ctx, http.MethodGet, "/v1/ui", nil, &info); err != nil {
-		return err
-	}
-	fmt.Fprintln(c.env.Stdout, info.URL)
-	if open && c.env.OpenBrowser != nil {
-		return c.env.OpenBrowser(info.URL)
-	}
-	return nil
 }

@@ -36,7 +36,7 @@ func TestWebEditorDeleteIsADraft(t *testing.T) {
 		}
 		return err == nil
 	}
-	run("open the VIP", chromedp.Navigate(d.UIURL()+"#/n/home/v/"+v.ID.String()), waitJS(`document.querySelector("#vip-name") !== null`))
+	run("open the VIP", uiSignIn(t, d, "#/n/home/v/"+v.ID.String()), waitJS(`document.querySelector("#vip-name") !== null`))
 	run("there is a Delete VIP button", waitJS(`document.querySelector("#delete-vip") !== null`))
 	run("delete as a draft", chromedp.Click(chromedp.CSS("#delete-vip")),
 		waitJS(`document.querySelector("#delete-draft") !== null && document.querySelector("#dirty").textContent !== "" && !document.querySelector("#save").disabled`))
@@ -97,7 +97,7 @@ func TestWebEditorNewVIPIsADraft(t *testing.T) {
 	count := func() int { t.Helper(); return len(reg.List()) }
 	newDraft := func() {
 		t.Helper()
-		run("new VIP", chromedp.Navigate(d.UIURL()), chromedp.WaitVisible(chromedp.CSS("#vip-table")),
+		run("new VIP", uiSignIn(t, d, ""), chromedp.WaitVisible(chromedp.CSS("#vip-table")),
 			setInput("#new-name", "web"), chromedp.Click(chromedp.CSS("#create")),
 			waitJS(`document.querySelector("#vip-name") !== null && document.querySelector("#vip-name").value === "web"`))
 		if n := count(); n != 0 {

@@ -18,7 +18,7 @@ import (
 func TestUIOtherLoopbackPorts(t *testing.T) {
 	d, _ := uiDaemon(t)
 	uiURL := d.UIURL()
-	tok := uiURL[strings.Index(uiURL, "token=")+len("token="):]
+	tok := d.ui.token
 
 	// Another local server records everything it receives.
 	var mu sync.Mutex

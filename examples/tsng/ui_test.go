@@ -85,15 +85,52 @@ func TestWebEditor(t *testing.T) {
 	d, f := uiDaemon(t)
 	reg := d.Runtime("home").Registry()
 	url := d.UIURL()
-	if !strings.HasPrefix(url, "http://127.0.0.1:") || !strings.Contains(url, "token=") {
-		t.Fatalf("editor URL %q: want loopback with a token", url)
+	if !strings.HasPrefix(url, "http://127.0.0.1:") || strings.ContainsAny(url, "?#") {
+		t.Fatalf("editor URL %q: want loopback, with nothing after the path", url)
 	}
-	// `tsng ui` prints the same address.
-	if out := f.must("ui", "--open=false"); strings.TrimSpace(out) != url {
-		t.Fatalf("tsng ui printed %q, want %q", out, url)
+	// `tsng ui` prints that address and has the browser open its sign-in
+	// page; the browser ends on the editor, signed in, with no secret in
+	// its address or its history.
+	opened := 0
+	code, out, errs := f.run(&Env{OpenBrowser: func(path string) error {
+		opened++
+		return chromedp.Do(ctx, chromedp.Navigate("file://"+path))
+	}}, "ui")
+	if code != 0 || out != url+"\n" || opened != 1 {
+		t.Fatalf("tsng ui: exit %d, opened %d, printed %q%q, want %q", code, opened, out, errs, url)
+	}
+	if err := chromedp.Do(ctx, func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		return chromedp.Void{}, waitSignedIn(ctx, tg, url)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := chromedp.Run(ctx, chromedp.NavigationEntries())
+	if err != nil {
+		t.Fatal(err)
+	}
+	href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("signed in at %s; history:", href)
+	urls := []string{href}
+	for _, e := range hist.Entries {
+		urls = append(urls, e.URL)
+	}
+	for _, u := range urls {
+		t.Logf("  %s", u)
+		if strings.Contains(u, d.ui.token) || strings.Contains(u, "token") || strings.Contains(u, "code") || strings.Contains(u, "/handoff") {
+			t.Errorf("the browser's address or history holds a secret or the sign-in: %s", u)
+		}
+	}
+	if cur := hist.Entries[hist.CurrentIndex].URL; strings.Split(href, "#")[0] != url || strings.Split(cur, "#")[0] != url {
+		t.Errorf("the browser is at %s (history: %s), want %s", href, cur, url)
+	}
+	if st := d.ui.HandoffStats(); st.Issued != 1 || st.SignedIn != 1 {
+		t.Errorf("sign-ins: %+v, want one issued and used", st)
 	}
 	// Without the token there is no access.
-	resp, err := http.Get(strings.Split(url, "?")[0] + "api/v1/networks")
+	resp, err := http.Get(url + "api/v1/networks")
 	if err != nil {
 		t.Fatal(err)
 	}

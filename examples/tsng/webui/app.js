@@ -20,23 +20,21 @@ const el = (tag, attrs = {}, ...kids) => {
   return e;
 };
 
-// This start's token: from the address `tsng ui` printed, then kept in
-// this origin's session storage and sent as a header (never a cookie,
-// which every port of 127.0.0.1 would receive).
-const token = (() => {
-  const q = new URLSearchParams(location.search).get("token");
-  if (q) {
-    sessionStorage.setItem("tsng-token", q);
-    history.replaceState(null, "", location.pathname + location.hash);
-  }
-  return sessionStorage.getItem("tsng-token") || "";
-})();
+// This start's token: the sign-in (handoff.js) keeps it in this origin's
+// session storage; it is sent as a header (never a cookie, which every
+// port of 127.0.0.1 would receive) and is in no URL.
+const token = sessionStorage.getItem("tsng-token") || "";
 
 async function api(method, path, body) {
   const opts = { method, headers: { "X-Tsng-Token": token }, credentials: "omit" };
   if (method !== "GET") opts.headers["Content-Type"] = "application/json";
   if (body !== undefined) opts.body = JSON.stringify(body);
   const r = await fetch("/api" + path, opts);
+  if (r.status === 401) {
+    const err = new Error("Not signed in. Run `tsng ui` on this machine: it opens the editor signed in.");
+    err.status = 401;
+    throw err;
+  }
   const text = await r.text();
   const data = text ? JSON.parse(text) : null;
   if (!r.ok) {

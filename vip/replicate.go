@@ -1,11 +1,13 @@
 package vip
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -29,10 +31,30 @@ import (
 //     default) plus the 3-byte frame header: one whole service snapshot (at
 //     most 192 signed fields) fits, and a digest of 64 active services and
 //     1024 tombstones (24 bytes each) fits too.
+//   - DefaultReplyRate (1 MiB/s) and DefaultReplyBurst (4 MiB): the
+//     snapshots a node sends in answer to one member's digests and
+//     requests. The burst holds the whole routed state at the default
+//     limits (64 services of at most 64 KiB each, 4 MiB), so a member that
+//     joins or returns gets it from one exchange; the rate brings it the
+//     rest of what a replica may hold (up to 128 services of 64 KiB and
+//     2048 small tombstones, about 8.3 MiB) within about 5 s, less as it
+//     asks several peers at once, each with its own budget. A member that
+//     asks for everything again and again gets no more than 1 MiB a second
+//     from each node.
 const (
-	DefaultRotation = 2 * time.Second
-	DefaultFanout   = 3
+	DefaultRotation   = 2 * time.Second
+	DefaultFanout     = 3
+	DefaultReplyRate  = 1 << 20
+	DefaultReplyBurst = 4 << 20
 )
+
+// maxReplyBudgets bounds the members whose reply budget is tracked at
+// once. A budget that has refilled is forgotten (a new one starts full,
+// the same), so only members answered within the last ReplyBurst/ReplyRate
+// seconds (4 s by default) are tracked; past the bound the fullest budget
+// is forgotten, which gives its member the least credit, and counted
+// (ReplicationStats.BudgetsDropped).
+const maxReplyBudgets = 4096
 
 // Frame types of the control channel.
 const (
@@ -51,6 +73,12 @@ var (
 	ErrFrame = errors.New("vip: malformed control frame")
 	// ErrFrameTooLarge means a control frame exceeds the control frame limit.
 	ErrFrameTooLarge = errors.New("vip: control frame exceeds the limit")
+	// ErrReplyBudget means a digest or request was answered only in part,
+	// or not at all, because the asking member's reply budget
+	// (ReplicatorOptions.ReplyRate, ReplyBurst) was spent; the message
+	// says how much was left out. It is counted
+	// (ReplicationStats.BudgetRefused).
+	ErrReplyBudget = errors.New("vip: reply budget spent")
 )
 
 // Carrier delivers control frames to authenticated peers over the overlay.
@@ -60,14 +88,20 @@ type Carrier interface {
 	Send(ctx context.Context, to NodeID, frame []byte) error
 }
 
-// ReplicatorOptions configures a Replicator.
+// ReplicatorOptions configures a Replicator. Registry, Carrier and Peers
+// are required.
 type ReplicatorOptions struct {
+	// Registry is the network's registry: its replica is what is published
+	// and what merges go into.
 	Registry *Registry
-	Carrier  Carrier
+	// Carrier sends frames to peers.
+	Carrier Carrier
 	// Peers returns the network's other members that frames may be sent to.
 	// It is called with no Replicator lock held.
 	Peers func() []NodeID
-	Clock transport.Clock // nil means the real clock
+	// Clock times the rotation and refills the reply budgets; nil means
+	// the real clock.
+	Clock transport.Clock
 	// Rotation is the anti-entropy period; 0 means DefaultRotation.
 	Rotation time.Duration
 	// Fanout is how many random peers get a digest each period; 0 means
@@ -78,15 +112,38 @@ type ReplicatorOptions struct {
 	NoPublishOnChange bool
 	// Seed seeds the choice of peers (deterministic tests).
 	Seed uint64
+	// ReplyRate is each member's budget of reply bytes per second: the
+	// snapshot frames sent in answer to that member's digests and
+	// requests (the request that answers a digest is never larger than
+	// the digest, and is not counted). Past the budget the rest of an
+	// answer is not sent, HandleFrame returns ErrReplyBudget, and the
+	// member gets it from a later exchange. 0 means DefaultReplyRate;
+	// negative is invalid.
+	ReplyRate int
+	// ReplyBurst is the most reply bytes a member may take at once, after
+	// asking for nothing for ReplyBurst/ReplyRate seconds. 0 means
+	// DefaultReplyBurst, or FrameLimit if that is larger; a burst below
+	// FrameLimit is invalid, since the largest snapshot could never be
+	// sent.
+	ReplyBurst int
 }
 
-// ReplicationStats counts a replicator's traffic.
+// ReplicationStats counts a replicator's traffic and refusals. The
+// counters are cumulative from NewReplicator.
 type ReplicationStats struct {
 	FramesSent, BytesSent         uint64
 	FramesReceived, BytesReceived uint64
 	SnapshotsMerged               uint64 // snapshot frames that changed the state
 	Rejected                      uint64 // frames or snapshots refused (malformed, too large, bad fields)
 	Rotations                     uint64 // periods run
+	// BudgetRefused counts digests and requests answered only in part, or
+	// not at all, because the asking member's reply budget was spent
+	// (ErrReplyBudget); BudgetRefusedBytes the snapshot frame bytes they
+	// were not sent.
+	BudgetRefused, BudgetRefusedBytes uint64
+	// BudgetsDropped counts reply budgets forgotten before they refilled,
+	// to track no more than 4096 members at once.
+	BudgetsDropped uint64
 }
 
 // Replicator publishes a network's services to its peers and merges what
@@ -100,6 +157,11 @@ type Replicator struct {
 	o     ReplicatorOptions
 	clock transport.Clock // +checklocksignore: immutable after NewReplicator
 	limit int
+	rate  float64 // +checklocksignore: reply bytes per second, immutable after NewReplicator
+	burst float64 // +checklocksignore: reply bytes, immutable after NewReplicator
+	// maxBudgets is maxReplyBudgets; tests lower it before the
+	// Replicator is used.
+	maxBudgets int // +checklocksignore: immutable once the Replicator is shared
 
 	mu syncx.Mutex
 	// +checklocks:mu
@@ -108,8 +170,19 @@ type Replicator struct {
 	timer transport.Timer
 	// +checklocks:mu
 	stopped bool
+	// budgets are the reply budgets of the members answered lately (at
+	// most maxReplyBudgets); a member without one has a full budget.
+	// +checklocks:mu
+	budgets map[NodeID]replyBudget
 
 	framesSent, bytesSent, framesRecv, bytesRecv, merged, rejected, rotations atomic.Uint64
+	budgetRefused, budgetRefusedBytes, budgetsDropped                         atomic.Uint64
+}
+
+// replyBudget is a token bucket of reply bytes: tokens at time at.
+type replyBudget struct {
+	tokens float64
+	at     time.Time
 }
 
 // NewReplicator returns a stopped replicator; call Start.
@@ -123,11 +196,28 @@ func NewReplicator(o ReplicatorOptions) (*Replicator, error) {
 	if o.Fanout <= 0 {
 		o.Fanout = DefaultFanout
 	}
+	limit := o.Registry.Replica().Limits().MaxSnapshotBytes + frameHeader
+	switch {
+	case o.ReplyRate < 0:
+		return nil, fmt.Errorf("%w: ReplicatorOptions.ReplyRate is negative (%d)", ErrInvalidOptions, o.ReplyRate)
+	case o.ReplyRate == 0:
+		o.ReplyRate = DefaultReplyRate
+	}
+	switch {
+	case o.ReplyBurst == 0:
+		o.ReplyBurst = max(DefaultReplyBurst, limit)
+	case o.ReplyBurst < limit:
+		return nil, fmt.Errorf("%w: ReplicatorOptions.ReplyBurst %d is below the control frame limit %d", ErrInvalidOptions, o.ReplyBurst, limit)
+	}
 	return &Replicator{
-		o:     o,
-		clock: transport.Or(o.Clock),
-		limit: o.Registry.Replica().Limits().MaxSnapshotBytes + frameHeader,
-		rng:   rand.New(rand.NewPCG(o.Seed, o.Seed^0x5eed)),
+		o:          o,
+		clock:      transport.Or(o.Clock),
+		limit:      limit,
+		rate:       float64(o.ReplyRate),
+		burst:      float64(o.ReplyBurst),
+		rng:        rand.New(rand.NewPCG(o.Seed, o.Seed^0x5eed)),
+		budgets:    map[NodeID]replyBudget{},
+		maxBudgets: maxReplyBudgets,
 	}, nil
 }
 
@@ -162,7 +252,96 @@ func (p *Replicator) Stats() ReplicationStats {
 		FramesSent: p.framesSent.Load(), BytesSent: p.bytesSent.Load(),
 		FramesReceived: p.framesRecv.Load(), BytesReceived: p.bytesRecv.Load(),
 		SnapshotsMerged: p.merged.Load(), Rejected: p.rejected.Load(), Rotations: p.rotations.Load(),
+		BudgetRefused: p.budgetRefused.Load(), BudgetRefusedBytes: p.budgetRefusedBytes.Load(),
+		BudgetsDropped: p.budgetsDropped.Load(),
 	}
+}
+
+// level is b's tokens at now.
+func (p *Replicator) level(b replyBudget, now time.Time) float64 {
+	if d := now.Sub(b.at); d > 0 {
+		return min(p.burst, b.tokens+d.Seconds()*p.rate)
+	}
+	return b.tokens
+}
+
+// budgetLocked returns from's budget refilled to now. A new one starts
+// full; making room for it first forgets the budgets that have refilled,
+// then, at the bound, the fullest.
+// +checklocks:p.mu
+func (p *Replicator) budgetLocked(from NodeID, now time.Time) replyBudget {
+	if b, ok := p.budgets[from]; ok {
+		if now.After(b.at) { // callers read the clock before the lock
+			b = replyBudget{tokens: p.level(b, now), at: now}
+		}
+		return b
+	}
+	if len(p.budgets) >= p.maxBudgets {
+		p.pruneLocked(now)
+	}
+	if len(p.budgets) >= p.maxBudgets {
+		var fullest NodeID
+		most := -1.0
+		for id, b := range p.budgets {
+			if l := p.level(b, now); l > most {
+				fullest, most = id, l
+			}
+		}
+		delete(p.budgets, fullest)
+		p.budgetsDropped.Add(1)
+	}
+	return replyBudget{tokens: p.burst, at: now}
+}
+
+// pruneLocked forgets the budgets that have refilled by now: a member
+// without one has a full budget, so nothing changes but memory.
+// +checklocks:p.mu
+func (p *Replicator) pruneLocked(now time.Time) {
+	for id, b := range p.budgets {
+		if p.level(b, now) >= p.burst {
+			delete(p.budgets, id)
+		}
+	}
+}
+
+// answer sends from the snapshots of services, in order, as far as from's
+// reply budget goes: each costs its frame's size when it is asked for,
+// taken before the frame is built. What does not fit is left out,
+// counted, and reported with ErrReplyBudget.
+func (p *Replicator) answer(ctx context.Context, from NodeID, services []crdt.ServiceInfo) error {
+	if len(services) == 0 {
+		return nil
+	}
+	now := p.clock.Now()
+	send := make([]crdt.ServiceID, 0, len(services))
+	refused, refusedBytes := 0, 0
+	p.mu.Lock()
+	b := p.budgetLocked(from, now)
+	for _, in := range services {
+		cost := in.SnapshotBytes + frameHeader
+		if b.tokens < float64(cost) {
+			refused++
+			refusedBytes += cost
+			continue
+		}
+		b.tokens -= float64(cost)
+		send = append(send, in.ID)
+	}
+	p.budgets[from] = b
+	p.mu.Unlock()
+	replica := p.o.Registry.Replica()
+	for _, id := range send {
+		if snap, ok := replica.EncodedSnapshot(id); ok {
+			p.send(ctx, from, snapshotFrame(snap))
+		}
+	}
+	if refused == 0 {
+		return nil
+	}
+	p.budgetRefused.Add(1)
+	p.budgetRefusedBytes.Add(uint64(refusedBytes))
+	return fmt.Errorf("%w: %d of %d snapshots (%d bytes) to %s not sent, over its %d bytes/s (burst %d)",
+		ErrReplyBudget, refused, len(services), refusedBytes, from.String()[:12], p.o.ReplyRate, p.o.ReplyBurst)
 }
 
 func (p *Replicator) send(ctx context.Context, to NodeID, frame []byte) {
@@ -205,6 +384,7 @@ func (p *Replicator) rotate() {
 	// Peers is the agent's: asked with no lock held, so that it may call
 	// the Replicator (Stop, Publish). A Stop it makes is seen below.
 	peers := p.o.Peers()
+	now := p.clock.Now()
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
@@ -220,6 +400,7 @@ func (p *Replicator) rotate() {
 		chosen = append(chosen, pool[i])
 	}
 	p.timer = p.clock.AfterFunc(p.o.Rotation, p.rotate)
+	p.pruneLocked(now)
 	p.mu.Unlock()
 	p.rotations.Add(1)
 	digest := p.digest()
@@ -243,9 +424,13 @@ func (p *Replicator) digest() []byte {
 // HandleFrame processes one control frame from an authenticated peer:
 // snapshots are verified, persisted and merged; digests are answered with
 // the snapshots that differ and a request for what the peer has that this
-// node lacks; requests are answered with snapshots. A malformed or
-// oversized frame, or a snapshot with bad fields, is refused with an error
-// and changes nothing.
+// node lacks; requests are answered with the snapshots of the services
+// they name that this node holds. An id named twice is answered (or asked
+// for) once. The snapshots sent in answer to one member are bounded by its
+// reply budget (ReplicatorOptions.ReplyRate, ReplyBurst): what does not
+// fit is left out, counted, and reported with ErrReplyBudget. A malformed
+// or oversized frame, or a snapshot with bad fields, is refused with an
+// error and changes nothing.
 func (p *Replicator) HandleFrame(ctx context.Context, from NodeID, frame []byte) error {
 	p.framesRecv.Add(1)
 	p.bytesRecv.Add(uint64(len(frame)))
@@ -277,69 +462,83 @@ func (p *Replicator) HandleFrame(ctx context.Context, from NodeID, frame []byte)
 	case frameDigest:
 		return p.handleDigest(ctx, from, body)
 	case frameRequest:
-		ids, _, err := parseEntries(body, 16)
-		if err != nil {
-			p.rejected.Add(1)
-			return err
-		}
-		for _, id := range ids {
-			if snap, ok := p.o.Registry.Replica().EncodedSnapshot(crdt.ServiceID(id)); ok {
-				p.send(ctx, from, snapshotFrame(snap))
-			}
-		}
-		return nil
+		return p.handleRequest(ctx, from, body)
 	}
 	p.rejected.Add(1)
 	return fmt.Errorf("%w: unknown type %d", ErrFrame, frame[2])
 }
 
-// parseEntries reads a uvarint count and that many fixed-size entries, each
-// starting with a 16-byte service id; it returns the ids and the entries.
-func parseEntries(b []byte, size int) ([][16]byte, [][]byte, error) {
+// parseEntries reads a uvarint count and that many entries of size bytes,
+// each starting with a 16-byte service id; it returns the count and the
+// entries, back to back.
+func parseEntries(b []byte, size int) (int, []byte, error) {
 	n, k := binary.Uvarint(b)
 	if k <= 0 {
-		return nil, nil, fmt.Errorf("%w: bad count", ErrFrame)
+		return 0, nil, fmt.Errorf("%w: bad count", ErrFrame)
 	}
 	b = b[k:]
 	if n > uint64(len(b)/size) || uint64(len(b)) != n*uint64(size) {
-		return nil, nil, fmt.Errorf("%w: %d entries in %d bytes", ErrFrame, n, len(b))
+		return 0, nil, fmt.Errorf("%w: %d entries in %d bytes", ErrFrame, n, len(b))
 	}
-	ids := make([][16]byte, n)
-	entries := make([][]byte, n)
-	for i := range ids {
-		e := b[i*size : (i+1)*size]
-		copy(ids[i][:], e)
-		entries[i] = e
-	}
-	return ids, entries, nil
+	return int(n), b, nil
 }
 
-func (p *Replicator) handleDigest(ctx context.Context, from NodeID, body []byte) error {
-	ids, entries, err := parseEntries(body, 24)
+// handleRequest answers a request with the snapshots it names that this
+// node holds, each once, within from's reply budget. The ids are sorted
+// and their repeats dropped before anything is looked up or built.
+func (p *Replicator) handleRequest(ctx context.Context, from NodeID, body []byte) error {
+	n, entries, err := parseEntries(body, 16)
 	if err != nil {
 		p.rejected.Add(1)
 		return err
 	}
-	theirs := make(map[[16]byte]crdt.Revision, len(ids))
-	for i, id := range ids {
-		theirs[id] = crdt.Revision(binary.BigEndian.Uint64(entries[i][16:]))
+	ids := make([]crdt.ServiceID, n)
+	for i := range ids {
+		copy(ids[i][:], entries[i*16:])
 	}
+	slices.SortFunc(ids, func(a, b crdt.ServiceID) int { return bytes.Compare(a[:], b[:]) })
+	ids = slices.Compact(ids)
 	replica := p.o.Registry.Replica()
-	mine := make(map[[16]byte]crdt.Revision)
-	for _, in := range replica.Services() {
-		mine[in.ID] = in.Revision
-		if rev, ok := theirs[in.ID]; ok && rev == in.Revision {
-			continue
-		}
-		if snap, ok := replica.EncodedSnapshot(in.ID); ok {
-			p.send(ctx, from, snapshotFrame(snap)) // push what differs or they lack
+	var held []crdt.ServiceInfo
+	for _, id := range ids {
+		if in, ok := replica.Service(id); ok {
+			held = append(held, in)
 		}
 	}
+	return p.answer(ctx, from, held)
+}
+
+func (p *Replicator) handleDigest(ctx context.Context, from NodeID, body []byte) error {
+	n, entries, err := parseEntries(body, 24)
+	if err != nil {
+		p.rejected.Add(1)
+		return err
+	}
+	theirs := make(map[crdt.ServiceID]crdt.Revision, n)
+	for i := range n {
+		e := entries[i*24 : (i+1)*24]
+		theirs[crdt.ServiceID(e[:16])] = crdt.Revision(binary.BigEndian.Uint64(e[16:]))
+	}
+	mine := make(map[crdt.ServiceID]crdt.Revision)
+	var push []crdt.ServiceInfo // what differs or they lack
+	for _, in := range p.o.Registry.Replica().Services() {
+		mine[in.ID] = in.Revision
+		if rev, ok := theirs[in.ID]; !ok || rev != in.Revision {
+			push = append(push, in)
+		}
+	}
+	budgetErr := p.answer(ctx, from, push)
 	req := []byte{frameMagic, frameVersion, frameRequest, 0}
 	var want []byte
 	count := 0
-	for _, id := range ids {
-		if rev, ok := mine[id]; !ok || rev != theirs[id] {
+	for i := range n {
+		id := crdt.ServiceID(entries[i*24 : i*24+16])
+		rev, ok := theirs[id]
+		if !ok {
+			continue // a repeat, decided at its first entry
+		}
+		delete(theirs, id)
+		if have, held := mine[id]; !held || have != rev {
 			want = append(want, id[:]...)
 			count++
 		}
@@ -348,5 +547,5 @@ func (p *Replicator) handleDigest(ctx context.Context, from NodeID, body []byte)
 		req = binary.AppendUvarint(req[:frameHeader], uint64(count))
 		p.send(ctx, from, append(req, want...))
 	}
-	return nil
+	return budgetErr
 }

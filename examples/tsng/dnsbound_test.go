@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/vip"
@@ -477,6 +478,29 @@ func TestDNSUDPNonQueries(t *testing.T) {
 	m := new(dns.Msg)
 	if err := m.Unpack(buf[:n]); err != nil || m.Id != q.Id || aOf(m) != "100.80.0.9" {
 		t.Fatalf("the first message back is not the query's answer: %v %v", m, err)
+	}
+}
+
+// TestDNSLimitMetrics: the agent's metrics carry each network's DNS limit
+// counts, by limit.
+func TestDNSLimitMetrics(t *testing.T) {
+	d, _ := uiDaemonWith(t, nil)
+	n := d.Runtime("home")
+	n.mu.Lock()
+	h := n.dns.h.(*dnsHandler)
+	n.mu.Unlock()
+	h.mu.Lock()
+	h.stats = dnsStats{Loops: 1, ClientLimit: 2, Busy: 3, HandlerWaits: 4}
+	h.mu.Unlock()
+	if err := testutil.GatherAndCompare(d.metricsRegistry(), strings.NewReader(`
+# HELP tsng_dns_limited_total DNS queries that met a limit: REFUSED as a forwarding loop (loop) or over a client's forwards in flight (client), SERVFAIL over all forwards in flight (total), or waiting while every UDP handler was busy (handlers).
+# TYPE tsng_dns_limited_total counter
+tsng_dns_limited_total{limit="client",network="home"} 2
+tsng_dns_limited_total{limit="handlers",network="home"} 4
+tsng_dns_limited_total{limit="loop",network="home"} 1
+tsng_dns_limited_total{limit="total",network="home"} 3
+`), "tsng_dns_limited_total"); err != nil {
+		t.Fatal(err)
 	}
 }
 

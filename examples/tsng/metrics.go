@@ -62,9 +62,12 @@ var (
 		"Control frames dropped on send (full queue, no connection); the periodic rotation repairs them.", []string{"network"}, nil)
 	controlRefused = prometheus.NewDesc("tsng_control_refused_total",
 		"Control connections and frames refused: non-members, a member's connections over the limit, frames over the size limit or past the frame timeout.", []string{"network"}, nil)
+	dnsLimited = prometheus.NewDesc("tsng_dns_limited_total",
+		"DNS queries that met a limit: REFUSED as a forwarding loop (loop) or over a client's forwards in flight (client), SERVFAIL over all forwards in flight (total), or waiting while every UDP handler was busy (handlers).", []string{"network", "limit"}, nil)
 )
 
-// controlCollector exports each running network's ControlStats.
+// controlCollector exports each running network's ControlStats and DNS
+// limit counts.
 type controlCollector struct{ d *Daemon }
 
 // Describe implements prometheus.Collector.
@@ -72,14 +75,22 @@ func (c controlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- controlFrames
 	ch <- controlDropped
 	ch <- controlRefused
+	ch <- dnsLimited
 }
 
 // Collect implements prometheus.Collector.
 func (c controlCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, n := range c.d.nets {
 		n.mu.Lock()
-		ctl := n.control
+		ctl, dnss := n.control, n.dns
 		n.mu.Unlock()
+		if dnss != nil {
+			s := dnss.Stats()
+			ch <- prometheus.MustNewConstMetric(dnsLimited, prometheus.CounterValue, float64(s.Loops), n.cfg.Name, "loop")
+			ch <- prometheus.MustNewConstMetric(dnsLimited, prometheus.CounterValue, float64(s.ClientLimit), n.cfg.Name, "client")
+			ch <- prometheus.MustNewConstMetric(dnsLimited, prometheus.CounterValue, float64(s.Busy), n.cfg.Name, "total")
+			ch <- prometheus.MustNewConstMetric(dnsLimited, prometheus.CounterValue, float64(s.HandlerWaits), n.cfg.Name, "handlers")
+		}
 		if ctl == nil {
 			continue
 		}

@@ -81,6 +81,11 @@ type NetworkConfig struct {
 	// /var/run/wireguard/TUN.sock (tun mode only; default on when the
 	// agent runs as root).
 	UAPI *bool `json:"uapi,omitempty"`
+	// ControlAuth is "preferred" (the default) or "required": whether the
+	// control channel still carries frames without the key handshake to
+	// and from members that have never authenticated by key (agents
+	// before it), for rolling upgrades. See ControlAuth.
+	ControlAuth string `json:"control_auth,omitempty"`
 }
 
 // NodeConfig is this node in a network.
@@ -164,6 +169,9 @@ func (c *Config) Validate() error {
 		}
 		if n.UAPI != nil && *n.UAPI && n.Mode != "tun" {
 			return bad("%s.uapi: only in tun mode (wg show names the TUN interface)", where)
+		}
+		if _, err := ParseControlAuth(n.ControlAuth); err != nil {
+			return bad("%s.control_auth: %v", where, err)
 		}
 		if _, err := parseUpstreams(n.DNSUpstreams, p); err != nil {
 			return bad("%s.dns_upstreams: %v", where, err)

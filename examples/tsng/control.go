@@ -3,6 +3,7 @@ package tsng
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -33,25 +34,44 @@ type ControlOptions struct {
 	Net  ControlNet
 	Self netip.Addr // this node's overlay address
 	Port uint16     // 0 means DefaultControlPort
-	// Peer maps an overlay address to the member that owns it; WireGuard's
-	// cryptokey routing makes the source address of an overlay connection
-	// the peer's authentication. Connections from other addresses are
-	// closed at once.
+	// Key is this member's identity key (its vip.NodeID is the public
+	// key). The channel proves it to peers in the key handshake, and
+	// requires it.
+	Key ed25519.PrivateKey
+	// Auth is what the channel requires of a connection
+	// (ControlAuthPreferred: the key handshake wherever the peer speaks
+	// it).
+	Auth ControlAuth
+	// Peer maps an overlay address to the member that owns it. The
+	// handshake then proves that member's key; a legacy connection (where
+	// Auth allows one) is taken on the source address alone. Connections
+	// from other addresses are closed at once.
 	Peer func(netip.Addr) (vip.NodeID, bool)
 	// Addr maps a member to its overlay address.
 	Addr func(vip.NodeID) (netip.Addr, bool)
-	// Handle receives every frame from an authenticated peer.
+	// Handle receives every frame of an admitted connection, with the
+	// member it is from.
 	Handle func(ctx context.Context, from vip.NodeID, frame []byte) error
-	// MaxFrame bounds a frame in bytes (the control frame limit); larger
-	// frames are refused on send and close the connection on receive.
+	// MaxFrame bounds a frame in bytes (the control frame limit), at most
+	// 16 MiB − 1; larger frames are refused on send and close the
+	// connection on receive.
 	MaxFrame int
 	// Queue is the per-peer send queue in frames (64); a full queue drops
 	// the frame: the periodic rotation repairs it.
 	Queue int
 	// ConnsPerPeer bounds the connections one member keeps open to this
 	// node (DefaultControlConnsPerPeer); a new one beyond it replaces the
-	// member's oldest, which is closed and counted as refused.
+	// member's oldest, which is closed and counted as refused. Only
+	// connections past the handshake count against it.
 	ConnsPerPeer int
+	// HandshakesPerPeer bounds a member's inbound connections still in the
+	// handshake (DefaultControlHandshakesPerPeer); a new one beyond it
+	// replaces the member's oldest, which is closed and counted as refused.
+	HandshakesPerPeer int
+	// HandshakeTimeout bounds the handshake of a new connection, in both
+	// directions, and the arrival of a legacy connection's first length
+	// (DefaultControlHandshakeTimeout).
+	HandshakeTimeout time.Duration
 	// FrameTimeout bounds how long a frame's bytes may take to arrive once
 	// its length is read (DefaultControlFrameTimeout); IdleTimeout bounds
 	// the wait for the next frame (DefaultControlIdleTimeout). Senders
@@ -62,31 +82,52 @@ type ControlOptions struct {
 
 // The control channel's defaults.
 const (
-	DefaultControlConnsPerPeer = 4
-	DefaultControlFrameTimeout = 30 * time.Second
-	DefaultControlIdleTimeout  = 5 * time.Minute
+	DefaultControlConnsPerPeer      = 4
+	DefaultControlHandshakesPerPeer = 4
+	DefaultControlHandshakeTimeout  = 10 * time.Second
+	DefaultControlFrameTimeout      = 30 * time.Second
+	DefaultControlIdleTimeout       = 5 * time.Minute
 )
 
 // ControlStats counts the control channel's traffic.
 type ControlStats struct {
 	Sent, Received, Dropped, Refused uint64
+	// Authenticated counts the connections, in and out, that passed the
+	// key handshake; Legacy those taken or opened without it.
+	Authenticated, Legacy uint64
+	// AuthRefused counts the connections, in and out, refused for want of
+	// key authentication: a failed, malformed or late handshake, a
+	// handshake over the per-member limit, and a connection without it
+	// where it is required or from or to a pinned member. Refused counts
+	// them too.
+	AuthRefused uint64
 }
 
 // Control is the control channel between members over the overlay: one TCP
-// connection per peer and direction, frames as a 4-byte big-endian length
-// and the bytes. It implements vip.Carrier.
+// connection per peer and direction, opened by a key handshake in which
+// both ends prove their identity key (controlauth.go), then frames as a
+// 4-byte big-endian length and the bytes. It implements vip.Carrier.
 type Control struct {
-	o   ControlOptions
-	ctx context.Context
-	ln  net.Listener
+	o    ControlOptions
+	self vip.NodeID // Key's public key
+	ctx  context.Context
+	ln   net.Listener
 
-	// mu guards the peer connections, the inbound ones, the stats and closed.
+	// mu guards the peer connections, the inbound and pending ones, the
+	// pins, the stats and closed.
 	mu syncx.Mutex
 	// +checklocks:mu
 	peers map[vip.NodeID]*peerConn
-	// inbound is oldest first
+	// inbound are the connections past the handshake, oldest first.
 	// +checklocks:mu
-	inbound map[vip.NodeID][]net.Conn
+	inbound map[vip.NodeID][]inConn
+	// pending are the inbound connections in the handshake, oldest first.
+	// +checklocks:mu
+	pending map[vip.NodeID][]net.Conn
+	// pinned are the members that authenticated by key since the start;
+	// only members are added, so the member list bounds it.
+	// +checklocks:mu
+	pinned map[vip.NodeID]bool
 	// +checklocks:mu
 	stats ControlStats
 	// +checklocks:mu
@@ -99,6 +140,12 @@ var _ vip.Carrier = (*Control)(nil)
 
 type peerConn struct {
 	q chan []byte
+}
+
+// inConn is an inbound connection past the handshake.
+type inConn struct {
+	conn   net.Conn
+	authed bool // by key; else legacy
 }
 
 // ErrFrameTooLarge reports a frame over the control frame limit.
@@ -124,15 +171,35 @@ func NewControl(ctx context.Context, o ControlOptions) (*Control, error) {
 	if o.IdleTimeout <= 0 {
 		o.IdleTimeout = DefaultControlIdleTimeout
 	}
+	if o.HandshakesPerPeer <= 0 {
+		o.HandshakesPerPeer = DefaultControlHandshakesPerPeer
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = DefaultControlHandshakeTimeout
+	}
 	if o.MaxFrame <= 0 {
 		return nil, errors.New("tsng: ControlOptions.MaxFrame is required")
+	}
+	if o.MaxFrame > maxControlFrame {
+		return nil, fmt.Errorf("tsng: ControlOptions.MaxFrame %d is over the limit of %d bytes (a length's first byte must be 0)", o.MaxFrame, maxControlFrame)
+	}
+	if o.Auth > controlAuthOff {
+		return nil, fmt.Errorf("tsng: ControlOptions.Auth %v is not a setting", o.Auth)
+	}
+	var self vip.NodeID
+	if o.Auth != controlAuthOff {
+		if len(o.Key) != ed25519.PrivateKeySize {
+			return nil, errors.New("tsng: ControlOptions.Key (the member's Ed25519 identity key) is required")
+		}
+		copy(self[:], o.Key.Public().(ed25519.PublicKey))
 	}
 	ln, err := o.Net.Listen(netip.AddrPortFrom(o.Self, o.Port))
 	if err != nil {
 		return nil, fmt.Errorf("tsng: control channel: %w", err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	c := &Control{o: o, ctx: ctx, ln: ln, peers: map[vip.NodeID]*peerConn{}, inbound: map[vip.NodeID][]net.Conn{}, cancel: cancel}
+	c := &Control{o: o, self: self, ctx: ctx, ln: ln, peers: map[vip.NodeID]*peerConn{}, inbound: map[vip.NodeID][]inConn{},
+		pending: map[vip.NodeID][]net.Conn{}, pinned: map[vip.NodeID]bool{}, cancel: cancel}
 	c.wg.Add(1)
 	go c.accept()
 	return c, nil
@@ -183,10 +250,19 @@ func (c *Control) count(f func(*ControlStats)) {
 // it drops the connection and redials on the next frame. It closes the
 // connection after half the idle timeout without frames, before the
 // receiver's own idle deadline would.
+//
+// It opens each connection with the key handshake. Under
+// ControlAuthPreferred, a peer that closes the connection on the hello
+// without a byte runs an agent without the handshake: the sender falls
+// back to legacy frames for it (and remembers so) unless the peer is
+// pinned. A legacy connection to a peer that becomes pinned is closed
+// before its next frame.
 func (c *Control) sender(to vip.NodeID, p *peerConn) {
 	defer c.wg.Done()
 	var conn net.Conn
 	var w *bufio.Writer
+	legacy := false   // conn carries legacy frames
+	fellBack := false // the peer closed a hello: it has no handshake
 	defer func() {
 		if conn != nil {
 			conn.Close()
@@ -208,20 +284,15 @@ func (c *Control) sender(to vip.NodeID, p *peerConn) {
 		case frame = <-p.q:
 		}
 		idle.Reset(c.o.IdleTimeout / 2)
+		if conn != nil && legacy && c.o.Auth != controlAuthOff && c.isPinned(to) {
+			c.o.Logger.Info("control peer authenticated by key; closing the legacy connection to it", "peer", to.String()[:12])
+			conn.Close()
+			conn = nil
+		}
 		if conn == nil {
-			addr, ok := c.o.Addr(to)
-			if !ok {
+			conn, legacy, fellBack = c.connect(to, fellBack)
+			if conn == nil {
 				c.count(func(s *ControlStats) { s.Dropped++ })
-				continue
-			}
-			dctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-			var err error
-			conn, err = c.o.Net.DialContext(dctx, "tcp", netip.AddrPortFrom(addr, c.o.Port).String())
-			cancel()
-			if err != nil {
-				conn = nil
-				c.count(func(s *ControlStats) { s.Dropped++ })
-				c.o.Logger.Debug("control dial failed", "peer", to.String()[:12], "err", err)
 				continue
 			}
 			w = bufio.NewWriter(conn)
@@ -244,6 +315,129 @@ func (c *Control) sender(to vip.NodeID, p *peerConn) {
 	}
 }
 
+// connect dials member to and opens the connection: with the key
+// handshake, or legacy when the channel is off, or when fellBack says the
+// peer has no handshake and Auth allows legacy frames to it. It returns
+// nil when there is no connection (the caller counts the frame dropped),
+// and whether the connection is legacy and the peer has no handshake.
+func (c *Control) connect(to vip.NodeID, fellBack bool) (conn net.Conn, legacy, noAuth bool) {
+	addr, ok := c.o.Addr(to)
+	if !ok {
+		return nil, false, fellBack
+	}
+	dial := func() net.Conn {
+		dctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		defer cancel()
+		conn, err := c.o.Net.DialContext(dctx, "tcp", netip.AddrPortFrom(addr, c.o.Port).String())
+		if err != nil {
+			c.o.Logger.Debug("control dial failed", "peer", to.String()[:12], "err", err)
+			return nil
+		}
+		return conn
+	}
+	legacyOK := func() bool { return c.o.Auth == ControlAuthPreferred && !c.isPinned(to) }
+	if c.o.Auth == controlAuthOff {
+		return dial(), true, fellBack
+	}
+	if fellBack && legacyOK() {
+		if conn = dial(); conn != nil {
+			c.count(func(s *ControlStats) { s.Legacy++ })
+		}
+		return conn, true, fellBack
+	}
+	if conn = dial(); conn == nil {
+		return nil, false, fellBack
+	}
+	hs := conn
+	stop := context.AfterFunc(c.ctx, func() { hs.Close() })
+	err := c.authDial(hs, to)
+	if !stop() {
+		return nil, false, fellBack // closing
+	}
+	if err == nil {
+		c.pin(to)
+		return conn, false, false
+	}
+	conn.Close()
+	if errors.Is(err, errAuthNoReply) && legacyOK() {
+		c.o.Logger.Info("control peer has no key authentication; sending it legacy frames until it authenticates", "peer", to.String()[:12])
+		if conn = dial(); conn != nil {
+			c.count(func(s *ControlStats) { s.Legacy++ })
+		}
+		return conn, true, true
+	}
+	c.count(func(s *ControlStats) { s.Refused++; s.AuthRefused++ })
+	c.o.Logger.Warn("control connection to a peer refused: key handshake failed", "peer", to.String()[:12], "auth", c.o.Auth.String(), "pinned", c.isPinned(to), "err", err)
+	return nil, false, fellBack
+}
+
+// isPinned reports whether member id authenticated by key since the start.
+func (c *Control) isPinned(id vip.NodeID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pinned[id]
+}
+
+// pin counts an authenticated outbound connection to member id and pins
+// it.
+func (c *Control) pin(id vip.NodeID) {
+	c.mu.Lock()
+	c.stats.Authenticated++
+	drop := c.pinLocked(id)
+	c.mu.Unlock()
+	c.dropLegacy(id, drop)
+}
+
+// pinLocked pins member id and takes its legacy inbound connections out
+// of inbound, counted as refused; the caller closes them (dropLegacy)
+// after unlocking.
+//
+// +checklocks:c.mu
+func (c *Control) pinLocked(id vip.NodeID) []net.Conn {
+	if c.pinned[id] {
+		return nil
+	}
+	c.pinned[id] = true
+	var drop []net.Conn
+	keep := c.inbound[id][:0]
+	for _, x := range c.inbound[id] {
+		if x.authed {
+			keep = append(keep, x)
+		} else {
+			drop = append(drop, x.conn)
+			c.stats.Refused++
+			c.stats.AuthRefused++
+		}
+	}
+	if len(keep) == 0 {
+		delete(c.inbound, id)
+	} else {
+		c.inbound[id] = keep
+	}
+	return drop
+}
+
+func (c *Control) dropLegacy(id vip.NodeID, drop []net.Conn) {
+	if len(drop) > 0 {
+		c.o.Logger.Info("control peer authenticated by key; closing its legacy connections", "peer", id.String()[:12], "closed", len(drop))
+	}
+	for _, x := range drop {
+		x.Close()
+	}
+}
+
+// member returns the member that conn comes from.
+func (c *Control) member(conn net.Conn) (vip.NodeID, bool) {
+	ap, err := netip.ParseAddrPort(conn.RemoteAddr().String())
+	if err != nil {
+		return vip.NodeID{}, false
+	}
+	return c.o.Peer(ap.Addr().Unmap())
+}
+
+// accept takes connections from members. With the handshake on, each
+// waits in pending (bounded per member) until its handshake ends; only
+// then does it count against the member's connection limit.
 func (c *Control) accept() {
 	defer c.wg.Done()
 	for {
@@ -251,31 +445,115 @@ func (c *Control) accept() {
 		if err != nil {
 			return
 		}
-		ap, err := netip.ParseAddrPort(conn.RemoteAddr().String())
-		from, ok := vip.NodeID{}, false
-		if err == nil {
-			from, ok = c.o.Peer(ap.Addr().Unmap())
-		}
+		from, ok := c.member(conn)
 		if !ok {
 			c.count(func(s *ControlStats) { s.Refused++ })
 			conn.Close()
 			continue
 		}
-		c.mu.Lock()
-		in := append(c.inbound[from], conn)
-		var evict net.Conn
-		if len(in) > c.o.ConnsPerPeer {
-			evict, in = in[0], in[1:]
-			c.stats.Refused++
+		if c.o.Auth == controlAuthOff {
+			if c.admit(conn, from, false, false) {
+				c.wg.Add(1)
+				go c.receive(conn, from)
+			} else {
+				conn.Close()
+			}
+			continue
 		}
-		c.inbound[from] = in
+		c.mu.Lock()
+		p := append(c.pending[from], conn)
+		var evict net.Conn
+		if len(p) > c.o.HandshakesPerPeer {
+			evict, p = p[0], p[1:]
+			c.stats.Refused++
+			c.stats.AuthRefused++
+		}
+		c.pending[from] = p
 		c.mu.Unlock()
 		if evict != nil {
-			c.o.Logger.Debug("control connections over the per-peer limit; closing the oldest", "peer", from.String()[:12], "limit", c.o.ConnsPerPeer)
+			c.o.Logger.Debug("control connections in the handshake over the per-peer limit; closing the oldest", "peer", from.String()[:12], "limit", c.o.HandshakesPerPeer)
 			evict.Close()
 		}
 		c.wg.Add(1)
-		go c.receive(conn, from)
+		go c.serve(conn, from)
+	}
+}
+
+// unpendLocked drops conn from its member's pending connections and
+// reports whether it was there (not evicted).
+//
+// +checklocks:c.mu
+func (c *Control) unpendLocked(from vip.NodeID, conn net.Conn) bool {
+	p := c.pending[from]
+	for i, x := range p {
+		if x == conn {
+			p = append(p[:i:i], p[i+1:]...)
+			if len(p) == 0 {
+				delete(c.pending, from)
+			} else {
+				c.pending[from] = p
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// admit moves an inbound connection past its handshake into inbound,
+// closing the member's oldest beyond the limit. It refuses (counted and
+// logged) a legacy connection where the handshake is required or the
+// member is pinned, and returns false for a connection it did not admit,
+// which the caller closes.
+func (c *Control) admit(conn net.Conn, from vip.NodeID, authed, pended bool) bool {
+	c.mu.Lock()
+	if (pended && !c.unpendLocked(from, conn)) || c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	if !authed && c.o.Auth != controlAuthOff && (c.o.Auth == ControlAuthRequired || c.pinned[from]) {
+		c.stats.Refused++
+		c.stats.AuthRefused++
+		pinned := c.pinned[from]
+		c.mu.Unlock()
+		c.o.Logger.Warn("control connection without key authentication refused", "peer", from.String()[:12], "auth", c.o.Auth.String(), "pinned", pinned)
+		return false
+	}
+	var legacy []net.Conn
+	if authed {
+		c.stats.Authenticated++
+		legacy = c.pinLocked(from)
+	} else if c.o.Auth != controlAuthOff {
+		c.stats.Legacy++
+	}
+	in := append(c.inbound[from], inConn{conn: conn, authed: authed})
+	var evict net.Conn
+	if len(in) > c.o.ConnsPerPeer {
+		evict, in = in[0].conn, in[1:]
+		c.stats.Refused++
+	}
+	c.inbound[from] = in
+	c.mu.Unlock()
+	c.dropLegacy(from, legacy)
+	if evict != nil {
+		c.o.Logger.Debug("control connections over the per-peer limit; closing the oldest", "peer", from.String()[:12], "limit", c.o.ConnsPerPeer)
+		evict.Close()
+	}
+	return true
+}
+
+// refuseAuth counts and logs an inbound connection whose handshake
+// failed, unless it was evicted from pending (counted then) or the
+// channel is closing.
+func (c *Control) refuseAuth(from vip.NodeID, conn net.Conn, err error) {
+	c.mu.Lock()
+	counted := c.unpendLocked(from, conn) && !c.closed
+	if counted {
+		c.stats.Refused++
+		c.stats.AuthRefused++
+	}
+	c.mu.Unlock()
+	if counted {
+		c.o.Logger.Warn("control connection refused: key handshake failed", "peer", from.String()[:12], "auth", c.o.Auth.String(), "err", err)
 	}
 }
 
@@ -285,7 +563,7 @@ func (c *Control) forget(from vip.NodeID, conn net.Conn) {
 	defer c.mu.Unlock()
 	in := c.inbound[from]
 	for i, x := range in {
-		if x == conn {
+		if x.conn == conn {
 			in = append(in[:i:i], in[i+1:]...)
 			break
 		}
@@ -297,22 +575,64 @@ func (c *Control) forget(from vip.NodeID, conn net.Conn) {
 	}
 }
 
-// receive reads frames from one inbound connection. The wait for a frame
-// is bounded by the idle timeout and its bytes by the frame timeout; the
-// frame's buffer grows as its bytes arrive, so an announced length costs
-// nothing until it is sent.
+// serve runs one inbound connection: its first 4 bytes, within the
+// handshake timeout, are the hello's magic (the key handshake follows) or
+// a legacy frame's length; then its frames.
+func (c *Control) serve(conn net.Conn, from vip.NodeID) {
+	defer c.wg.Done()
+	defer conn.Close()
+	stop := context.AfterFunc(c.ctx, func() { conn.Close() })
+	defer stop()
+	_ = conn.SetDeadline(time.Now().Add(c.o.HandshakeTimeout))
+	var hdr [4]byte
+	err := readAuth(conn, hdr[:])
+	authed := err == nil && string(hdr[:]) == authMagic
+	if authed {
+		err = c.authAccept(conn, hdr, from)
+	}
+	if err != nil {
+		c.refuseAuth(from, conn, err)
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if !c.admit(conn, from, authed, true) {
+		return
+	}
+	defer c.forget(from, conn)
+	var first *[4]byte
+	if !authed {
+		first = &hdr
+	}
+	c.frames(conn, from, first)
+}
+
+// receive reads frames from one legacy inbound connection (the channel
+// off).
 func (c *Control) receive(conn net.Conn, from vip.NodeID) {
 	defer c.wg.Done()
 	defer c.forget(from, conn)
 	defer conn.Close()
 	stop := context.AfterFunc(c.ctx, func() { conn.Close() })
 	defer stop()
+	c.frames(conn, from, nil)
+}
+
+// frames reads frames from one inbound connection, the first length
+// already read when first is not nil. The wait for a frame is bounded by
+// the idle timeout and its bytes by the frame timeout; the frame's buffer
+// grows as its bytes arrive, so an announced length costs nothing until
+// it is sent.
+func (c *Control) frames(conn net.Conn, from vip.NodeID, first *[4]byte) {
 	r := bufio.NewReaderSize(conn, 512)
 	var hdr [4]byte
 	for {
-		_ = conn.SetReadDeadline(time.Now().Add(c.o.IdleTimeout))
-		if _, err := io.ReadFull(r, hdr[:]); err != nil {
-			return
+		if first != nil {
+			hdr, first = *first, nil
+		} else {
+			_ = conn.SetReadDeadline(time.Now().Add(c.o.IdleTimeout))
+			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+				return
+			}
 		}
 		n := binary.BigEndian.Uint32(hdr[:])
 		if int64(n) > int64(c.o.MaxFrame) {

@@ -32,7 +32,8 @@ func TestControlStalledConnections(t *testing.T) {
 		return vip.NodeID{}, false
 	}
 	got := make(chan vip.NodeID, 16)
-	c, err := NewControl(context.Background(), ControlOptions{Net: KernelNet{Self: self}, Self: self, Port: 51932, Peer: peer,
+	key, _ := testKey("self")
+	c, err := NewControl(context.Background(), ControlOptions{Net: KernelNet{Self: self}, Self: self, Port: 51932, Key: key, Peer: peer,
 		Addr: func(vip.NodeID) (netip.Addr, bool) { return netip.Addr{}, false }, MaxFrame: maxFrame,
 		Handle: func(_ context.Context, from vip.NodeID, _ []byte) error { got <- from; return nil }})
 	if err != nil {
@@ -106,7 +107,8 @@ func TestControlStalledConnections(t *testing.T) {
 // after the frame deadline, and the connection closed.
 func TestControlFrameDeadline(t *testing.T) {
 	self, p := netip.MustParseAddr("127.0.0.34"), netip.MustParseAddr("127.0.0.35")
-	c, err := NewControl(context.Background(), ControlOptions{Net: KernelNet{Self: self}, Self: self, Port: 51933,
+	key, _ := testKey("self")
+	c, err := NewControl(context.Background(), ControlOptions{Net: KernelNet{Self: self}, Self: self, Port: 51933, Key: key,
 		Peer:     func(a netip.Addr) (vip.NodeID, bool) { return vip.NodeID{5}, a == p },
 		Addr:     func(vip.NodeID) (netip.Addr, bool) { return netip.Addr{}, false },
 		MaxFrame: 1024, FrameTimeout: 200 * time.Millisecond,

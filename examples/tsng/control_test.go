@@ -2,6 +2,7 @@ package tsng
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"net"
 	"net/netip"
@@ -14,7 +15,9 @@ import (
 
 func TestControlChannel(t *testing.T) {
 	a, b := netip.MustParseAddr("127.0.0.21"), netip.MustParseAddr("127.0.0.22")
-	ida, idb := vip.NodeID{1}, vip.NodeID{2}
+	ka, ida := testKey("A")
+	kb, idb := testKey("B")
+	keys := map[vip.NodeID]ed25519.PrivateKey{ida: ka, idb: kb}
 	addrs := map[vip.NodeID]netip.Addr{ida: a, idb: b}
 	peer := func(x netip.Addr) (vip.NodeID, bool) {
 		for id, ad := range addrs {
@@ -28,7 +31,7 @@ func TestControlChannel(t *testing.T) {
 	var mu sync.Mutex
 	got := map[vip.NodeID][]string{}
 	mk := func(self netip.Addr, me vip.NodeID) *Control {
-		c, err := NewControl(context.Background(), ControlOptions{Net: KernelNet{Self: self}, Self: self, Port: 51931, Peer: peer, Addr: addr, MaxFrame: 1024,
+		c, err := NewControl(context.Background(), ControlOptions{Net: KernelNet{Self: self}, Self: self, Port: 51931, Key: keys[me], Peer: peer, Addr: addr, MaxFrame: 1024,
 			Handle: func(_ context.Context, from vip.NodeID, f []byte) error {
 				mu.Lock()
 				got[me] = append(got[me], from.String()[:2]+":"+string(f))
@@ -56,7 +59,7 @@ func TestControlChannel(t *testing.T) {
 		return len(got[idb]) == 3 && len(got[ida]) == 1
 	})
 	mu.Lock()
-	if got[idb][0] != "01:one" || got[idb][2] != "01:three" || got[ida][0] != "02:back" {
+	if got[idb][0] != ida.String()[:2]+":one" || got[idb][2] != ida.String()[:2]+":three" || got[ida][0] != idb.String()[:2]+":back" {
 		t.Fatalf("frames %v", got)
 	}
 	mu.Unlock()

@@ -516,7 +516,11 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 	rctx, cancel := context.WithCancel(context.Background())
 	cleanup = append(cleanup, cancel)
 	var repl *vip.Replicator
-	control, err := NewControl(rctx, ControlOptions{Net: cn, Self: self.Addr, Port: n.cfg.Control, Peer: n.peerOf, Addr: n.addrOf,
+	auth, err := ParseControlAuth(n.cfg.ControlAuth)
+	if err != nil {
+		return fmt.Errorf("control_auth: %w", err)
+	}
+	control, err := NewControl(rctx, ControlOptions{Net: cn, Self: self.Addr, Port: n.cfg.Control, Key: n.key, Auth: auth, Peer: n.peerOf, Addr: n.addrOf,
 		MaxFrame: n.replica.Limits().MaxSnapshotBytes + 3, Logger: n.d.log.With("network", n.cfg.Name, "part", "control"),
 		Handle: func(ctx context.Context, from vip.NodeID, f []byte) error { return repl.HandleFrame(ctx, from, f) }})
 	if err != nil {

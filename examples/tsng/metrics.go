@@ -60,6 +60,8 @@ var (
 		"Control channel frames, by direction (sent, received).", []string{"network", "direction"}, nil)
 	controlDropped = prometheus.NewDesc("tsng_control_dropped_total",
 		"Control frames dropped on send (full queue, no connection); the periodic rotation repairs them.", []string{"network"}, nil)
+	controlConns = prometheus.NewDesc("tsng_control_connections_total",
+		"Control connections, in and out, by authentication: key (the key handshake), legacy (without it), refused (for want of it; also in tsng_control_refused_total).", []string{"network", "auth"}, nil)
 	controlRefused = prometheus.NewDesc("tsng_control_refused_total",
 		"Control connections and frames refused: non-members, a member's connections over the limit, frames over the size limit or past the frame timeout.", []string{"network"}, nil)
 	dnsLimited = prometheus.NewDesc("tsng_dns_limited_total",
@@ -74,6 +76,7 @@ type controlCollector struct{ d *Daemon }
 func (c controlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- controlFrames
 	ch <- controlDropped
+	ch <- controlConns
 	ch <- controlRefused
 	ch <- dnsLimited
 }
@@ -99,6 +102,9 @@ func (c controlCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(controlFrames, prometheus.CounterValue, float64(s.Received), n.cfg.Name, "received")
 		ch <- prometheus.MustNewConstMetric(controlDropped, prometheus.CounterValue, float64(s.Dropped), n.cfg.Name)
 		ch <- prometheus.MustNewConstMetric(controlRefused, prometheus.CounterValue, float64(s.Refused), n.cfg.Name)
+		ch <- prometheus.MustNewConstMetric(controlConns, prometheus.CounterValue, float64(s.Authenticated), n.cfg.Name, "key")
+		ch <- prometheus.MustNewConstMetric(controlConns, prometheus.CounterValue, float64(s.Legacy), n.cfg.Name, "legacy")
+		ch <- prometheus.MustNewConstMetric(controlConns, prometheus.CounterValue, float64(s.AuthRefused), n.cfg.Name, "refused")
 	}
 }
 

@@ -76,14 +76,28 @@ func ParseIPv4UDP(pkt []byte) (src, dst netip.AddrPort, payload []byte, err erro
 // out of user traffic counters and to divert probes to the Responder or the
 // Prober before any user processing. It never panics.
 func IsProbePacket(pkt []byte, port uint16) bool {
+	u, ok := udpOfIPv4(pkt)
+	return ok && (u.SrcPort() == port || u.DstPort() == port)
+}
+
+// IsToPort reports whether pkt is an IPv4/UDP packet to destination port
+// port (a first fragment counts: it carries the port). It reads only the
+// headers and never panics.
+func IsToPort(pkt []byte, port uint16) bool {
+	u, ok := udpOfIPv4(pkt)
+	return ok && u.DstPort() == port
+}
+
+// udpOfIPv4 returns the UDP header of an IPv4 packet that is UDP and not a
+// later fragment.
+func udpOfIPv4(pkt []byte) (packet.UDP, bool) {
 	if len(pkt) < packet.IPv4MinHeaderLen || packet.Version(pkt) != 4 {
-		return false
+		return nil, false
 	}
 	ip := packet.IPv4(pkt)
 	ihl := ip.HeaderLen()
 	if ip.Protocol() != packet.ProtoUDP || ihl < packet.IPv4MinHeaderLen || len(pkt) < ihl+packet.UDPHeaderLen || ip.FragOffset() != 0 {
-		return false
+		return nil, false
 	}
-	u := packet.UDP(pkt[ihl:])
-	return u.SrcPort() == port || u.DstPort() == port
+	return packet.UDP(pkt[ihl:]), true
 }

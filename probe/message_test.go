@@ -212,6 +212,31 @@ func TestIsProbePacket(t *testing.T) {
 	}
 }
 
+// TestIsToPort: only the destination port counts, a first fragment (MF
+// set, offset 0) is caught by its port, later fragments and other
+// protocols are not.
+func TestIsToPort(t *testing.T) {
+	to := probePacket(t, netip.AddrPortFrom(addrA, 40000), netip.AddrPortFrom(addrB, DefaultPort), validRequest())
+	from := probePacket(t, netip.AddrPortFrom(addrA, DefaultPort), netip.AddrPortFrom(addrB, 53), validRequest())
+	for _, tc := range []struct {
+		name string
+		pkt  []byte
+		want bool
+	}{
+		{"to the port", to, true},
+		{"from the port", from, false},
+		{"first fragment", withByte(to, 6, 0x20), true},
+		{"later fragment", withByte(to, 7, 3), false},
+		{"TCP", withByte(to, packet.IPv4ProtoOff, 6), false},
+		{"short", to[:22], false},
+		{"IPv6", withByte(to, 0, 0x60), false},
+	} {
+		if got := IsToPort(tc.pkt, DefaultPort); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestResponderIPv4(t *testing.T) {
 	var r Responder
 	src := netip.AddrPortFrom(addrA, DefaultPort)

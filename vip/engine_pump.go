@@ -201,15 +201,7 @@ func (e *Engine) translateOut(bufs [][]byte, sizes []int, offset, n int, pkts []
 // fragment carries the port and is dropped; later ones, without it, can
 // never be taken for a probe.
 func (e *Engine) toProbePort(pkt []byte) bool {
-	if len(pkt) < packet.IPv4MinHeaderLen || packet.Version(pkt) != 4 {
-		return false
-	}
-	ip := packet.IPv4(pkt)
-	ihl := ip.HeaderLen()
-	if ip.Protocol() != packet.ProtoUDP || ihl < packet.IPv4MinHeaderLen || len(pkt) < ihl+packet.UDPHeaderLen || ip.FragOffset() != 0 {
-		return false
-	}
-	return packet.UDP(pkt[ihl:]).DstPort() == e.probePort && e.prefix.Contains(ip.Dst())
+	return probe.IsToPort(pkt, e.probePort) && e.prefix.Contains(packet.IPv4(pkt).Dst())
 }
 
 // flushHostQ writes the NAT's host-bound output (reassembled and

@@ -197,21 +197,31 @@ func probeFlooder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
+	var msg []byte
+	sent := floodProbes(func(req []byte) error {
+		msg = socks5.AppendDatagram(msg[:0], socks5.Addr{IP: target.Addr(), Port: target.Port()}, req)
+		_, err := u.WriteToUDPAddrPort(msg, relay)
+		return err
+	})
+	fmt.Printf("socks5 udp: sent %d datagrams\n", sent)
+}
+
+// floodProbes sends probe requests with send for floodFor, as fast as a
+// socket buffer takes them, and returns how many were sent.
+func floodProbes(send func(req []byte) error) int {
 	ctx, cancel := context.WithTimeout(context.Background(), floodFor)
 	defer cancel()
 	sent := 0
-	var msg []byte
 	for seq := uint64(1); ctx.Err() == nil; seq++ {
 		req := probe.Message{Type: probe.TypeRequest, Session: 7, Sequence: seq, Nonce: seq * 7919}.Bytes()
-		msg = socks5.AppendDatagram(msg[:0], socks5.Addr{IP: target.Addr(), Port: target.Port()}, req[:])
-		if _, err := u.WriteToUDPAddrPort(msg, relay); err == nil {
+		if send(req[:]) == nil {
 			sent++
 		}
 		if seq%64 == 0 {
-			time.Sleep(time.Millisecond) // a relay's socket buffer, not a drop test
+			time.Sleep(time.Millisecond) // a socket buffer's room, not a drop test
 		}
 	}
-	fmt.Printf("socks5 udp: sent %d datagrams\n", sent)
+	return sent
 }
 
 // udpFlooder is the local user's side in tun mode: probe requests straight
@@ -224,17 +234,6 @@ func udpFlooder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer u.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), floodFor)
-	defer cancel()
-	sent := 0
-	for seq := uint64(1); ctx.Err() == nil; seq++ {
-		req := probe.Message{Type: probe.TypeRequest, Session: 7, Sequence: seq, Nonce: seq * 7919}.Bytes()
-		if _, err := u.Write(req[:]); err == nil {
-			sent++
-		}
-		if seq%64 == 0 {
-			time.Sleep(time.Millisecond)
-		}
-	}
+	sent := floodProbes(func(req []byte) error { _, err := u.Write(req); return err })
 	fmt.Printf("uid %d: udp: sent %d datagrams to %v\n", os.Getuid(), sent, target)
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/vipkit/vipkit/internal/syncx"
+	"github.com/vipkit/vipkit/transport"
 
 	"go.uber.org/goleak"
 )
@@ -135,9 +136,12 @@ func Within(t testing.TB, what string, f func()) {
 		defer close(done)
 		f()
 	}()
+	expired := make(chan struct{})
+	timer := transport.RealClock{}.AfterFunc(DeadlockTimeout, func() { close(expired) })
+	defer timer.Stop()
 	select {
 	case <-done:
-	case <-time.After(DeadlockTimeout):
+	case <-expired:
 		debug.SetTraceback("all")
 		msg := fmt.Sprintf("%s: %s still running after %v: deadlock", t.Name(), what, DeadlockTimeout)
 		// A panic on the test's goroutine would run the cleanups first.

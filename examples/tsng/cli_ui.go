@@ -70,6 +70,8 @@ func waitHandoff(ctx context.Context, c *cliCtx, id string, ttl time.Duration) e
 	}
 }
 
+// sleepCtx waits d, or until ctx ends (its error then): the CLI's sleep
+// unless the environment provides one.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

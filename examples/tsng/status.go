@@ -128,16 +128,7 @@ func rates(prev, cur counterSample) (out map[string]float64, reset bool) {
 func runStatus(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 	sleep := c.env.Sleep
 	if sleep == nil {
-		sleep = func(ctx context.Context, d time.Duration) error {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
+		sleep = sleepCtx
 	}
 	var prev counterSample
 	for n := 0; ; n++ {

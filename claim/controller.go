@@ -174,12 +174,18 @@ type Stats struct {
 
 // Status is what "keel vip status" shows.
 type Status struct {
-	Role     Role
-	Epoch    uint64
-	Holder   netip.Addr // of the newest claim taken
-	Fenced   bool
-	Released bool
-	Lease    LeaseID
+	Role   Role
+	Epoch  uint64
+	Holder netip.Addr // of the newest claim taken
+	// Fenced is set for a fenced node, and for an unchecked one.
+	Fenced bool
+	// Unchecked is set while the node has no claim in its state and has
+	// not yet learnt whether it held the VIP before (State.Unchecked):
+	// with a KV, until etcd answers; without one, until the other member
+	// does. It claims nothing meanwhile.
+	Unchecked bool
+	Released  bool
+	Lease     LeaseID
 	// RenewalAge is the age of the last answered renewal; -1 when none
 	// since start.
 	RenewalAge time.Duration
@@ -238,6 +244,12 @@ func NewController(cfg Config) (*Controller, error) {
 	}
 	if st.Held != nil && st.Held.VIP != cfg.VIP {
 		return nil, fmt.Errorf("%w: state holds a claim for %v", ErrCorruptState, st.Held.VIP)
+	}
+	if cfg.Key != nil && st.Held == nil {
+		// No claim in the state: a new member, or one whose state file
+		// was lost. It claims nothing until it has learnt whether it held
+		// the VIP before (State.Unchecked).
+		st.Unchecked = true
 	}
 	c := &Controller{cfg: cfg, clock: cfg.Clock, keys: KeysFor(cfg.Policy.Mesh, cfg.VIP), st: st, dirty: true}
 	if c.clock == nil {
@@ -353,7 +365,7 @@ func (c *Controller) Close() error {
 func (c *Controller) Status() Status {
 	c.mu.Lock()
 	defer c.unlock()
-	s := Status{Role: c.st.Role(c.cfg.Self), Fenced: c.st.Fenced, Released: c.st.Released,
+	s := Status{Role: c.st.Role(c.cfg.Self), Fenced: c.st.Fenced || c.st.Unchecked, Unchecked: c.st.Unchecked, Released: c.st.Released,
 		Lease: c.st.Lease, Carried: c.carried, RoutedTo: c.routedTo, RenewalAge: -1}
 	if c.st.Held != nil {
 		s.Epoch, s.Holder = c.st.Held.Epoch, c.st.Held.Holder
@@ -562,6 +574,7 @@ func (c *Controller) runStep() {
 func (c *Controller) tend() {
 	ctx := c.ctx
 	if c.cfg.KV == nil {
+		c.checkPeer(ctx)
 		c.announceHeld(ctx)
 		return
 	}
@@ -580,6 +593,75 @@ func (c *Controller) tend() {
 		c.follow(ctx)
 	}
 	c.announceHeld(ctx)
+}
+
+// checkPeer ends an unchecked state without a KV: the peers are asked for
+// their newest claim (as a promote asks them), and once the other member
+// has answered, the newest valid claim of the answers is taken. When it
+// is this node's own, the node held the VIP before its state was lost and
+// is fenced; otherwise it is a replica that routes to the holder. Until
+// the other member answers, the node stays unchecked and the next step
+// asks again.
+func (c *Controller) checkPeer(ctx context.Context) {
+	c.mu.Lock()
+	unchecked, pair := c.st.Unchecked, c.st.Pair
+	c.unlock()
+	if !unchecked || c.cfg.Key == nil || c.cfg.Channel == nil {
+		return
+	}
+	newest, other := c.askEpochs(ctx, pair)
+	if !other {
+		return
+	}
+	c.mu.Lock()
+	defer c.unlock()
+	if c.closed || !c.st.Unchecked || c.st.Pair != pair {
+		return // a promote or a taken claim moved the state meanwhile
+	}
+	self := c.cfg.Self
+	fresh := newest != nil && Fresh(c.st.Held, newest) == nil
+	c.heldCheckLocked(newest != nil && newest.Holder == self)
+	if fresh {
+		c.st = c.st.Take(self, newest)
+		c.saveLocked()
+		if newest.Holder != self {
+			c.routeLocked(newest.Holder)
+		}
+	}
+}
+
+// askEpochs asks every peer for the newest claim it holds and returns the
+// newest valid one (nil: none), and whether the other member of the pair
+// answered at all.
+func (c *Controller) askEpochs(ctx context.Context, pair *PairRecord) (newest *Claim, otherAnswered bool) {
+	var other netip.Addr
+	if pair != nil {
+		if m, ok := pair.Other(c.cfg.Self); ok {
+			other = m.Addr
+		}
+	}
+	for _, p := range c.cfg.Peers {
+		if p == c.cfg.Self {
+			continue
+		}
+		cctx, cancel := c.call(ctx)
+		cl, err := c.cfg.Channel.Epoch(cctx, p, c.cfg.VIP)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if p == other {
+			otherAnswered = true
+		}
+		if cl == nil {
+			continue
+		}
+		// Verify asks the trust store, a caller's: never under c.mu.
+		if c.cfg.Policy.Verify(pair, cl, netip.Addr{}) == nil && cl.Newer(newest) {
+			newest = cl
+		}
+	}
+	return newest, otherAnswered
 }
 
 // announceHeld announces the held claim, if this node carries the VIP, to
@@ -695,16 +777,31 @@ type keyState struct {
 	counter     *Claim // valid claim in the counter key
 	holder      *Claim // valid claim in the holder key that equals the counter
 	holderAlive bool
+	selfHeld    bool // this node's held key exists: it claimed the VIP before
 }
 
 func (c *Controller) readKeys(g GetResponse) keyState {
 	ks := keyState{rev: g.Revision}
+	var selfHeld string
+	if c.cfg.Key != nil {
+		selfHeld = c.keys.HeldKey(KeyOf(c.cfg.Key))
+	}
 	for i := range g.KVs {
 		switch g.KVs[i].Key {
 		case c.keys.Epoch:
 			ks.epochKV = &g.KVs[i]
 		case c.keys.Holder:
 			ks.holderKV = &g.KVs[i]
+		case selfHeld:
+			// Whatever its value, the key shows that this node claimed
+			// before; a value that is not an epoch is counted and told.
+			ks.selfHeld = true
+			if _, err := ParseHeldValue(g.KVs[i].Value); err != nil {
+				c.mu.Lock()
+				c.stats.BadValues++
+				c.unlock()
+				c.report(fmt.Errorf("claim: value of %s: %w", selfHeld, err))
+			}
 		}
 	}
 	c.mu.Lock()
@@ -780,6 +877,12 @@ func (c *Controller) apply(ks keyState) bool {
 	}
 	c.dirty = false
 	self := c.cfg.Self
+	if c.st.Unchecked && c.cfg.Key != nil {
+		// The first read of the keys since the state was found empty:
+		// before anything is taken from it, the held key says whether
+		// this node held the VIP before.
+		c.heldCheckLocked(ks.selfHeld)
+	}
 	if ks.counter != nil && ks.counter.Newer(c.st.Held) {
 		if err := Fresh(c.st.Held, ks.counter); err != nil {
 			c.reportLocked(fmt.Errorf("claim: counter: %w", err))
@@ -821,10 +924,27 @@ func (c *Controller) apply(ks keyState) bool {
 	return c.st.MayFailover(self, ks.counter, ks.holderAlive)
 }
 
+// heldCheckLocked ends an unchecked state: heldBefore says whether this
+// node held the VIP before its state was lost. If it did, it is fenced
+// (ErrStateLost goes to OnError).
+// +checklocks:c.mu
+func (c *Controller) heldCheckLocked(heldBefore bool) {
+	if !c.st.Unchecked {
+		return
+	}
+	c.st = c.st.HeldCheck(heldBefore)
+	if heldBefore {
+		c.stats.Fences++
+		c.reportLocked(fmt.Errorf("%w (%v)", ErrStateLost, c.cfg.VIP))
+	}
+	c.saveLocked()
+}
+
 // claimTxn writes this node's claim for the epoch after the counter's, in
 // one transaction that requires the counter at the revision read and the
-// holder key absent (or, when it holds an invalid value, unchanged). A
-// failed compare is ErrCompareFailed and writes nothing.
+// holder key absent (or, when it holds an invalid value, unchanged), and
+// puts this node's held key (the claim's epoch, no lease). A failed
+// compare is ErrCompareFailed and writes nothing.
 func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) {
 	c.mu.Lock()
 	lease, pair := c.st.Lease, c.st.Pair
@@ -843,8 +963,12 @@ func (c *Controller) claimTxn(ctx context.Context, ks keyState) (*Claim, error) 
 		return nil, err
 	}
 	t := Txn{
-		If:   []Compare{{Key: c.keys.Epoch, Target: ModRevision}},
-		Then: []Op{Put(c.keys.Epoch, cl.Encode(), 0), Put(c.keys.Holder, cl.Encode(), lease)},
+		If: []Compare{{Key: c.keys.Epoch, Target: ModRevision}},
+		Then: []Op{
+			Put(c.keys.Epoch, cl.Encode(), 0),
+			Put(c.keys.Holder, cl.Encode(), lease),
+			Put(c.keys.HeldKey(KeyOf(c.cfg.Key)), HeldValue(epoch), 0),
+		},
 		Else: []Op{GetOp(c.keys.Prefix, true)},
 	}
 	if ks.epochKV != nil {

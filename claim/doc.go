@@ -37,7 +37,12 @@
 //     the holder has dropped at least 10 s before anyone can claim. The
 //     other member claims once the holder's lease has expired, if it took
 //     the counter's claim and is not fenced. A fenced node never claims
-//     again by itself; only Promote clears the fence. The renewal's age is
+//     again by itself; only Promote clears the fence. The claim's
+//     transaction also puts /keel/<mesh>/vip/<vip>/held/<node key> (the
+//     epoch, no lease, kept for good), so that a node whose state file was
+//     lost learns from etcd that it held the VIP before and stays fenced
+//     (State.Unchecked; without etcd it asks the other member). The
+//     renewal's age is
 //     timed on the Clock, which in production is BootClock
 //     (CLOCK_BOOTTIME), so a holder waking from suspend drops at once.
 //   - Promote: the operator's move, with or without etcd (see

@@ -116,6 +116,12 @@ var (
 	// ErrNoCounter is returned by a promote or claim when the counter key
 	// holds no valid claim to continue from and the node cannot start one.
 	ErrNoCounter = errors.New("claim: no valid counter claim")
+	// ErrStateLost is reported (to Config.OnError) when a node whose
+	// state held no claim finds its own held key in the KV, or learns
+	// from its peer that the newest claim is its own: it once held the
+	// VIP, its state file was lost or replaced, and it is fenced until a
+	// promote.
+	ErrStateLost = errors.New("claim: state file lost; this node held the vip before, fenced")
 	// ErrCorruptState is returned when a state file cannot be decoded. The
 	// file is left untouched.
 	ErrCorruptState = errors.New("claim: corrupt state file")

@@ -2,7 +2,9 @@ package claim
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -190,15 +192,47 @@ type WatchResponse struct {
 	Err      error
 }
 
-// Keys names the two keys of a VIP in the KV.
+// Keys names the keys of a VIP in the KV.
 type Keys struct {
 	Prefix string // /keel/<mesh>/vip/<vip>/
 	Epoch  string // the counter: the newest claim, kept for good
 	Holder string // the holder's claim, attached to its lease
+	// Held is the prefix of the per-node keys: HeldKey(k) holds, in
+	// decimal, the epoch of the newest claim the node with key k wrote,
+	// kept for good (no lease). It is how a node whose state file was
+	// lost learns that it once held the VIP (see State.Unchecked). There
+	// is one per member key that ever claimed: at most two per VIP, since
+	// the pair record fixes the members.
+	Held string
 }
 
 // KeysFor returns the keys of vip in mesh.
 func KeysFor(mesh string, vip fmt.Stringer) Keys {
 	p := "/keel/" + mesh + "/vip/" + vip.String() + "/"
-	return Keys{Prefix: p, Epoch: p + "epoch", Holder: p + "holder"}
+	return Keys{Prefix: p, Epoch: p + "epoch", Holder: p + "holder", Held: p + "held/"}
+}
+
+// HeldKey returns the held key of the node whose Ed25519 key is k:
+// Held followed by k in lower-case hex.
+func (k Keys) HeldKey(node PublicKey) string { return k.Held + hex.EncodeToString(node[:]) }
+
+// HeldValue encodes epoch as a held key's value: decimal ASCII.
+func HeldValue(epoch uint64) []byte { return strconv.AppendUint(nil, epoch, 10) }
+
+// ParseHeldValue decodes a held key's value: a decimal epoch of 1 to
+// math.MaxUint64, digits only. Anything else is ErrMalformed.
+func ParseHeldValue(b []byte) (uint64, error) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, fmt.Errorf("%w: held value of %d bytes", ErrMalformed, len(b))
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%w: held value %q is not decimal", ErrMalformed, b)
+		}
+	}
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	if err != nil || v == 0 {
+		return 0, fmt.Errorf("%w: held value %q is not an epoch", ErrMalformed, b)
+	}
+	return v, nil
 }

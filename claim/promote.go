@@ -392,20 +392,8 @@ func (c *Controller) promoteNoKV(ctx context.Context, o PromoteOptions) (Promote
 	pair := c.st.Pair
 	c.unlock()
 	if c.cfg.Channel != nil {
-		for _, p := range c.cfg.Peers {
-			if p == c.cfg.Self {
-				continue
-			}
-			cctx, cancel := c.call(ctx)
-			cl, err := c.cfg.Channel.Epoch(cctx, p, c.cfg.VIP)
-			cancel()
-			if err != nil || cl == nil {
-				continue
-			}
-			verr := c.cfg.Policy.Verify(pair, cl, netip.Addr{})
-			if verr == nil && cl.Newer(newest) {
-				newest = cl
-			}
+		if cl, _ := c.askEpochs(ctx, pair); cl != nil && cl.Newer(newest) {
+			newest = cl
 		}
 	}
 	var next uint64 = 1

@@ -46,12 +46,21 @@ type State struct {
 	Lease         LeaseID     // this node's lease (the holder key's, when holding)
 	ReleasedLease LeaseID     // the lease revoked by the release, until found gone
 	Abandoned     LeaseID     // the lease a fenced holder stops renewing and revokes
+	// Unchecked is set on a member that started with no claim in its
+	// state (a new node, or one whose state file was lost or replaced)
+	// until it has learnt whether it held the VIP before: with a KV from
+	// its held key (Keys.HeldKey), without one from the other member's
+	// newest claim. Meanwhile it is treated as fenced: it never holds and
+	// never fails over. HeldCheck clears it; so does a claim of its own.
+	// It is kept in the state, so a restart before the check (after the
+	// node took a claim from the channel, say) does not skip it.
+	Unchecked bool
 }
 
 // Role returns self's role: RoleHolder when it holds the newest claim and is
-// neither fenced nor released.
+// neither fenced, released nor unchecked.
 func (s State) Role(self netip.Addr) Role {
-	if s.Held != nil && s.Held.Holder == self && !s.Fenced && !s.Released {
+	if s.Held != nil && s.Held.Holder == self && !s.Fenced && !s.Released && !s.Unchecked {
 		return RoleHolder
 	}
 	return RoleReplica
@@ -79,7 +88,7 @@ func (s State) Take(self netip.Addr, c *Claim) State {
 // or, without it, taken by a majority of peers): c is held and lease (0
 // without a KV) is the lease its holder key hangs on.
 func (s State) Claimed(c *Claim, lease LeaseID) State {
-	s.Held, s.Fenced, s.Released, s.Lease = c, false, false, lease
+	s.Held, s.Fenced, s.Released, s.Unchecked, s.Lease = c, false, false, false, lease
 	if s.Pair == nil {
 		s.Pair = c.Pair
 	}
@@ -131,6 +140,24 @@ func (s State) LeaseGone(id LeaseID) State {
 	return s
 }
 
+// HeldCheck returns the state after an unchecked node learnt whether it
+// held the VIP before (heldBefore): with a KV, whether its held key
+// exists; without one, whether the other member's newest claim is its
+// own. A node that held it is fenced, since its lost state may have been
+// fenced and only a promote may clear that; a node that never held it (a
+// legitimate newcomer) is an ordinary replica. A checked state is
+// returned unchanged.
+func (s State) HeldCheck(heldBefore bool) State {
+	if !s.Unchecked {
+		return s
+	}
+	s.Unchecked = false
+	if heldBefore {
+		s.Fenced = true
+	}
+	return s
+}
+
 // Promote returns the state after an operator's promote on this node: the
 // only way to clear a fence.
 func (s State) Promote() State {
@@ -141,9 +168,9 @@ func (s State) Promote() State {
 // MayFailover reports whether self's controller may claim on its own: the
 // holder's lease has expired (holderAlive is false), self has taken the
 // counter's claim, that claim is the other member's, and self is neither
-// fenced nor released.
+// fenced, released nor unchecked.
 func (s State) MayFailover(self netip.Addr, counter *Claim, holderAlive bool) bool {
-	return !holderAlive && counter != nil && !s.Fenced && !s.Released &&
+	return !holderAlive && counter != nil && !s.Fenced && !s.Released && !s.Unchecked &&
 		s.Held.Equal(counter) && counter.Holder != self
 }
 
@@ -168,11 +195,12 @@ type stateJSON struct {
 	Lease         int64  `json:"lease,omitempty"`
 	ReleasedLease int64  `json:"released_lease,omitempty"`
 	Abandoned     int64  `json:"abandoned_lease,omitempty"`
+	Unchecked     bool   `json:"unchecked,omitempty"`
 }
 
 // MarshalState encodes s as the state file's JSON.
 func MarshalState(s State) ([]byte, error) {
-	j := stateJSON{Version: 1, Fenced: s.Fenced, Released: s.Released, Lease: int64(s.Lease), ReleasedLease: int64(s.ReleasedLease), Abandoned: int64(s.Abandoned)}
+	j := stateJSON{Version: 1, Fenced: s.Fenced, Released: s.Released, Lease: int64(s.Lease), ReleasedLease: int64(s.ReleasedLease), Abandoned: int64(s.Abandoned), Unchecked: s.Unchecked}
 	if s.Held != nil {
 		j.Held = base64.StdEncoding.EncodeToString(s.Held.Encode())
 	}
@@ -196,7 +224,7 @@ func UnmarshalState(b []byte) (State, error) {
 	if j.Version != 1 {
 		return State{}, fmt.Errorf("%w: version %d", ErrCorruptState, j.Version)
 	}
-	s := State{Fenced: j.Fenced, Released: j.Released, Lease: LeaseID(j.Lease), ReleasedLease: LeaseID(j.ReleasedLease), Abandoned: LeaseID(j.Abandoned)}
+	s := State{Fenced: j.Fenced, Released: j.Released, Lease: LeaseID(j.Lease), ReleasedLease: LeaseID(j.ReleasedLease), Abandoned: LeaseID(j.Abandoned), Unchecked: j.Unchecked}
 	if j.Held != "" {
 		raw, err := base64.StdEncoding.DecodeString(j.Held)
 		if err != nil {

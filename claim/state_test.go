@@ -114,3 +114,61 @@ func TestFileStore(t *testing.T) {
 		t.Fatalf("controller on a corrupt state file: %v", err)
 	}
 }
+
+// An unchecked state neither holds nor fails over; HeldCheck ends it,
+// fencing a node that held the VIP before and leaving a newcomer a
+// replica; a claim of its own ends it too; the flag survives the file.
+func TestStateUnchecked(t *testing.T) {
+	f := claimtest.NewFixture()
+	a := f.A.Addr
+	u := claim.State{Unchecked: true}.Take(a, f.Claim(f.B, 2))
+	if !u.Unchecked || u.MayFailover(a, u.Held, false) {
+		t.Fatalf("unchecked replica may fail over: %+v", u)
+	}
+	if own := (claim.State{Unchecked: true}).Take(a, f.Claim(f.A, 2)); own.Role(a) != claim.RoleReplica {
+		t.Fatalf("unchecked node holds its own claim: %+v", own)
+	}
+	if n := u.HeldCheck(false); n.Unchecked || n.Fenced || !n.MayFailover(a, n.Held, false) {
+		t.Fatalf("newcomer after the check: %+v", n)
+	}
+	h := u.HeldCheck(true)
+	if h.Unchecked || !h.Fenced || h.MayFailover(a, h.Held, false) {
+		t.Fatalf("node that held before, after the check: %+v", h)
+	}
+	if again := h.Promote().HeldCheck(true); again.Fenced {
+		t.Fatalf("a checked state was checked again: %+v", again)
+	}
+	if c := u.Claimed(f.Claim(f.A, 3), 7); c.Unchecked || c.Role(a) != claim.RoleHolder {
+		t.Fatalf("own claim does not end the check: %+v", c)
+	}
+	b, err := claim.MarshalState(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back, err := claim.UnmarshalState(b); err != nil || !back.Unchecked {
+		t.Fatalf("unchecked lost in the file: %+v %v", back, err)
+	}
+}
+
+func TestHeldValue(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"1", 1, true},
+		{"18446744073709551614", 1<<64 - 2, true},
+		{"18446744073709551615", 1<<64 - 1, true},
+		{"18446744073709551616", 0, false},
+		{"0", 0, false}, {"", 0, false}, {"-1", 0, false}, {"+1", 0, false},
+		{" 1", 0, false}, {"1e3", 0, false}, {"000000000000000000001", 0, false},
+	} {
+		got, err := claim.ParseHeldValue([]byte(tc.in))
+		if (err == nil) != tc.ok || got != tc.want || err != nil && !errors.Is(err, claim.ErrMalformed) {
+			t.Errorf("ParseHeldValue(%q) = %d, %v", tc.in, got, err)
+		}
+		if tc.ok && string(claim.HeldValue(got)) != tc.in {
+			t.Errorf("HeldValue(%d) = %q", got, claim.HeldValue(got))
+		}
+	}
+}

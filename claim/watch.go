@@ -29,7 +29,7 @@ type Change struct {
 	Role     Role       // this node's role
 	Epoch    uint64     // of the newest claim taken (0: none)
 	Holder   netip.Addr // of the newest claim taken
-	Fenced   bool       // lost the VIP without releasing it; only Promote clears it
+	Fenced   bool       // lost the VIP without releasing it (only Promote clears it), or unchecked (Status.Unchecked)
 	Released bool       // released the VIP to the other member
 	Carried  bool       // this node carries the address now
 }
@@ -44,7 +44,7 @@ type view struct {
 
 // +checklocks:c.mu
 func (c *Controller) viewLocked() view {
-	v := view{role: c.st.Role(c.cfg.Self), fenced: c.st.Fenced, released: c.st.Released, carried: c.carried}
+	v := view{role: c.st.Role(c.cfg.Self), fenced: c.st.Fenced || c.st.Unchecked, released: c.st.Released, carried: c.carried}
 	if c.st.Held != nil {
 		v.epoch, v.holder = c.st.Held.Epoch, c.st.Held.Holder
 	}

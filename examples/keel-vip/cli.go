@@ -23,13 +23,18 @@ const usage = `usage: keel-vip <command> [flags]
 
 commands:
   tend      --mesh FILE                 run the root helper (starts the controller and the listener)
+  check     --mesh FILE                 validate the mesh file and the margins of its timings
   pair propose --mesh FILE --peer ADDR --out FILE
                                         build the pair record with the peer, signed by this node
   pair sign --mesh FILE --in FILE [--out FILE] [--root-key FILE]
                                         check and sign a proposed record (default out: appliance.pair_file)
   promote   --mesh FILE [--old-primary-gone]
   status    --mesh FILE [--json]
-  inspect   --mesh FILE                 one line per VIP: role, epoch, holder, fenced, carried, routed-to
+  inspect   --mesh FILE [--spec FILE]   emit the node's spec with appliance.vip (to FILE, else stdout),
+                                        then one line per VIP: role, epoch, holder, fenced, carried, routed-to
+  allocate  --mesh FILE [--from-spec FILE] [--reserve ADDR,...] [--pair-file FILE]
+                                        write appliance.vip into the mesh file: a free /128 of this node's
+                                        /112 (the primary), or the VIP of the primary's emitted spec
   render    --mesh FILE [--holder ADDR] [--out FILE]
                                         write the wg-quick config, the VIP routed to its holder
   drop-all  --mesh FILE                 drop every VIP from the interface (ExecStopPost)
@@ -177,6 +182,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		peer, in, out, rootKey         *string
 		holder, exe, setprivPath       *string
 		children, ctlCgroup, lisCgroup *string
+		specOut, fromSpec, reserve     *string
+		pairFile                       *string
 	)
 	switch cmd {
 	case "tend":
@@ -187,7 +194,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		lisCgroup = fs.String("listener-cgroup", "", "with --children units: the listener unit's cgroup (default "+DefaultListenerCgroup+")")
 	case "status":
 		asJSON = fs.Bool("json", false, "print JSON")
-	case "inspect", "drop-all":
+	case "inspect":
+		specOut = fs.String("spec", "", "write the emitted spec here (default: stdout, before the VIP lines)")
+	case "allocate":
+		fromSpec = fs.String("from-spec", "", "take appliance.vip from the spec the primary emitted (keel-vip inspect --spec)")
+		reserve = fs.String("reserve", "", "comma-separated VIPs of other pairs to keep clear")
+		pairFile = fs.String("pair-file", "", "appliance.pair_file to write when the mesh file names none (default: pair.rec beside it)")
+	case "drop-all", "check":
 	case "promote":
 		gone = fs.Bool("old-primary-gone", false, "the old primary is gone: wait for its lease instead of its release")
 	case "pair propose":
@@ -228,6 +241,41 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	switch cmd {
+	case "allocate":
+		var vip netip.Addr
+		if *fromSpec != "" {
+			sp, err := readSpecFile(*fromSpec)
+			if err != nil {
+				return fail(err)
+			}
+			if vip, err = m.VIPFromSpec(sp); err != nil {
+				return fail(err)
+			}
+		} else {
+			var extra []netip.Addr
+			for _, f := range strings.FieldsFunc(*reserve, func(r rune) bool { return r == ',' }) {
+				a, err := netip.ParseAddr(strings.TrimSpace(f))
+				if err != nil {
+					fmt.Fprintf(stderr, "keel-vip allocate: --reserve %q: not an address\n", f)
+					return ExitUsage
+				}
+				extra = append(extra, a)
+			}
+			if vip, err = m.AllocateVIP(nil, extra...); err != nil {
+				return fail(err)
+			}
+		}
+		if err := SetMeshVIP(*meshPath, vip, *pairFile); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "appliance.vip %v written to %s\n", vip, *meshPath)
+		return ExitOK
+	case "check":
+		if err := m.CheckTimings(); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(stdout, "ok")
+		return ExitOK
 	case "tend":
 		var units *Units
 		switch *children {
@@ -248,6 +296,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		switch {
 		case cmd == "inspect":
+			vip, _ := netip.ParseAddr(s.VIP)
+			spec := m.Spec(vip).Encode()
+			if *specOut != "" {
+				if err := writeFileAtomic(*specOut, spec, 0o644); err != nil {
+					return fail(err)
+				}
+			} else if _, err := stdout.Write(spec); err != nil {
+				return fail(err)
+			}
 			fmt.Fprintln(stdout, s.InspectLine())
 		case *asJSON:
 			return exitOf(fail, s.WriteJSON(stdout))

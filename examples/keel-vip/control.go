@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -102,6 +103,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		return err
 	}
 	log := newLog(logw, m.Self.ID, "controller")
+	warnTimings(log, m)
 	// etcd's TLS is checked before anything starts.
 	tlsCfg, err := m.EtcdTLSConfig(wallNow())
 	if err != nil {
@@ -179,6 +181,26 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		ctl.Close()
 		return err
 	}
+	promotes := new(promoteCounts)
+	var metricsSrv *http.Server
+	if m.Metrics.IsValid() {
+		ttl := m.LeaseTTL
+		if ttl == 0 {
+			ttl = claim.DefaultLeaseTTL
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(controllerCollector{vip: m.Tended().String(), node: m.Self.ID, observer: key == nil, ttl: ttl,
+			status: ctl.Status, stats: ctl.Stats, promotes: promotes})
+		ml, err := net.Listen("tcp", m.Metrics.String())
+		if err != nil {
+			ctl.Close()
+			l.Close()
+			return fmt.Errorf("keelvip: metrics: %w", err)
+		}
+		metricsSrv = metricsServer(reg)
+		go func() { _ = metricsSrv.Serve(ml) }()
+		defer metricsSrv.Close()
+	}
 	srv := claim.NewServer(ctl)
 	srv.PeerAddr = func(r *http.Request) (netip.Addr, error) { return netip.ParseAddr(r.Header.Get(fromHeader)) }
 	mux := http.NewServeMux()
@@ -206,6 +228,11 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 			return
 		}
 		res, err := ctl.Promote(r.Context(), claim.PromoteOptions{OldPrimaryGone: req.OldPrimaryGone})
+		if err != nil {
+			promotes.failed.Add(1)
+		} else {
+			promotes.ok.Add(1)
+		}
 		rep := PromoteReply{ByController: res.ByController, AlreadyHeld: res.AlreadyHeld, Taken: res.Taken, Answered: res.Answered}
 		if res.Claim != nil {
 			rep.Epoch, rep.Holder = res.Claim.Epoch, res.Claim.Holder.String()

@@ -19,7 +19,9 @@
 //	keel-vip tend         --mesh FILE
 //	keel-vip promote      --mesh FILE [--old-primary-gone]
 //	keel-vip status       --mesh FILE [--json]
-//	keel-vip inspect      --mesh FILE
+//	keel-vip inspect      --mesh FILE [--spec FILE]
+//	keel-vip allocate     --mesh FILE [--from-spec FILE] [--reserve ADDR,...]
+//	keel-vip check        --mesh FILE
 //	keel-vip render       --mesh FILE [--holder ADDR]
 //	keel-vip drop-all     --mesh FILE
 //	keel-vip --help | --version

@@ -410,6 +410,7 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 		return err
 	}
 	h := &helper{m: m, log: newLog(logw, m.Self.ID, "helper"), ctx: ctx}
+	warnTimings(h.log, m)
 	if h.pol, err = m.Policy(); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"slices"
@@ -112,6 +113,10 @@ type Mesh struct {
 	EventLog string
 	// Timings of the controller; zero means claim's defaults.
 	RenewInterval, LeaseTTL, DropAfter, ElectionTimeout time.Duration
+	// Metrics is the loopback address and port the controller serves its
+	// Prometheus metrics on (GET /metrics, docs/keel-vip-metrics.md); the
+	// zero value: none. Only a loopback address is accepted.
+	Metrics netip.AddrPort
 }
 
 // Node is this node's identity.
@@ -190,6 +195,7 @@ type meshFile struct {
 		Loss      float64 `json:"loss"`
 	} `json:"impair,omitempty"`
 	EventLog string `json:"event_log,omitempty"`
+	Metrics  string `json:"metrics,omitempty"`
 	Timings  struct {
 		RenewMs    int `json:"renew_ms,omitempty"`
 		TTLMs      int `json:"lease_ttl_ms,omitempty"`
@@ -455,6 +461,13 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 	}
 	m.RenewInterval, m.LeaseTTL = time.Duration(t.RenewMs)*time.Millisecond, time.Duration(t.TTLMs)*time.Millisecond
 	m.DropAfter, m.ElectionTimeout = time.Duration(t.DropMs)*time.Millisecond, time.Duration(t.ElectionMs)*time.Millisecond
+	if mf.Metrics != "" {
+		ap, err := netip.ParseAddrPort(mf.Metrics)
+		if err != nil || ap.Port() == 0 || !ap.Addr().IsLoopback() || ap.Addr().Zone() != "" {
+			return nil, bad("metrics %q: want a loopback address and port, such as 127.0.0.1:9445", mf.Metrics)
+		}
+		m.Metrics = ap
+	}
 	return m, nil
 }
 
@@ -606,6 +619,24 @@ func (m *Mesh) Drift(live wg.Config, vips ...netip.Addr) []string {
 	}
 	slices.Sort(extra)
 	return append(out, extra...)
+}
+
+// CheckTimings checks the mesh file's timings (zero: claim's defaults)
+// against claim's margin rules (claim.CheckTimings): the drop deadline
+// holds at least claim.MinRenewalsPerDrop renewals, and the drop plus
+// etcd's election timeout plus claim.TimingSlack fits in the lease TTL.
+// `keel-vip check` fails on a violation; tend and the controller only
+// warn, so that a mesh file that started a pair before still does.
+func (m *Mesh) CheckTimings() error {
+	return claim.CheckTimings(m.RenewInterval, m.LeaseTTL, m.DropAfter, m.ElectionTimeout)
+}
+
+// warnTimings logs, at warn, a violation of the timing margins
+// (Mesh.CheckTimings); start goes on.
+func warnTimings(log *slog.Logger, m *Mesh) {
+	if err := m.CheckTimings(); err != nil {
+		log.Warn("mesh file timings break the margin rule; keel-vip check refuses them, start goes on (see docs/defaults.md)", "err", err)
+	}
 }
 
 // CheckSpawnUsers checks what spawn mode needs of the users: the

@@ -439,7 +439,7 @@ func TestSpawnNeedsDistinctUsers(t *testing.T) {
 func TestHelpAndVersion(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"pair", "-h"}, {"tend", "-h"}, {"tend", "--help"},
 		{"pair", "propose", "-h"}, {"pair", "sign", "--help"}, {"promote", "-h"}, {"status", "-h"},
-		{"inspect", "-h"}, {"render", "-h"}, {"drop-all", "--help"}} {
+		{"inspect", "-h"}, {"render", "-h"}, {"drop-all", "--help"}, {"check", "-h"}} {
 		var out, errb bytes.Buffer
 		if code := keelvip.Main(context.Background(), args, &out, &errb); code != keelvip.ExitOK || out.Len() == 0 || strings.Contains(errb.String(), "unknown") {
 			t.Errorf("%v: exit %d, out %q, err %q", args, code, out.String(), errb.String())
@@ -452,5 +452,47 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 	if got := keelvip.Version(); !strings.Contains(out.String(), got) {
 		t.Errorf("--version %q, Version() %q", out.String(), got)
+	}
+}
+
+// TestCheckTimings: `keel-vip check` passes the defaults and the spec's
+// figures, and fails, naming the rule, a timing that keeps 0 < renew <
+// drop < TTL but no margin (10 s renewals, a 10.5 s drop). Such a file
+// still parses: tend only warns.
+func TestCheckTimings(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timings map[string]any
+		code    int
+		want    string
+	}{
+		{"defaults", nil, keelvip.ExitOK, "ok"},
+		{"spec figures", map[string]any{"renew_ms": 2000, "lease_ttl_ms": 20000, "drop_after_ms": 10000, "election_timeout_ms": 5000}, keelvip.ExitOK, "ok"},
+		{"one renewal per drop", map[string]any{"renew_ms": 10000, "drop_after_ms": 10500}, keelvip.ExitError, "want at least 3"},
+		{"no room for an election", map[string]any{"renew_ms": 1000, "lease_ttl_ms": 12000, "drop_after_ms": 10000}, keelvip.ExitError, "election timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			doc := meshDoc(dir)
+			if tc.timings != nil {
+				doc["timings"] = tc.timings
+			}
+			p := filepath.Join(dir, "mesh.json")
+			if err := os.WriteFile(p, encode(t, doc), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			m, err := keelvip.LoadMesh(p)
+			if err != nil {
+				t.Fatalf("a mesh file valid before no longer parses: %v", err)
+			}
+			if err := m.CheckTimings(); (err == nil) != (tc.code == keelvip.ExitOK) || err != nil && !errors.Is(err, claim.ErrTimingMargin) {
+				t.Errorf("CheckTimings: %v", err)
+			}
+			var out, errb bytes.Buffer
+			code := keelvip.Main(context.Background(), []string{"check", "--mesh", p}, &out, &errb)
+			if code != tc.code || !strings.Contains(out.String()+errb.String(), tc.want) {
+				t.Errorf("check: exit %d, out %q, err %q; want %d with %q", code, out.String(), errb.String(), tc.code, tc.want)
+			}
+		})
 	}
 }

@@ -49,7 +49,12 @@
 // quarantined bindings share one bounded capacity (4096 by default); when it
 // is full, new flows are refused and counted, and nothing live is evicted.
 // Removing a backend, listener or VIP stops new bindings; existing ones
-// drain until idle expiry.
+// drain until idle expiry. While an address has only draining bindings
+// left (no listener, no claim), the NAT intercepts only those bindings'
+// flows on it: everything else to and from the address passes untouched,
+// so a node that now holds it (a VIP moves when a node's address wins
+// it) is reachable at once, while the draining flows stay protected from
+// a peer posing as their VIP side.
 //
 // Counters are cumulative until Close: per listener (ListenerStats), per
 // backend of a listener for as long as it is configured or still drains

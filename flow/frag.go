@@ -9,8 +9,12 @@ import (
 // Fragment reassembly (before NAT) and fragmentation (after it).
 //
 // From the host, fragments to a VIP are reassembled; from peers, fragments
-// whose source is the address of a backend with bindings (others are not
-// NAT traffic and pass untouched).
+// whose source is the address of a backend with bindings, and those from or
+// to an address that only drains (whose datagram must not pose as one of
+// its draining flows, see passPeerLocked); others are not NAT traffic and
+// pass untouched. A reassembled datagram that is not NAT traffic after all
+// (to or from an address that only drains) goes on whole, refragmented to
+// the MTU of its direction.
 //
 // Incomplete datagrams are keyed by the side and authenticated sender they
 // came from plus (src, dst, protocol, id), so one peer can neither complete
@@ -120,9 +124,10 @@ func (fc *fragCache) poison(e *fragEntry, r DropReason) {
 // +checklocks:n.mu
 func (n *NAT) fragmentLocked(pkt []byte, s side, peer PeerID, now int64) Result {
 	ip := packet.IPv4(pkt)
-	if s == sidePeer && n.backendAddrRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 {
-		// Not from a backend address with bindings: not NAT traffic, left
-		// for the host to reassemble.
+	if s == sidePeer && n.backendAddrRefs[binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])] == 0 && !n.drainingPeerLocked(pkt) {
+		// Not from a backend address with bindings, nor from or to an
+		// address that only drains: not NAT traffic, left for the host to
+		// reassemble.
 		return pass
 	}
 	hl := ip.HeaderLen()

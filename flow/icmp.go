@@ -24,8 +24,10 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	iproto := Proto(q[packet.IPv4ProtoOff])
 	if (iproto != ProtoTCP && iproto != ProtoUDP) || packet.IPv4(q).FragOffset() != 0 {
 		// Legitimately not ours (an error about a ping, a later fragment):
-		// from a peer it passes; quoted to a VIP it cannot be mapped.
-		if s == sidePeer {
+		// from a peer it passes; quoted to a VIP it cannot be mapped,
+		// unless the VIP only drains (then the error is for whoever
+		// holds the address now).
+		if s == sidePeer || n.drainingLocked(binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:])) {
 			return pass
 		}
 		return n.drop(ReasonICMPQuote)
@@ -36,8 +38,17 @@ func (n *NAT) icmpErrorLocked(pkt []byte, hl int, s side, peer PeerID, now int64
 	k := mkTuple(binary.BigEndian.Uint32(q[packet.IPv4DstOff:]), binary.BigEndian.Uint32(q[packet.IPv4SrcOff:]),
 		binary.BigEndian.Uint16(il4[2:]), binary.BigEndian.Uint16(il4[0:]), iproto)
 	e := n.idx.find(k)
+	if s == sidePeer {
+		// An error about a packet of a draining binding's flow on an
+		// address that only drains poses as that flow's VIP side or
+		// client side, as a packet with the error's tuple k would (see
+		// passPeerLocked).
+		if r := n.passPeerLocked(k, e != nil); r.Verdict == Drop {
+			return r
+		}
+	}
 	if e == nil {
-		if s == sidePeer {
+		if s == sidePeer || n.drainingLocked(binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:])) {
 			return pass
 		}
 		return n.drop(ReasonNoFlow)

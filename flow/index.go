@@ -30,6 +30,11 @@ func (t tuple) dport() uint16 { return uint16(t.k1 >> 32) }
 func (t tuple) proto() Proto  { return Proto(t.k1 >> 24) }
 func (t tuple) ports() uint32 { return uint32(t.k1 >> 32) }
 
+// reverse returns the tuple of a packet going the other way.
+func (t tuple) reverse() tuple {
+	return mkTuple(t.dst(), t.src(), t.dport(), t.sport(), t.proto())
+}
+
 const (
 	idBits   = 23
 	idMask   = 1<<idBits - 1

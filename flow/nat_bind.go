@@ -113,7 +113,7 @@ func (n *NAT) bindLocked(k tuple, ls *listenerState, be Backend, now int64, isn 
 	bs.created++
 	n.inUse++
 	n.created++
-	n.vipRefLocked(k.dst(), 0, +1)
+	n.vipRefLocked(k.dst(), 0, +1, 0)
 	n.backendAddrRefs[baddr]++
 	n.wheelLink(id)
 	n.syncLocked(id, now)

@@ -5,32 +5,61 @@ import (
 	"net/netip"
 )
 
-// vipRefLocked counts listeners and bindings per VIP and republishes the
-// lock-free VIP set when one appears or disappears.
+// kind returns the kind of address vi makes its VIP: routed while it has
+// listeners or is claimed, draining while only bindings remain.
+func (vi *vipInfo) kind() uint8 {
+	switch {
+	case vi == nil:
+		return vipNone
+	case vi.listeners > 0 || vi.claimed:
+		return vipRouted
+	case vi.bindings > 0:
+		return vipDraining
+	}
+	return vipNone
+}
+
+// vipRefLocked counts listeners and bindings per VIP (dl, db) and claims
+// (dc: +1 claims, -1 releases, 0 leaves the claim), forgets a VIP when
+// nothing is left, and republishes the lock-free VIP set when an address
+// appears, disappears or changes its kind.
 // +checklocks:n.mu
-func (n *NAT) vipRefLocked(vip uint32, dl, db int) {
+func (n *NAT) vipRefLocked(vip uint32, dl, db, dc int) {
 	vi := n.vipInfo[vip]
+	was := vi.kind()
 	if vi == nil {
 		vi = &vipInfo{}
 		n.vipInfo[vip] = vi
-		defer n.publishVIPsLocked()
 	}
 	vi.listeners += dl
 	vi.bindings += db
-	if vi.listeners == 0 && vi.bindings == 0 && !vi.claimed {
+	if dc != 0 {
+		vi.claimed = dc > 0
+	}
+	now := vi.kind()
+	if now == vipNone {
 		delete(n.vipInfo, vip)
+	}
+	if now != was {
 		n.publishVIPsLocked()
 	}
 }
 
 // +checklocks:n.mu
 func (n *NAT) publishVIPsLocked() {
-	addrs := make([]uint32, 0, len(n.vipInfo))
-	for a := range n.vipInfo {
-		addrs = append(addrs, a)
+	addrs := make([]vipEntry, 0, len(n.vipInfo))
+	for a, vi := range n.vipInfo {
+		addrs = append(addrs, vipEntry{a, vi.kind()})
 	}
 	n.vips.Store(newVIPSet(addrs))
 }
+
+// drainingLocked reports whether a is a VIP address that only drains: no
+// listener and no claim, only bindings. Only those bindings' flows on it
+// are the NAT's; everything else to and from it passes, since the address
+// may now be a node's (a VIP moves when a node's address wins it).
+// +checklocks:n.mu
+func (n *NAT) drainingLocked(a uint32) bool { return n.vips.Load().kind(a) == vipDraining }
 
 // SetListener creates or updates a listener: its VIP becomes a VIP (FromHost
 // translates traffic to it; peers may no longer use it), and new flows to it
@@ -67,7 +96,7 @@ func (n *NAT) SetListener(l Listener, cfg ListenerConfig) error {
 				return fmt.Errorf("%w: %v: more than %d listeners on the VIP", ErrLimit, l, n.o.MaxListenersPerVIP)
 			}
 			ls.removed = false
-			n.vipRefLocked(k.vip, +1, 0)
+			n.vipRefLocked(k.vip, +1, 0, 0)
 		}
 	} else {
 		if vi := n.vipInfo[k.vip]; vi != nil && vi.listeners >= n.o.MaxListenersPerVIP {
@@ -83,7 +112,7 @@ func (n *NAT) SetListener(l Listener, cfg ListenerConfig) error {
 			n.listeners = append(n.listeners, ls)
 		}
 		n.listenerByKey[k] = ls.slot
-		n.vipRefLocked(k.vip, +1, 0)
+		n.vipRefLocked(k.vip, +1, 0, 0)
 	}
 	ls.backends = append(ls.backends[:0:0], cfg.Backends...)
 	n.configureBackendsLocked(ls)
@@ -129,7 +158,7 @@ func (n *NAT) removeListenerLocked(k listenerKey) bool {
 	ls.removed = true
 	ls.backends = nil
 	n.configureBackendsLocked(ls)
-	n.vipRefLocked(k.vip, -1, 0)
+	n.vipRefLocked(k.vip, -1, 0, 0)
 	if ls.refs == 0 {
 		n.forgetListenerLocked(ls)
 	}
@@ -184,13 +213,7 @@ func (n *NAT) ClaimVIP(vip netip.Addr) error {
 	if n.closed {
 		return ErrClosed
 	}
-	a := addr4(vip)
-	if vi := n.vipInfo[a]; vi != nil {
-		vi.claimed = true
-		return nil
-	}
-	n.vipInfo[a] = &vipInfo{claimed: true}
-	n.publishVIPsLocked()
+	n.vipRefLocked(addr4(vip), 0, 0, +1)
 	return nil
 }
 
@@ -207,8 +230,7 @@ func (n *NAT) ReleaseVIP(vip netip.Addr) bool {
 	if vi == nil || !vi.claimed {
 		return false
 	}
-	vi.claimed = false
-	n.vipRefLocked(a, 0, 0)
+	n.vipRefLocked(a, 0, 0, -1)
 	return true
 }
 

@@ -60,7 +60,7 @@ func (n *NAT) freeLocked(id uint32) {
 	ls.refs--
 	n.quarantined--
 	n.inUse--
-	n.vipRefLocked(orig.dst(), 0, -1)
+	n.vipRefLocked(orig.dst(), 0, -1, 0)
 	if n.backendAddrRefs[reply.src()]--; n.backendAddrRefs[reply.src()] <= 0 {
 		delete(n.backendAddrRefs, reply.src())
 	}

@@ -27,6 +27,11 @@ import (
 //     from the VIP goes to Options.Emit toward the host, rate-limited
 //     (Options.ReplyRate), and the packet is dropped with ReasonRefused
 //     or ReasonPortUnreachable (docs/empty-vips.md).
+//   - An address that only drains (its listeners are gone, its bindings
+//     are not; the VIP moved, say, because a node's address won it) is the
+//     NAT's for those bindings' flows alone: everything else to it, new
+//     flows included, is Pass, untouched, for whoever holds the address
+//     now.
 //   - Anything else (IPv6, traffic to non-VIP addresses) is Pass, untouched.
 //
 // Bad packets to a VIP are dropped with a reason. FromHost never panics,
@@ -40,6 +45,12 @@ func (n *NAT) FromHost(pkt []byte, now time.Time) Result {
 //
 //   - A packet with a VIP as source or destination is dropped
 //     (ReasonVIPSource, ReasonVIPDestination): no peer may claim a VIP.
+//     For an address that only drains, only packets that pose as one of
+//     its draining bindings' flows are dropped so (a packet from it toward
+//     such a flow's client or local backend, one to it with such a flow's
+//     client tuple, or an ICMP error about such a flow's packets); the
+//     rest, the traffic of whoever holds the address now, is handled as
+//     for any other address.
 //   - Packets for LocalAddr pass Options.Admit; then a reply matching a
 //     binding must come from the binding's backend peer (else
 //     ReasonPeerMismatch) and is rewritten in place so that its source is
@@ -81,9 +92,11 @@ func (n *NAT) handleOne(pkt []byte, s side, peer PeerID, now time.Time) Result {
 // or dropped with a counted reason.
 //
 // From the host, only IPv4 packets to a VIP are the NAT's. From a peer, a
-// packet with a VIP as source or destination is dropped (no peer may claim
-// a VIP), only packets for LocalAddr are the NAT's, and they must pass
-// Options.Admit.
+// packet with a routed VIP as source or destination is dropped (no peer
+// may claim a VIP), packets for LocalAddr are the NAT's and must pass
+// Options.Admit, and so are packets from or to an address that only
+// drains: the locked path lets them pass unless they claim a draining
+// binding's flow (passPeerLocked).
 func (n *NAT) precheck(p []byte, s side, peer PeerID, vs *vipSet) (r Result, ours bool) {
 	if len(p) < packet.IPv4MinHeaderLen {
 		if packet.Version(p) != 4 {
@@ -101,19 +114,20 @@ func (n *NAT) precheck(p []byte, s side, peer PeerID, vs *vipSet) (r Result, our
 			return Result{}, false
 		}
 	} else {
+		sk, dk := vs.kind(src), vs.kind(dst)
 		switch {
-		case vs.has(src):
+		case sk == vipRouted:
 			return n.drop(ReasonVIPSource), false
-		case vs.has(dst):
+		case dk == vipRouted:
 			return n.drop(ReasonVIPDestination), false
-		case dst != n.local:
+		case dst != n.local && sk|dk == vipNone:
 			return Result{}, false
 		}
 	}
 	if err := packet.IPv4(p).Validate(); err != nil {
 		return n.drop(reasonFor(err)), false
 	}
-	if s == sidePeer && n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
+	if s == sidePeer && dst == n.local && n.o.Admit != nil && !n.o.Admit(peer, addrFrom(src), addrFrom(dst)) {
 		return n.drop(ReasonAdmission), false
 	}
 	return Result{}, true
@@ -291,7 +305,7 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 		}
 		fallthrough
 	default:
-		if s == sideHost {
+		if s == sideHost && !n.drainingLocked(binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:])) {
 			return n.drop(ReasonUnsupported)
 		}
 		return pass
@@ -319,14 +333,56 @@ func (n *NAT) translateLocked(pkt []byte, s side, peer PeerID, now int64) Result
 		return n.drop(ReasonNoFlow)
 	}
 	if e == nil || dir == dirFwd || n.slots[id].state&stHairpin != 0 {
-		return pass
+		return n.passPeerLocked(k, e != nil)
 	}
 	return n.inLocked(pkt, hl, id, s, peer, now)
+}
+
+// passPeerLocked is the verdict on a peer's TCP or UDP packet (tuple k)
+// that no binding translates; matched says that k itself is in the index
+// (a binding's client tuple, or a hairpin reply's). It passes, unless it
+// involves an address that only drains and claims one of its bindings'
+// flows there:
+//
+//   - from the address, with k reversed in the index: the packet poses as
+//     the VIP's side of a binding (toward its client, or toward a local
+//     backend by hairpin); dropped with ReasonVIPSource;
+//   - to the address, with k in the index: it poses as the client's side
+//     (or a local backend's reply); dropped with ReasonVIPDestination.
+//
+// Everything else from and to the address is the traffic of whoever holds
+// it now (a node whose address won it, say) and passes untouched.
+// +checklocks:n.mu
+func (n *NAT) passPeerLocked(k tuple, matched bool) Result {
+	if !n.vips.Load().anyDraining() {
+		return pass
+	}
+	if n.drainingLocked(k.src()) && n.idx.find(k.reverse()) != nil {
+		return n.drop(ReasonVIPSource)
+	}
+	if matched && n.drainingLocked(k.dst()) {
+		return n.drop(ReasonVIPDestination)
+	}
+	return pass
+}
+
+// drainingPeerLocked reports whether a peer's packet is from or to an
+// address that only drains.
+// +checklocks:n.mu
+func (n *NAT) drainingPeerLocked(pkt []byte) bool {
+	vs := n.vips.Load()
+	return vs.anyDraining() && (vs.kind(binary.BigEndian.Uint32(pkt[packet.IPv4SrcOff:])) == vipDraining ||
+		vs.kind(binary.BigEndian.Uint32(pkt[packet.IPv4DstOff:])) == vipDraining)
 }
 
 // newFlowLocked creates a binding for a packet to a VIP that has none.
 // +checklocks:n.mu
 func (n *NAT) newFlowLocked(pkt []byte, hl int, k tuple, now int64) Result {
+	if n.vips.Load().kind(k.dst()) != vipRouted {
+		// The address only drains (or no longer is a VIP): new flows to
+		// it are not ours; they go to whoever holds it now.
+		return pass
+	}
 	li, ok := n.listenerByKey[listenerKey{k.dst(), k.dport(), k.proto()}]
 	if !ok {
 		return n.refuseLocked(pkt, hl, nil, ReasonNoListener, now)

@@ -24,8 +24,15 @@ func (e *Engine) admit(peer flow.PeerID, src, dst netip.Addr) bool {
 }
 
 // emit is flow's Emit: it copies the packet to the queue of its direction.
+// A host datagram the NAT reassembled and let pass (one to an address that
+// only drains, see flow.NAT.FromHost) leaves here, not through
+// translateOut, so the probe port is guarded here too (toProbePort).
 func (e *Engine) emit(dir flow.Direction, pkt []byte) {
 	if dir == flow.ToOverlay {
+		if e.toProbePort(pkt) {
+			e.counters.hostProbe.Add(1)
+			return
+		}
 		e.injectOverlay(append([]byte(nil), pkt...))
 		return
 	}

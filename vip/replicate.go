@@ -30,7 +30,10 @@ import (
 //   - The control frame limit is crdt's MaxSnapshotBytes (64 KiB by
 //     default) plus the 3-byte frame header: one whole service snapshot (at
 //     most 192 signed fields) fits, and a digest of 64 active services and
-//     1024 tombstones (24 bytes each) fits too.
+//     1024 tombstones (24 bytes each) fits too. A larger digest (raised
+//     limits, or what merges hold past them) goes in parts, each a digest
+//     frame within the limit (replicate_digest.go), so anti-entropy never
+//     stops at a limit.
 //   - DefaultReplyRate (1 MiB/s) and DefaultReplyBurst (4 MiB): the
 //     snapshots a node sends in answer to one member's digests and
 //     requests. The burst holds the whole routed state at the default
@@ -197,6 +200,9 @@ func NewReplicator(o ReplicatorOptions) (*Replicator, error) {
 		o.Fanout = DefaultFanout
 	}
 	limit := o.Registry.Replica().Limits().MaxSnapshotBytes + frameHeader
+	if err := checkDigestLimit(limit); err != nil {
+		return nil, err
+	}
 	switch {
 	case o.ReplyRate < 0:
 		return nil, fmt.Errorf("%w: ReplicatorOptions.ReplyRate is negative (%d)", ErrInvalidOptions, o.ReplyRate)
@@ -403,22 +409,12 @@ func (p *Replicator) rotate() {
 	p.pruneLocked(now)
 	p.mu.Unlock()
 	p.rotations.Add(1)
-	digest := p.digest()
+	parts := p.digestParts()
 	for _, peer := range chosen {
-		p.send(context.Background(), peer, digest)
+		for _, part := range parts {
+			p.send(context.Background(), peer, part)
+		}
 	}
-}
-
-// digest lists every held service (deleted ones too) with its revision.
-func (p *Replicator) digest() []byte {
-	infos := p.o.Registry.Replica().Services()
-	f := []byte{frameMagic, frameVersion, frameDigest}
-	f = binary.AppendUvarint(f, uint64(len(infos)))
-	for _, in := range infos {
-		f = append(f, in.ID[:]...)
-		f = binary.BigEndian.AppendUint64(f, uint64(in.Revision))
-	}
-	return f
 }
 
 // HandleFrame processes one control frame from an authenticated peer:
@@ -519,11 +515,12 @@ func (p *Replicator) handleDigest(ctx context.Context, from NodeID, body []byte)
 		e := entries[i*24 : (i+1)*24]
 		theirs[crdt.ServiceID(e[:16])] = crdt.Revision(binary.BigEndian.Uint64(e[16:]))
 	}
+	covers := digestRange(entries, n)
 	mine := make(map[crdt.ServiceID]crdt.Revision)
-	var push []crdt.ServiceInfo // what differs or they lack
+	var push []crdt.ServiceInfo // what differs or they lack, within the part's range
 	for _, in := range p.o.Registry.Replica().Services() {
 		mine[in.ID] = in.Revision
-		if rev, ok := theirs[in.ID]; !ok || rev != in.Revision {
+		if rev, ok := theirs[in.ID]; (!ok || rev != in.Revision) && covers(in.ID) {
 			push = append(push, in)
 		}
 	}
@@ -538,6 +535,9 @@ func (p *Replicator) handleDigest(ctx context.Context, from NodeID, body []byte)
 			continue // a repeat, decided at its first entry
 		}
 		delete(theirs, id)
+		if rev == crdt.NoRevision {
+			continue // a bound of a digest part, not a service (digestParts)
+		}
 		if have, held := mine[id]; !held || have != rev {
 			want = append(want, id[:]...)
 			count++

@@ -55,8 +55,18 @@
 // damaged one (pebble's checksums, missing or short files, crdt's record
 // checks, the witness) fails with crdt.ErrCorrupt. Nothing is ever reset.
 // A database of format 1 (written before the witness existed) is upgraded
-// on Open: it gets its witness and format 2. A build that knows only
-// format 1 refuses a format-2 database with its ErrUnknownVersion.
+// on Open, and Open returns only once the upgrade is durable: first the
+// witness at sequence 0 (synced, with its directory), then format 2 and
+// sequence 0 in one synced batch, flushed to a sorted table so that the
+// format no longer depends on the log. A format-1 database beside a
+// witness at sequence 0 (both slots intact) is an upgrade cut short by a
+// crash, and is upgraded again. Beside a witness that records
+// acknowledged commits it is a database whose log lost the upgrade and
+// what came after it, and beside a damaged witness one that cannot be
+// told apart from that: both fail with crdt.ErrCorrupt naming the witness
+// (and the log), so that the store never falls back to format 1 and
+// signs its counters again. A build that knows only format 1 refuses a
+// format-2 database with its ErrUnknownVersion.
 //
 // Keys: "\x00format" holds the version as a varint; "\x00seq" the commit
 // sequence number as a varint; "m" the meta record; "s" followed by the
@@ -369,8 +379,7 @@ func (s *Store) checkFormat() error {
 	}
 	switch ver {
 	case 1:
-		// Written before the witness existed: nothing to check it against.
-		return s.initialize()
+		return s.upgrade(wpath)
 	case FormatVersion:
 	default:
 		return fmt.Errorf("pebblestore: %w: format %d, this build reads %d", crdt.ErrUnknownVersion, ver, FormatVersion)
@@ -405,6 +414,42 @@ func (s *Store) checkFormat() error {
 		if err := s.writeWitness(seq); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// upgrade checks a format-1 database against the witness beside it and
+// upgrades it. A format-1 database was written before the witness
+// existed, so the only witness that may be there is one at sequence 0
+// with both slots intact: an upgrade that was cut short before its format
+// record was durable, which is done again. A witness that records
+// acknowledged commits means that the log lost the upgrade and the
+// commits after it, and the database fell back to the format-1 records of
+// its sorted tables; a damaged one cannot tell. Both are ErrCorrupt.
+//
+// +checklocks:s.mu
+func (s *Store) upgrade(wpath string) error {
+	w, err := readWitness(s.fs, wpath)
+	switch {
+	case errors.Is(err, errNoWitness):
+	case err != nil:
+		return fmt.Errorf("%w (beside a format-1 database)", err)
+	case w.seq > 0:
+		return fmt.Errorf("pebblestore: %w: the database is at format 1 but witness %s records %d acknowledged commits at format %d: the log (%s) lost the upgrade and the commits after it",
+			crdt.ErrCorrupt, wpath, w.seq, FormatVersion, s.logFiles())
+	case w.torn:
+		return fmt.Errorf("pebblestore: %w: the database is at format 1 beside witness %s with a damaged slot (slots %v): not the witness of an upgrade cut short",
+			crdt.ErrCorrupt, wpath, w.slots)
+	}
+	if err := s.initialize(); err != nil {
+		return err
+	}
+	// The format record is synced in the log; the flush puts it in a
+	// sorted table too, so that a log lost after this point leaves a
+	// format-2 database, which the witness checks, rather than the
+	// format-1 records below it.
+	if err := s.db.Flush(); err != nil {
+		return wrapErr("upgrade", err)
 	}
 	return nil
 }

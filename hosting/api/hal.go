@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -153,11 +154,17 @@ var listParams = map[string]bool{"agentId": true, "activeAgentId": true, "passiv
 // MsgPaging is the message of a limit or offset out of range.
 const MsgPaging = "limit must be 1 to %d and offset at least 0"
 
+// paging reads the limit and offset of a list query: a limit of 1 to
+// MaxPageLimit and an offset of 0 to math.MaxInt. An offset past the end
+// of the list is valid (an empty page, see pageBounds).
 func paging(q url.Values) (limit, offset int, err error) {
 	limit, offset = DefaultPageLimit, 0
 	for name, p := range map[string]*int{"limit": &limit, "offset": &offset} {
 		if v := q.Get(name); v != "" {
 			n, perr := strconv.Atoi(v)
+			if name == "offset" && errors.Is(perr, strconv.ErrRange) && !strings.HasPrefix(v, "-") {
+				return 0, 0, fmt.Errorf("%w: offset %s is over %d", errQuery, v, math.MaxInt)
+			}
 			if perr != nil {
 				return 0, 0, fmt.Errorf("%w: "+MsgPaging, errQuery, MaxPageLimit)
 			}
@@ -168,6 +175,17 @@ func paging(q url.Values) (limit, offset int, err error) {
 		return 0, 0, fmt.Errorf("%w: "+MsgPaging, errQuery, MaxPageLimit)
 	}
 	return limit, offset, nil
+}
+
+// pageBounds returns the page [lo, hi) of a list of n items at offset
+// with at most limit items, and whether items remain after it (the next
+// page is then at hi). An offset at or past n is the empty page [n, n).
+// It takes offset ≥ 0 and limit ≥ 1 as paging returns them, and never
+// computes offset+limit unless it is below n, so nothing overflows.
+func pageBounds(n, offset, limit int) (lo, hi int, more bool) {
+	lo = min(offset, n)
+	hi = lo + min(limit, n-lo)
+	return lo, hi, hi < n
 }
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
@@ -205,7 +223,8 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	slices.SortStableFunc(vs, order)
 	var out ListView
 	out.Count, out.Offset, out.Limit = len(vs), offset, limit
-	page := vs[min(offset, len(vs)):min(offset+limit, len(vs))]
+	lo, hi, more := pageBounds(len(vs), offset, limit)
+	page := vs[lo:hi]
 	out.Embedded.Shares = make([]ShareView, 0, len(page))
 	for _, v := range page {
 		out.Embedded.Shares = append(out.Embedded.Shares, h.view(v))
@@ -215,9 +234,9 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		self += "?" + r.URL.RawQuery
 	}
 	out.Links.Self = Link{Href: self}
-	if offset+limit < len(vs) {
+	if more {
 		nq := maps.Clone(q)
-		nq.Set("offset", strconv.Itoa(offset+limit))
+		nq.Set("offset", strconv.Itoa(hi))
 		nq.Set("limit", strconv.Itoa(limit))
 		out.Links.Next = &Link{Href: h.base + r.URL.Path + "?" + nq.Encode()}
 	}

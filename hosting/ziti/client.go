@@ -33,7 +33,8 @@ const pageLimit = 500
 type Options struct {
 	// HTTPClient sends the requests; nil means http.DefaultClient. Its
 	// transport carries the controller's TLS trust. The client calls it
-	// with none of its locks held, logins included.
+	// with none of its locks held, logins included. Its CheckRedirect is
+	// ignored: the client follows no redirect (see Client).
 	HTTPClient *http.Client
 	// Session is sent as the zt-session header (the ztSession API key of
 	// the specification), obtained from the controller's authentication.
@@ -54,6 +55,12 @@ type Options struct {
 
 // Client calls a controller's Edge Management API. It is safe for
 // concurrent use.
+//
+// It follows no redirect: every request carries the session (zt-session)
+// or, to authenticate, the password, and a redirect would send them on to
+// whatever address the answer names. A redirect (any 3xx answer) fails
+// with ErrProtocol naming its Location; point the client at the
+// controller's own address instead.
 type Client struct {
 	base    *url.URL
 	hc      *http.Client
@@ -181,11 +188,19 @@ func (c *Client) send(ctx context.Context, op, method, path string, q url.Values
 	if session != "" {
 		req.Header.Set("zt-session", session)
 	}
-	resp, err := c.hc.Do(req)
+	// A copy that follows no redirect (see Client), with the caller's
+	// transport, jar and timeout.
+	noRedirect := *c.hc
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := noRedirect.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("ziti: %s: %w", op, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return nil, fmt.Errorf("%w: %s: the controller answered %d, a redirect to %q, which the client does not follow",
+			ErrProtocol, op, resp.StatusCode, resp.Header.Get("Location"))
+	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, c.max+1))
 	if err != nil {
 		return nil, fmt.Errorf("ziti: %s: read answer: %w", op, err)

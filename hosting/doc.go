@@ -38,7 +38,9 @@
 //
 // Cascades are per host: a live passive whose identity cannot be resolved
 // does not fail another host's cascade (UpdateOptions.SkipBroken). It is
-// kept off the bind policy and reported by the status.
+// kept off the bind policy and reported by the status. A rename renames
+// every Ziti object of the share: service, both host.v1 configs and the
+// bind policy.
 //
 // Subpackages: hosting/api is the HTTP API (HAL+JSON, problem+json);
 // hosting/events the RabbitMQ consumer of agent DELETED and the outbox

@@ -26,6 +26,7 @@ type Ziti interface {
 	DeleteConfig(ctx context.Context, id string) error
 	ListConfigs(ctx context.Context, filter string) ([]ziti.Config, error)
 	CreateService(ctx context.Context, s ziti.ServiceCreate) (string, error)
+	PatchService(ctx context.Context, id string, p ziti.ServicePatch) error
 	DeleteService(ctx context.Context, id string) error
 	ListServices(ctx context.Context, filter string) ([]ziti.Service, error)
 	CreateServicePolicy(ctx context.Context, p ziti.ServicePolicyCreate) (string, error)
@@ -353,10 +354,11 @@ func problemError(agent string, pr Problem) error {
 
 // objects are a share's objects in Ziti, found by tag.
 type objects struct {
-	service    string
-	hostConfig *ziti.Config
-	standby    *ziti.Config
-	policy     *ziti.ServicePolicy
+	service     string
+	serviceName string
+	hostConfig  *ziti.Config
+	standby     *ziti.Config
+	policy      *ziti.ServicePolicy
 }
 
 func isStandby(c ziti.Config) bool {
@@ -375,7 +377,7 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 		return o, fmt.Errorf("%w: share %s has %d services", ErrZitiState, s.ID, len(svcs))
 	}
 	if len(svcs) == 1 {
-		o.service = svcs[0].ID
+		o.service, o.serviceName = svcs[0].ID, svcs[0].Name
 	}
 	ct, err := p.hostConfigType(ctx)
 	if err != nil {
@@ -596,6 +598,13 @@ func (p *Projection) UpdateWith(ctx context.Context, prev, cur Share, o UpdateOp
 
 // write makes the writes of UpdateWith, once every lookup is done.
 func (p *Projection) write(ctx context.Context, cur Share, o *objects, ct string, idents map[string]string, leaving map[string][]string) error {
+	// A rename renames every object: the service here, both host.v1
+	// configs and the bind policy below.
+	if name := p.serviceName(cur); o.serviceName != name {
+		if err := p.z.PatchService(ctx, o.service, ziti.ServicePatch{Name: &name}); err != nil {
+			return err
+		}
+	}
 	// Heal or patch the share's own host.v1, before the standby side.
 	name, want := p.hostConfigName(cur), p.HostConfigData(cur, ziti.PrecedenceRequired)
 	if o.hostConfig.Name != name || !reflect.DeepEqual(normJSON(o.hostConfig.Data), want) {
@@ -635,8 +644,15 @@ func (p *Projection) write(ctx context.Context, cur Share, o *objects, ct string
 	roles := append(agentRoles(cur.Hosts.Active), passRoles...)
 	slices.Sort(roles)
 	have := slices.Sorted(slices.Values(o.policy.IdentityRoles))
+	var patch ziti.ServicePolicyPatch
 	if !slices.Equal(have, roles) {
-		if err := p.z.PatchServicePolicy(ctx, o.policy.ID, ziti.ServicePolicyPatch{IdentityRoles: &roles}); err != nil {
+		patch.IdentityRoles = &roles
+	}
+	if name := p.bindPolicyName(cur); o.policy.Name != name {
+		patch.Name = &name
+	}
+	if patch.IdentityRoles != nil || patch.Name != nil {
+		if err := p.z.PatchServicePolicy(ctx, o.policy.ID, patch); err != nil {
 			return err
 		}
 	}

@@ -168,3 +168,85 @@ func TestCascadeFailureRollsBackAndCompensates(t *testing.T) {
 		}
 	}
 }
+
+// Cascades are per host. In the share {active a1, a2; passive p1}, p1 has
+// lost its Ziti identity while its agent stays live. Deleting a2 must
+// still take a2 off the share: p1 is a broken host, kept off the bind
+// policy (without its override it would bind at required), and the
+// hosting status reports it. An API update that names p1 still fails.
+func TestCascadeSucceedsPastABrokenHost(t *testing.T) {
+	e := newEnv(t, nil)
+	e.agents(account, "a1", "a2", "p1")
+	s := e.create("db", []string{"a1", "a2"}, []string{"p1"})
+	e.fake.DeleteIdentity(e.ident["p1"]) // p1's agent stays live
+	e.deleteAgent("a2")
+	evs, err := e.svc.RemoveDeletedAgent(e.ctx, "a2")
+	if err != nil {
+		t.Fatalf("RemoveDeletedAgent(a2): %v", err)
+	}
+	if len(evs) != 1 || evs[0].Type != hosting.EventUpdated {
+		t.Fatalf("events %+v", evs)
+	}
+	got, _ := e.store.Get(e.ctx, s.ID)
+	if !got.Hosts.Equal(hosting.NewHosts([]string{"a1"}, []string{"p1"})) {
+		t.Fatalf("hosts %+v, want {a1; p1}", got.Hosts)
+	}
+	z := e.zitiOf(s.ID)
+	if roles := slices.Sorted(slices.Values(z.policy.IdentityRoles)); !slices.Equal(roles, []string{"#agent | a1"}) {
+		t.Fatalf("bind policy roles %v, want only a1: a passive without its override must not be on it", roles)
+	}
+	if z.standby == nil || precedenceOf(z.standby) != ziti.PrecedenceDefault {
+		t.Fatalf("standby config %+v", z.standby)
+	}
+	e.no500()
+	v, err := e.svc.Get(e.ctx, s.ID)
+	if err != nil || v.Hosting == nil {
+		t.Fatalf("status %+v, %v", v.Hosting, err)
+	}
+	want := []hosting.HostStatus{
+		{AgentID: "a1", Role: hosting.Active},
+		{AgentID: "p1", Role: hosting.Passive, Problem: hosting.ProblemNoIdentity},
+	}
+	if !slices.Equal(v.Hosting.Hosts, want) || v.Hosting.State != hosting.Down {
+		t.Fatalf("hosting %+v, want hosts %+v", v.Hosting, want)
+	}
+	// The API path keeps refusing a passive with no identity.
+	_, err = e.svc.Update(e.ctx, s.ID, hosting.Update{Method: hosting.Patch, Name: ptr("renamed")})
+	if !errors.Is(err, hosting.ErrNoIdentity) {
+		t.Fatalf("API update with a broken passive: %v, want ErrNoIdentity", err)
+	}
+	// Once p1 has an identity again, the next update heals it: override,
+	// then the bind policy.
+	e.ident["p1"] = e.fake.AddIdentity("p1")
+	healed, err := e.svc.Update(e.ctx, s.ID, hosting.Update{Method: hosting.Patch, Name: ptr("renamed")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.checkModel(healed)
+	if v, _ := e.svc.Get(e.ctx, s.ID); v.Hosting == nil || v.Hosting.Hosts[1].Problem != "" {
+		t.Fatalf("healed status %+v", v.Hosting)
+	}
+}
+
+// A passive whose agent-id tag is on two identities is broken the same
+// way: the cascade of another host goes on, and the status says why.
+func TestCascadeSucceedsPastAnAmbiguousHost(t *testing.T) {
+	e := newEnv(t, nil)
+	e.agents(account, "a1", "a2", "p1")
+	s := e.create("db", []string{"a1", "a2"}, []string{"p1"})
+	e.fake.AddIdentity("p1") // a second identity tagged p1
+	e.deleteAgent("a2")
+	if _, err := e.svc.RemoveDeletedAgent(e.ctx, "a2"); err != nil {
+		t.Fatalf("RemoveDeletedAgent(a2): %v", err)
+	}
+	got, _ := e.store.Get(e.ctx, s.ID)
+	if !got.Hosts.Equal(hosting.NewHosts([]string{"a1"}, []string{"p1"})) {
+		t.Fatalf("hosts %+v", got.Hosts)
+	}
+	v, err := e.svc.Get(e.ctx, s.ID)
+	if err != nil || v.Hosting == nil || v.Hosting.Hosts[1].Problem != hosting.ProblemManyIdentities {
+		t.Fatalf("status %+v, %v", v.Hosting, err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -32,7 +32,15 @@
 //   - the event wire format (Event.Message, DecodeAgentDeleted) of
 //     docs/hosting-events.md; settings (HealthCheckFromSettings,
 //     MaxHostsFromSettings) under frontdoor's property names;
-//   - DeriveStatus and Classify: the precedence × role table and the states.
+//   - DeriveStatus and Classify: the precedence × role table and the
+//     states; Projection.Status adds each host's Problem (no identity,
+//     several, no override, not on the bind policy).
+//
+// Cascades are per host: a live passive whose identity cannot be resolved
+// does not fail another host's cascade (UpdateOptions.SkipBroken). It is
+// kept off the bind policy and reported by the status. A rename renames
+// every Ziti object of the share: service, both host.v1 configs and the
+// bind policy.
 //
 // Subpackages: hosting/api is the HTTP API (HAL+JSON, problem+json);
 // hosting/events the RabbitMQ consumer of agent DELETED and the outbox

@@ -26,6 +26,7 @@ type Ziti interface {
 	DeleteConfig(ctx context.Context, id string) error
 	ListConfigs(ctx context.Context, filter string) ([]ziti.Config, error)
 	CreateService(ctx context.Context, s ziti.ServiceCreate) (string, error)
+	PatchService(ctx context.Context, id string, p ziti.ServicePatch) error
 	DeleteService(ctx context.Context, id string) error
 	ListServices(ctx context.Context, filter string) ([]ziti.Service, error)
 	CreateServicePolicy(ctx context.Context, p ziti.ServicePolicyCreate) (string, error)
@@ -288,14 +289,50 @@ func (p *Projection) hostConfigType(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("%w: config type %s not found", ErrZitiState, HostConfigType)
 }
 
-// identity finds the identity of an agent by its agent-id tag; "" when it
-// has none. The filter selects the identities with the agent's role
-// attribute (the one the bind policy names), as ZitiQL cannot name the
-// dashed tag key; the tag then decides.
-func (p *Projection) identity(ctx context.Context, agent string) (string, error) {
+// Problem says why a host cannot be projected, or what Ziti lacks for it
+// (HostStatus.Problem). The empty Problem is none.
+type Problem string
+
+// The problems of a host.
+const (
+	// ProblemNoIdentity: the agent is live but has no Ziti identity (none
+	// carries its agent-id tag). A passive then gets no override and is
+	// kept off the bind policy.
+	ProblemNoIdentity Problem = "NO_IDENTITY"
+	// ProblemManyIdentities: more than one identity carries the agent's
+	// agent-id tag, so its override cannot be placed.
+	ProblemManyIdentities Problem = "MANY_IDENTITIES"
+	// ProblemNoOverride: a passive's identity does not hold the override
+	// that points the share's service at the standby config.
+	ProblemNoOverride Problem = "NO_OVERRIDE"
+	// ProblemNotOnBindPolicy: the share's bind policy does not name the
+	// host, so it cannot bind.
+	ProblemNotOnBindPolicy Problem = "NOT_ON_BIND_POLICY"
+)
+
+// identity finds the identity of an agent by its agent-id tag. It returns
+// ProblemNoIdentity when none carries it and ProblemManyIdentities when
+// several do; err is only a failed call. The filter selects the
+// identities with the agent's role attribute (the one the bind policy
+// names), as ZitiQL cannot name the dashed tag key; the tag then decides.
+func (p *Projection) identity(ctx context.Context, agent string) (string, Problem, error) {
+	found, err := p.identities(ctx, agent)
+	switch {
+	case err != nil:
+		return "", "", err
+	case len(found) == 0:
+		return "", ProblemNoIdentity, nil
+	case len(found) == 1:
+		return found[0], "", nil
+	}
+	return "", ProblemManyIdentities, nil
+}
+
+// identities returns every identity that carries agent's agent-id tag.
+func (p *Projection) identities(ctx context.Context, agent string) ([]string, error) {
 	ids, err := p.z.ListIdentities(ctx, ziti.AnyOfEq("roleAttributes", AgentAttribute(agent)))
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	var found []string
 	for _, id := range ids {
@@ -303,21 +340,25 @@ func (p *Projection) identity(ctx context.Context, agent string) (string, error)
 			found = append(found, id.ID)
 		}
 	}
-	switch len(found) {
-	case 0:
-		return "", nil
-	case 1:
-		return found[0], nil
+	return found, nil
+}
+
+// problemError is the error of a host problem where a write cannot go on
+// without that host.
+func problemError(agent string, pr Problem) error {
+	if pr == ProblemManyIdentities {
+		return fmt.Errorf("%w: agent %s has more than one identity", ErrZitiState, agent)
 	}
-	return "", fmt.Errorf("%w: agent %s has %d identities", ErrZitiState, agent, len(found))
+	return fmt.Errorf("%w: agent %s", ErrNoIdentity, agent)
 }
 
 // objects are a share's objects in Ziti, found by tag.
 type objects struct {
-	service    string
-	hostConfig *ziti.Config
-	standby    *ziti.Config
-	policy     *ziti.ServicePolicy
+	service     string
+	serviceName string
+	hostConfig  *ziti.Config
+	standby     *ziti.Config
+	policy      *ziti.ServicePolicy
 }
 
 func isStandby(c ziti.Config) bool {
@@ -336,7 +377,7 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 		return o, fmt.Errorf("%w: share %s has %d services", ErrZitiState, s.ID, len(svcs))
 	}
 	if len(svcs) == 1 {
-		o.service = svcs[0].ID
+		o.service, o.serviceName = svcs[0].ID, svcs[0].Name
 	}
 	ct, err := p.hostConfigType(ctx)
 	if err != nil {
@@ -385,7 +426,7 @@ func (p *Projection) Project(ctx context.Context, s Share) (err error) {
 	if err != nil {
 		return err
 	}
-	idents, err := p.passiveIdentities(ctx, s.Hosts.Passive, nil)
+	idents, _, err := p.passiveIdentities(ctx, s.Hosts.Passive, nil, false)
 	if err != nil {
 		return err
 	}
@@ -424,24 +465,30 @@ func agentRoles(agents []string) []string {
 	return out
 }
 
-// passiveIdentities resolves the identities of passives: a live agent with
-// no identity is ErrNoIdentity; a deleted one (deleted[agent]) is skipped.
-func (p *Projection) passiveIdentities(ctx context.Context, passives []string, deleted map[string]bool) (map[string]string, error) {
-	out := map[string]string{}
+// passiveIdentities resolves the identities of passives. A deleted one
+// (deleted[agent]) is skipped. A live one whose identity cannot be
+// resolved fails with ErrNoIdentity (or ErrZitiState for several), unless
+// skipBroken: then it is left out and listed in broken.
+func (p *Projection) passiveIdentities(ctx context.Context, passives []string, deleted map[string]bool, skipBroken bool) (out map[string]string, broken []string, err error) {
+	out = map[string]string{}
 	for _, a := range passives {
 		if deleted[a] {
 			continue
 		}
-		id, err := p.identity(ctx, a)
+		id, pr, err := p.identity(ctx, a)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if id == "" {
-			return nil, fmt.Errorf("%w: agent %s", ErrNoIdentity, a)
+		if pr != "" {
+			if !skipBroken {
+				return nil, nil, problemError(a, pr)
+			}
+			broken = append(broken, a)
+			continue
 		}
 		out[a] = id
 	}
-	return out, nil
+	return out, broken, nil
 }
 
 // standbySide makes sure the standby config exists (created or healed) when
@@ -468,7 +515,7 @@ func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct st
 	for _, a := range s.Hosts.Passive {
 		ident, ok := idents[a]
 		if !ok {
-			continue // deleted agent: its cascade removes it
+			continue // a deleted agent (its cascade removes it) or a broken one
 		}
 		have, err := p.z.ListServiceConfigs(ctx, ident)
 		if err != nil {
@@ -485,38 +532,77 @@ func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct st
 	return roles, nil
 }
 
-// Update moves Ziti from prev to cur, in the package doc's order. deleted names the
-// hosts whose agents are deleted: they are skipped on assign, and a missing
-// identity on remove is expected. Update is symmetric, so Update(ctx, cur,
-// prev, deleted) is the compensation of a failed Update(ctx, prev, cur, …).
+// UpdateOptions tune Projection.UpdateWith.
+type UpdateOptions struct {
+	// Deleted names the hosts whose agents are deleted: they are skipped
+	// on assign, and a missing identity on remove is expected.
+	Deleted map[string]bool
+	// SkipBroken makes a live passive whose identity cannot be resolved
+	// (ProblemNoIdentity, ProblemManyIdentities) a broken host instead of
+	// a failure: it gets no override, stays off the bind policy (without
+	// its override it would bind at required), and the update goes on for
+	// the other hosts. The cascades set it, so that one broken host does
+	// not block another host's removal; API updates do not, and fail with
+	// ErrNoIdentity. A passive leaving the share loses its override on
+	// every identity that carries its tag, however many there are.
+	SkipBroken bool
+}
+
+// Update is UpdateWith with only Deleted set: a passive that cannot be
+// resolved fails it.
 func (p *Projection) Update(ctx context.Context, prev, cur Share, deleted map[string]bool) error {
+	_, err := p.UpdateWith(ctx, prev, cur, UpdateOptions{Deleted: deleted})
+	return err
+}
+
+// UpdateWith moves Ziti from prev to cur, in the package doc's order, and
+// returns the broken hosts it skipped (with o.SkipBroken), sorted. It is
+// symmetric, so UpdateWith(ctx, cur, prev, o) is the compensation of a
+// failed UpdateWith(ctx, prev, cur, o).
+func (p *Projection) UpdateWith(ctx context.Context, prev, cur Share, o UpdateOptions) ([]string, error) {
 	ct, err := p.hostConfigType(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	o, err := p.find(ctx, cur)
+	obj, err := p.find(ctx, cur)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if o.service == "" || o.hostConfig == nil || o.policy == nil {
-		return fmt.Errorf("%w: share %s is not projected", ErrZitiState, cur.ID)
+	if obj.service == "" || obj.hostConfig == nil || obj.policy == nil {
+		return nil, fmt.Errorf("%w: share %s is not projected", ErrZitiState, cur.ID)
 	}
 	// Lookups first: a failed one leaves nothing changed.
-	idents, err := p.passiveIdentities(ctx, cur.Hosts.Passive, deleted)
+	idents, broken, err := p.passiveIdentities(ctx, cur.Hosts.Passive, o.Deleted, o.SkipBroken)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	leaving := map[string]string{} // passives of prev that are not passives of cur
+	// Passives of prev that are not passives of cur, with every identity
+	// that carries their tag: an override is removed from each, so none
+	// is left to name the standby config when it goes.
+	leaving := map[string][]string{}
 	for _, a := range prev.Hosts.Passive {
 		if _, still := slices.BinarySearch(cur.Hosts.Passive, a); still {
 			continue
 		}
-		id, err := p.identity(ctx, a)
+		ids, err := p.identities(ctx, a)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if id != "" {
-			leaving[a] = id
+		if len(ids) > 0 {
+			leaving[a] = ids
+		}
+	}
+	slices.Sort(broken)
+	return broken, p.write(ctx, cur, &obj, ct, idents, leaving)
+}
+
+// write makes the writes of UpdateWith, once every lookup is done.
+func (p *Projection) write(ctx context.Context, cur Share, o *objects, ct string, idents map[string]string, leaving map[string][]string) error {
+	// A rename renames every object: the service here, both host.v1
+	// configs and the bind policy below.
+	if name := p.serviceName(cur); o.serviceName != name {
+		if err := p.z.PatchService(ctx, o.service, ziti.ServicePatch{Name: &name}); err != nil {
+			return err
 		}
 	}
 	// Heal or patch the share's own host.v1, before the standby side.
@@ -527,21 +613,27 @@ func (p *Projection) Update(ctx context.Context, prev, cur Share, deleted map[st
 		}
 	}
 	// Standby config, then overrides.
-	passRoles, err := p.standbySide(ctx, cur, &o, ct, idents)
+	passRoles, err := p.standbySide(ctx, cur, o, ct, idents)
 	if err != nil {
 		return err
 	}
 	// Passive → active: remove the override; the host rebinds at required.
-	removeOverride := func(a, ident string) error {
+	removeOverride := func(a string, idents []string) error {
 		if o.standby == nil {
 			return nil // no standby config, so no override can name it
 		}
-		return p.z.RemoveServiceConfigs(ctx, ident, []ziti.ServiceConfig{{ServiceID: o.service, ConfigID: o.standby.ID}})
+		for _, ident := range idents {
+			err := p.z.RemoveServiceConfigs(ctx, ident, []ziti.ServiceConfig{{ServiceID: o.service, ConfigID: o.standby.ID}})
+			if err != nil && !ziti.IsNotFound(err) {
+				return err
+			}
+		}
+		return nil
 	}
 	var removed []string
 	for _, a := range slices.Sorted(mapsKeys(leaving)) {
 		if _, nowActive := slices.BinarySearch(cur.Hosts.Active, a); nowActive {
-			if err := removeOverride(a, leaving[a]); err != nil && !ziti.IsNotFound(err) {
+			if err := removeOverride(a, leaving[a]); err != nil {
 				return err
 			}
 		} else {
@@ -552,14 +644,21 @@ func (p *Projection) Update(ctx context.Context, prev, cur Share, deleted map[st
 	roles := append(agentRoles(cur.Hosts.Active), passRoles...)
 	slices.Sort(roles)
 	have := slices.Sorted(slices.Values(o.policy.IdentityRoles))
+	var patch ziti.ServicePolicyPatch
 	if !slices.Equal(have, roles) {
-		if err := p.z.PatchServicePolicy(ctx, o.policy.ID, ziti.ServicePolicyPatch{IdentityRoles: &roles}); err != nil {
+		patch.IdentityRoles = &roles
+	}
+	if name := p.bindPolicyName(cur); o.policy.Name != name {
+		patch.Name = &name
+	}
+	if patch.IdentityRoles != nil || patch.Name != nil {
+		if err := p.z.PatchServicePolicy(ctx, o.policy.ID, patch); err != nil {
 			return err
 		}
 	}
 	// Passives that left: override after the policy.
 	for _, a := range removed {
-		if err := removeOverride(a, leaving[a]); err != nil && !ziti.IsNotFound(err) {
+		if err := removeOverride(a, leaving[a]); err != nil {
 			return err
 		}
 	}
@@ -572,7 +671,7 @@ func (p *Projection) Update(ctx context.Context, prev, cur Share, deleted map[st
 	return nil
 }
 
-func mapsKeys(m map[string]string) func(func(string) bool) {
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 	return func(yield func(string) bool) {
 		for k := range m {
 			if !yield(k) {

@@ -3,6 +3,7 @@ package hosting_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -404,4 +405,55 @@ func TestStandbyToldApartByTagNotName(t *testing.T) {
 	}
 	got, _ := e.store.Get(e.ctx, s.ID)
 	e.checkModel(got)
+}
+
+// names returns the names of the share's four Ziti objects.
+func (e *env) names(id string) map[string]string {
+	e.t.Helper()
+	z := e.zitiOf(id)
+	if z.standby == nil {
+		e.t.Fatal("no standby config")
+	}
+	return map[string]string{"service": z.service.Name, "host.v1": z.host.Name, "standby": z.standby.Name, "bind policy": z.policy.Name}
+}
+
+func wantNames(name, id string) map[string]string {
+	return map[string]string{
+		"service":     name + " | " + frontdoo + " | " + id,
+		"host.v1":     name + " | host | " + frontdoo + " | " + id,
+		"standby":     name + " | standby | " + frontdoo + " | " + id,
+		"bind policy": name + " | bind | " + frontdoo + " | " + id,
+	}
+}
+
+// A rename renames every Ziti object of the share: the service, both
+// host.v1 configs and the bind policy, and nothing else is written. A
+// rename that fails half-way is compensated back to the old names.
+func TestRenameRenamesEveryObject(t *testing.T) {
+	e := newEnv(t, nil)
+	e.agents(account, "a1", "p1")
+	s := e.create("db", []string{"a1"}, []string{"p1"})
+	if got := e.names(s.ID); !maps.Equal(got, wantNames("db", s.ID)) {
+		t.Fatalf("created with names %v", got)
+	}
+	e.fake.ResetCalls()
+	renamed, err := e.svc.Update(e.ctx, s.ID, hosting.Update{Method: hosting.Patch, Name: ptr("orders")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.names(s.ID); !maps.Equal(got, wantNames("orders", s.ID)) {
+		t.Fatalf("after the rename: names\n got %v\nwant %v", got, wantNames("orders", s.ID))
+	}
+	if got := e.writeOps(); !slices.Equal(got, []string{"patchService", "patchConfig", "patchConfig", "patchServicePolicy"}) {
+		t.Fatalf("rename writes %q", got)
+	}
+	e.checkModel(renamed)
+	// The bind policy patch fails: the service and both configs go back.
+	e.fake.FailNext("patchServicePolicy", 503)
+	if _, err := e.svc.Update(e.ctx, s.ID, hosting.Update{Method: hosting.Patch, Name: ptr("billing")}); !errors.Is(err, ziti.ErrServer) {
+		t.Fatalf("err = %v, want ErrServer", err)
+	}
+	if got := e.names(s.ID); !maps.Equal(got, wantNames("orders", s.ID)) {
+		t.Fatalf("after a failed rename: names %v, want the old ones", got)
+	}
 }

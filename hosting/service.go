@@ -216,6 +216,7 @@ func sameShare(a, b Share) bool {
 type change struct {
 	prev, next Share
 	deleted    map[string]bool
+	skipBroken bool // the update skipped broken hosts (a cascade)
 	removed    bool // the share was deleted
 	skipped    bool // ... and its Ziti objects left alone (network gone)
 }
@@ -232,14 +233,17 @@ func (sv *Service) compensate(ctx context.Context, done []change) error {
 		if c.removed {
 			errs = append(errs, sv.pr.Project(ctx, c.prev))
 		} else {
-			errs = append(errs, sv.pr.Update(ctx, c.next, c.prev, c.deleted))
+			_, err := sv.pr.UpdateWith(ctx, c.next, c.prev, UpdateOptions{Deleted: c.deleted, SkipBroken: c.skipBroken})
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// update changes one locked share from cur to next, in tx.
-func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, done *[]change) error {
+// update changes one locked share from cur to next, in tx. With
+// skipBroken (the cascades), a passive whose identity cannot be resolved
+// does not fail it (UpdateOptions.SkipBroken).
+func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, skipBroken bool, done *[]change) error {
 	next.UpdatedBy = PrincipalOf(ctx)
 	if err := tx.Save(ctx, next, sv.clk.Now()); err != nil {
 		return err
@@ -248,10 +252,12 @@ func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, done *[]c
 	if err != nil {
 		return err
 	}
-	if err := sv.pr.Update(ctx, cur, next, deleted); err != nil {
-		return errors.Join(err, sv.pr.Update(context.WithoutCancel(ctx), next, cur, deleted))
+	o := UpdateOptions{Deleted: deleted, SkipBroken: skipBroken}
+	if _, err := sv.pr.UpdateWith(ctx, cur, next, o); err != nil {
+		_, cerr := sv.pr.UpdateWith(context.WithoutCancel(ctx), next, cur, o)
+		return errors.Join(err, cerr)
 	}
-	*done = append(*done, change{prev: cur, next: next, deleted: deleted})
+	*done = append(*done, change{prev: cur, next: next, deleted: deleted, skipBroken: skipBroken})
 	return nil
 }
 
@@ -373,7 +379,7 @@ func (sv *Service) Update(ctx context.Context, id string, u Update) (Share, erro
 		if sameShare(cur, next) {
 			return nil
 		}
-		if err := sv.update(ctx, tx, cur, next, done); err != nil {
+		if err := sv.update(ctx, tx, cur, next, false, done); err != nil {
 			return err
 		}
 		out = next
@@ -415,7 +421,11 @@ func (sv *Service) Delete(ctx context.Context, id string) error {
 // transaction for every share the agent hosts (live host rows only, so a
 // redelivery does nothing): the agent leaves each share; if no active
 // remains and passives do, every passive is promoted; if no host remains,
-// the share is deleted. Before the transaction it tears down the ingress of
+// the share is deleted. The cascade is per host: another host of the same
+// share that is broken in Ziti (a live passive with no identity, or with
+// several) does not fail it. That host gets no override and stays off the
+// bind policy, and the share's hosting status reports its Problem; the
+// share's next API update heals it or fails on it. Before the transaction it tears down the ingress of
 // the shares the agent hosts alone, from an unlocked read; a share that
 // became the agent's alone since is refused with ErrIngressUp, and the
 // retry of the whole call tears it down. It returns the events it
@@ -434,7 +444,7 @@ func (sv *Service) RemoveDeletedAgent(ctx context.Context, agent string) ([]Even
 			}
 			next := cur.Clone()
 			next.Hosts = rest
-			return sv.update(ctx, tx, cur, next, done)
+			return sv.update(ctx, tx, cur, next, true, done)
 		})
 }
 

@@ -3,6 +3,7 @@ package hosting
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/vipkit/vipkit/hosting/ziti"
 )
@@ -25,6 +26,10 @@ type HostStatus struct {
 	Role       Role   `json:"role"`
 	Bound      bool   `json:"bound"`
 	Precedence string `json:"precedence,omitempty"` // absent when not bound
+	// Problem, when set, says what Ziti lacks for this host (a broken
+	// host: no identity, several identities, no override, not on the bind
+	// policy). Such a host is not serving, so the state counts it so.
+	Problem Problem `json:"problem,omitempty"`
 }
 
 // Hosting is the hosting block of a single read: what Ziti actually has.
@@ -121,7 +126,9 @@ func DeriveStatus(h Hosts, identityOf map[string]string, terms []ziti.Terminator
 }
 
 // Status asks Ziti for the share's terminators and derives its hosting
-// block. An error means "not known": callers leave the block out.
+// block, with each host's Problem: its identity (one GET per host), its
+// place on the bind policy, and a passive's override (one more GET per
+// passive). An error means "not known": callers leave the block out.
 func (p *Projection) Status(ctx context.Context, s Share) (*Hosting, error) {
 	o, err := p.find(ctx, s)
 	if err != nil {
@@ -135,13 +142,45 @@ func (p *Projection) Status(ctx context.Context, s Share) (*Hosting, error) {
 		return nil, err
 	}
 	idents := map[string]string{}
+	problems := map[string]Problem{}
 	for _, a := range s.Hosts.All() {
-		id, err := p.identity(ctx, a)
+		id, pr, err := p.identity(ctx, a)
 		if err != nil {
 			return nil, err
 		}
 		idents[a] = id
+		problems[a] = pr
+	}
+	onPolicy := map[string]bool{}
+	if o.policy != nil {
+		for _, r := range o.policy.IdentityRoles {
+			onPolicy[r] = true
+		}
+	}
+	for _, a := range s.Hosts.Passive {
+		if problems[a] != "" {
+			continue
+		}
+		if o.standby == nil {
+			problems[a] = ProblemNoOverride
+			continue
+		}
+		have, err := p.z.ListServiceConfigs(ctx, idents[a])
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(have, ziti.ServiceConfig{ServiceID: o.service, ConfigID: o.standby.ID}) {
+			problems[a] = ProblemNoOverride
+		}
+	}
+	for _, a := range s.Hosts.All() {
+		if problems[a] == "" && !onPolicy[AgentRole(a)] {
+			problems[a] = ProblemNotOnBindPolicy
+		}
 	}
 	h := DeriveStatus(s.Hosts, idents, terms)
+	for i := range h.Hosts {
+		h.Hosts[i].Problem = problems[h.Hosts[i].AgentID]
+	}
 	return &h, nil
 }

@@ -445,3 +445,29 @@ func TestBrokerRestartMidStreamLosesNothingAndAppliesNothingTwice(t *testing.T) 
 	}
 	t.Logf("consumer %+v, relay %+v, duplicate deliveries %d", c.Stats(), r.Stats(), len(evs)-len(seen))
 }
+
+// Cascades are per host, over the bus: in {active a1, a2; passive p1}
+// with p1's identity lost (its agent live), agent DELETED for a2 is
+// handled and acked once, not requeued to the delivery limit and
+// dead-lettered.
+func TestABrokenPassiveDoesNotDeadLetterAnotherHostsCascade(t *testing.T) {
+	e := newEnv(t)
+	e.agents("a1", "a2", "p1")
+	s := e.share("db", []string{"a1", "a2"}, []string{"p1"})
+	e.fake.DeleteIdentity(e.ident["p1"])
+	c, _ := e.run(nil)
+	e.deleteAgent("a2")
+	limit := int64(e.topo.DeliveryLimit) + 1
+	until(t, "the cascade settled", 60*time.Second, func() bool { st := c.Stats(); return st.Acked > 0 || st.Requeued >= limit })
+	if st := c.Stats(); st.Acked != 1 || st.Requeued != 0 || st.DeadLettered != 0 {
+		reason := ""
+		if st.Requeued >= limit {
+			reason = deathReason(t, e.dead(t, 1)[0])
+		}
+		t.Fatalf("agent DELETED a2: stats %+v, dead-letter reason %q; want acked once", st, reason)
+	}
+	got, _ := e.store.Get(e.ctx, s.ID)
+	if fmt.Sprint(got.Hosts.Active) != "[a1]" || fmt.Sprint(got.Hosts.Passive) != "[p1]" {
+		t.Fatalf("hosts %+v, want {a1; p1}", got.Hosts)
+	}
+}

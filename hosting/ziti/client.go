@@ -318,6 +318,12 @@ func (c *Client) DeleteService(ctx context.Context, id string) error {
 	return err
 }
 
+// PatchService calls patchService.
+func (c *Client) PatchService(ctx context.Context, id string, p ServicePatch) error {
+	_, err := c.do(ctx, "patchService", http.MethodPatch, idPath("/services", id), nil, p, http.StatusOK, nil)
+	return err
+}
+
 // ListServices calls listServices with a filter.
 func (c *Client) ListServices(ctx context.Context, filter string) ([]Service, error) {
 	return list[Service](ctx, c, "listServices", "/services", filter)

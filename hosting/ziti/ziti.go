@@ -87,6 +87,14 @@ type ServiceCreate struct {
 	Tags               Tags     `json:"tags,omitempty"`
 }
 
+// ServicePatch is the body of patchService (servicePatch). Nil fields are
+// left out and so left unchanged by the controller.
+type ServicePatch struct {
+	Name    *string   `json:"name,omitempty"`
+	Configs *[]string `json:"configs,omitempty"`
+	Tags    Tags      `json:"tags,omitempty"`
+}
+
 // Policy types and semantics (dialBind, semantic).
 const (
 	PolicyBind = "Bind"
@@ -119,6 +127,7 @@ type ServicePolicyCreate struct {
 // ServicePolicyPatch is the body of patchServicePolicy; nil fields are left
 // unchanged. IdentityRoles, when set, replaces the whole role set.
 type ServicePolicyPatch struct {
+	Name          *string   `json:"name,omitempty"`
 	IdentityRoles *[]string `json:"identityRoles,omitempty"`
 	ServiceRoles  *[]string `json:"serviceRoles,omitempty"`
 }

@@ -610,6 +610,52 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		})
 	case "detailService":
 		f.detail(w, id, func() (any, bool) { s, ok := f.services[id]; return serviceJSON(s), ok })
+	case "patchService":
+		var p struct {
+			Name    *string         `json:"name"`
+			Configs *[]string       `json:"configs"`
+			Tags    *map[string]any `json:"tags"`
+		}
+		if !f.decode(w, body, &p) {
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		svc, ok := f.services[id]
+		if !ok {
+			f.notFound(w, id)
+			return
+		}
+		if p.Name != nil {
+			for _, x := range f.services {
+				if x.ID != id && x.Name == *p.Name {
+					f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "name is must be unique: "+*p.Name)
+					return
+				}
+			}
+			svc.Name = *p.Name
+		}
+		if p.Configs != nil {
+			types := map[string]bool{}
+			for _, c := range *p.Configs {
+				cfg, ok := f.configs[c]
+				if !ok {
+					f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "config not found: "+c)
+					return
+				}
+				if types[cfg.ConfigTypeID] {
+					f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "duplicate config type on service")
+					return
+				}
+				types[cfg.ConfigTypeID] = true
+			}
+			svc.Configs = slices.Clone(*p.Configs)
+		}
+		if p.Tags != nil {
+			svc.Tags = *p.Tags
+		}
+		f.services[id] = svc
+		empty(w)
 	case "deleteService":
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -655,6 +701,7 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.detail(w, id, func() (any, bool) { p, ok := f.policies[id]; return policyJSON(p), ok })
 	case "patchServicePolicy":
 		var p struct {
+			Name          *string   `json:"name"`
 			IdentityRoles *[]string `json:"identityRoles"`
 			ServiceRoles  *[]string `json:"serviceRoles"`
 		}
@@ -667,6 +714,15 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		if !ok {
 			f.notFound(w, id)
 			return
+		}
+		if p.Name != nil {
+			for _, x := range f.policies {
+				if x.ID != id && x.Name == *p.Name {
+					f.unlockedError(w, http.StatusBadRequest, codeInvalid, msgInvalid, "name is must be unique: "+*p.Name)
+					return
+				}
+			}
+			pol.Name = *p.Name
 		}
 		if p.IdentityRoles != nil {
 			pol.IdentityRoles = nonNil(*p.IdentityRoles)

@@ -276,3 +276,45 @@ func TestFakeAnswersSatisfyTheSpec(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// patchService and patchServicePolicy rename, and refuse a name another
+// object of the kind holds, as the controller's unique index does.
+func TestRenameServiceAndPolicy(t *testing.T) {
+	f, c := start(t)
+	ctx := t.Context()
+	s1, err := c.CreateService(ctx, ziti.ServiceCreate{Name: "one", Configs: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateService(ctx, ziti.ServiceCreate{Name: "two", Configs: []string{}}); err != nil {
+		t.Fatal(err)
+	}
+	p1, err := c.CreateServicePolicy(ctx, ziti.ServicePolicyCreate{Name: "bind one", Type: ziti.PolicyBind, Semantic: ziti.AnyOf, ServiceRoles: []string{}, IdentityRoles: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateServicePolicy(ctx, ziti.ServicePolicyCreate{Name: "bind two", Type: ziti.PolicyBind, Semantic: ziti.AnyOf, ServiceRoles: []string{}, IdentityRoles: []string{}}); err != nil {
+		t.Fatal(err)
+	}
+	taken, fresh := "two", "uno"
+	if err := c.PatchService(ctx, s1, ziti.ServicePatch{Name: &taken}); !errors.Is(err, ziti.ErrInvalid) {
+		t.Fatalf("rename to a taken name: %v", err)
+	}
+	if err := c.PatchService(ctx, s1, ziti.ServicePatch{Name: &fresh}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PatchService(ctx, "nope", ziti.ServicePatch{Name: &fresh}); !ziti.IsNotFound(err) {
+		t.Fatalf("unknown service: %v", err)
+	}
+	taken, fresh = "bind two", "bind uno"
+	if err := c.PatchServicePolicy(ctx, p1, ziti.ServicePolicyPatch{Name: &taken}); !errors.Is(err, ziti.ErrInvalid) {
+		t.Fatalf("policy rename to a taken name: %v", err)
+	}
+	if err := c.PatchServicePolicy(ctx, p1, ziti.ServicePolicyPatch{Name: &fresh}); err != nil {
+		t.Fatal(err)
+	}
+	st := f.Snapshot()
+	if st.Services[s1].Name != "uno" || st.Policies[p1].Name != "bind uno" {
+		t.Fatalf("names %q %q", st.Services[s1].Name, st.Policies[p1].Name)
+	}
+}

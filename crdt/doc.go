@@ -21,7 +21,8 @@
 //     (SetServiceError, ServiceInfo.Err);
 //   - report what is held beyond the limits (OverLimit) and what merges
 //     refused (Refused);
-//   - follow the network's membership (Config.Members, SetMembers).
+//   - follow the network's membership (Config.Members, SetMembers) and
+//     keep the list of former members (Former, MergeFormer).
 //
 // A typical use:
 //
@@ -60,13 +61,29 @@
 // # Verification
 //
 // A field is accepted when its network is the replica's, its key is not
-// reserved, its clocks are at most MaxClock, its author is a member, the
+// reserved, its clocks are at most MaxClock, its author is a member (or a
+// former member and its counter is 1..the member's last counter), the
 // schema accepts it (Config.Check) and its signature verifies. Each
 // failure has its own error (ErrWrongNetwork, ErrReservedKey,
-// ErrLamportRange, ErrNotMember, ErrInvalidField, ErrWrongDomain,
-// ErrBadSignature) and is counted by reason (Replica.Refused). A field of
-// a non-member or one the schema refuses is left out while the rest of
-// its snapshot merges; the other failures refuse the whole snapshot. The
+// ErrLamportRange, ErrNotMember, ErrFormerMember, ErrInvalidField,
+// ErrWrongDomain, ErrBadSignature) and is counted by reason
+// (Replica.Refused). A field of a non-member, of a former member past its
+// last counter, or one the schema refuses is left out while the rest of
+// its snapshot merges; the other failures refuse the whole snapshot.
+//
+// # Former members
+//
+// A member that leaves (SetMembers, or Open with Config.Members that lack
+// it) becomes a former member: its key and the last counter it signed,
+// as far as the replica knows (the highest counter of its held fields).
+// Replicas exchange the list (Former, MergeFormer; vip's Replicator
+// carries it) and merge it by the highest counter per author, so that a
+// replica that joins after the member left still accepts what it signed
+// while it was a member, its tombstones above all, and refuses what its
+// key signs later, since an author's counters only grow. The list is
+// bounded (Limits.MaxFormerMembers, the lowest author ids kept) and
+// persisted with the member set in the meta record. docs/crdt.md gives
+// the argument and what it leaves open. The
 // bounds are constants of the wire format, never relative to local
 // state, so every replica accepts and refuses the same fields. Signatures follow one rule set, ZIP-215, as implemented
 // by github.com/hdevalence/ed25519consensus, for single and batch checks
@@ -119,12 +136,17 @@
 // A Store holds one meta record and one record per service; MemStore is in
 // memory, crdt/pebblestore is on disk (a separate package, so that importers
 // that need no disk store do not link pebble). A service record is the
-// service's snapshot encoding; the meta record is version u32 (1), network
-// [u8; 16], the Lamport high-water mark u64 and a vector of (author
-// [u8; 32], reserved counter u64) in author order; each record is followed by
-// its CRC-32C (Castagnoli, little endian). Open checks every record and
+// service's snapshot encoding; the meta record is version u32 (2), network
+// [u8; 16], the Lamport high-water mark u64, a vector of (author
+// [u8; 32], reserved counter u64), a vector of member authors [u8; 32] and
+// a vector of former members (author [u8; 32], last counter u64), each
+// vector in strict author order; each record is followed by its CRC-32C
+// (Castagnoli, little endian). A version-1 meta record (which ends after
+// the counters) still loads: its replica takes Config.Members as the
+// member set, has no former members, and rewrites the record as version
+// 2 on Open. Open checks every record and
 // fails with ErrCorrupt or ErrUnknownVersion rather than reset anything.
-// Every change (merged services, Lamport mark, counters) is one synced
+// Every change (merged services, Lamport mark, counters, members) is one synced
 // Commit, made before the change is visible or returned for publishing.
 //
 // A Store must never return an older state than the last one it

@@ -161,7 +161,8 @@ func (r *Replica) reserveCounters(ctx context.Context, upto uint64) error {
 	if upto <= r.meta.counter[r.self] {
 		return nil
 	}
-	m := meta{network: r.net, lamport: r.meta.lamport, counter: maps.Clone(r.meta.counter)}
+	m := r.meta
+	m.counter = maps.Clone(r.meta.counter)
 	if m.counter == nil {
 		m.counter = map[AuthorID]uint64{}
 	}

@@ -59,6 +59,13 @@ var (
 	// ErrNotMember means the author is not (or not yet) one of the network's
 	// member keys. The field is not stored; a later snapshot brings it again.
 	ErrNotMember = errors.New("crdt: author is not a member")
+	// ErrFormerMember means the author is not a member but a former one
+	// (Replica.Former), and the field's counter is past (or, at 0, below)
+	// what its former entry covers: a signature made after it left. The
+	// field is not stored; a snapshot that brings it again is accepted
+	// once a higher last counter for the author arrives (MergeFormer) or
+	// it becomes a member again.
+	ErrFormerMember = errors.New("crdt: former member's field past its last counter")
 	// ErrReservedKey means a key starts with 0x00 (reserved for crdt's own
 	// registers, such as the tombstone) but is not one of them.
 	ErrReservedKey = errors.New("crdt: reserved field key")
@@ -129,6 +136,10 @@ type Refusals struct {
 	ClockRange uint64
 	// NotMember counts fields of authors that are not members (ErrNotMember).
 	NotMember uint64
+	// Former counts fields of former members past their last counter
+	// (ErrFormerMember), and former-member entries above MaxClock refused
+	// by MergeFormer.
+	Former uint64
 	// Signature counts bad or wrong-domain signatures (ErrBadSignature,
 	// ErrWrongDomain).
 	Signature uint64
@@ -140,7 +151,7 @@ type Refusals struct {
 
 // Total returns the sum of the counts.
 func (c Refusals) Total() uint64 {
-	return c.Encoding + c.WrongNetwork + c.ReservedKey + c.ClockRange + c.NotMember + c.Signature + c.Schema + c.Limit
+	return c.Encoding + c.WrongNetwork + c.ReservedKey + c.ClockRange + c.NotMember + c.Former + c.Signature + c.Schema + c.Limit
 }
 
 func (c *Refusals) add(d Refusals) {
@@ -149,6 +160,7 @@ func (c *Refusals) add(d Refusals) {
 	c.ReservedKey += d.ReservedKey
 	c.ClockRange += d.ClockRange
 	c.NotMember += d.NotMember
+	c.Former += d.Former
 	c.Signature += d.Signature
 	c.Schema += d.Schema
 	c.Limit += d.Limit
@@ -165,6 +177,8 @@ func (c *Refusals) count(err error) {
 		c.ClockRange++
 	case errors.Is(err, ErrNotMember):
 		c.NotMember++
+	case errors.Is(err, ErrFormerMember):
+		c.Former++
 	case errors.Is(err, ErrBadSignature), errors.Is(err, ErrWrongDomain):
 		c.Signature++
 	case errors.Is(err, ErrInvalidField):

@@ -12,6 +12,15 @@ const (
 	DefaultMaxKeyBytes         = 256
 	DefaultMaxValueBytes       = 8 << 10
 	DefaultMaxSnapshotBytes    = 64 << 10
+	// DefaultMaxFormerMembers bounds the former-member list. Each entry
+	// is a key and a last counter (at most 42 bytes on the wire and in the
+	// meta record), so 1024 entries are at most 43 KiB: the whole list fits
+	// one control frame at the default frame limit, and the meta record
+	// that is rewritten on every commit stays small. A network keeps one
+	// entry per member that ever left; 1024 departures is far more than a
+	// mesh of a few hundred nodes sees, while a member that vouches for
+	// made-up entries cannot grow every replica's state without bound.
+	DefaultMaxFormerMembers = 1024
 )
 
 // Limits bounds a replica's state. A zero field means its default. Every
@@ -59,6 +68,13 @@ type Limits struct {
 	// MaxSnapshotBytes is the control frame limit: the largest encoded
 	// snapshot accepted, exported or produced by an edit (ErrSnapshotTooLarge).
 	MaxSnapshotBytes int
+	// MaxFormerMembers is the hard cap of the former-member list
+	// (Replica.Former). Past it the entries of the lowest author ids are
+	// kept, so that every replica keeps the same list whatever the order
+	// entries came in; the others are dropped and counted
+	// (OverLimit.FormerDropped). A field of a dropped former member is
+	// refused like a non-member's. Zero means DefaultMaxFormerMembers.
+	MaxFormerMembers int
 }
 
 // DefaultLimits returns the default limits.
@@ -70,6 +86,7 @@ func DefaultLimits() Limits {
 		MaxKeyBytes:         DefaultMaxKeyBytes,
 		MaxValueBytes:       DefaultMaxValueBytes,
 		MaxSnapshotBytes:    DefaultMaxSnapshotBytes,
+		MaxFormerMembers:    DefaultMaxFormerMembers,
 	}
 }
 
@@ -87,6 +104,7 @@ func (l Limits) withDefaults() (Limits, error) {
 		{&l.MaxKeyBytes, d.MaxKeyBytes, "MaxKeyBytes"},
 		{&l.MaxValueBytes, d.MaxValueBytes, "MaxValueBytes"},
 		{&l.MaxSnapshotBytes, d.MaxSnapshotBytes, "MaxSnapshotBytes"},
+		{&l.MaxFormerMembers, d.MaxFormerMembers, "MaxFormerMembers"},
 	} {
 		if *p.v == 0 {
 			*p.v = p.def

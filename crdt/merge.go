@@ -50,8 +50,9 @@ func (r *Replica) MergeSnapshot(ctx context.Context, snap []byte) (MergeResult, 
 // bad or wrong-domain signature, a reserved key or a clock out of range
 // rejects its snapshot; a limit that the merged service would exceed
 // rejects it too (and sets the service's error state when it is held).
-// Fields whose author is not a member are left out (ErrNotMember) while the
-// snapshot's other fields merge. Fields already held byte-identical are
+// Fields whose author is not a member are left out (ErrNotMember), and so
+// are fields of a former member past its last counter (ErrFormerMember),
+// while the snapshot's other fields merge. Fields already held byte-identical are
 // not verified again; the others are verified in ZIP-215 batches of up to
 // 1024, spread over GOMAXPROCS goroutines when there are several hundred
 // (all of them have returned when the call does).
@@ -164,6 +165,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 	r.mu.RLock()
 	closed, members := r.closed, r.members
 	r.mu.RUnlock()
+	former := r.meta.former // written only under writeMu, which we hold
 	if closed {
 		return res, ErrClosed
 	}
@@ -199,9 +201,15 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 				}
 			}
 			if _, ok := members[p.author]; !ok {
-				st[i] = fsRejected
-				g.setErr(i, ErrNotMember)
-				continue
+				if last, was := former[p.author]; !was {
+					st[i] = fsRejected
+					g.setErr(i, ErrNotMember)
+					continue
+				} else if !formerCovers(last, p.counter) {
+					st[i] = fsRejected
+					g.setErr(i, fmt.Errorf("%w: counter %d, last %d", ErrFormerMember, p.counter, last))
+					continue
+				}
 			}
 			if r.check != nil && string(p.key) != TombstoneKey {
 				f := p.field()
@@ -232,7 +240,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 	pending := map[ServiceID]*service{}
 	var order []ServiceID
 	limitErrs := map[ServiceID]error{}
-	newMeta := meta{network: r.net, lamport: r.meta.lamport, counter: r.meta.counter}
+	newMeta := r.meta // its maps are copied before any change
 	metaChanged, countersCopied := false, false
 	var ownMax uint64
 	active, tombs := r.active, r.tombs

@@ -32,6 +32,9 @@ type OverLimit struct {
 	// Dropped counts the services this replica did not hold past
 	// MaxHeldServices since Open.
 	Dropped uint64
+	// FormerDropped counts the former-member entries this replica did not
+	// keep past Limits.MaxFormerMembers since Open (see MergeFormer).
+	FormerDropped uint64
 	// Err joins one error per exceeded limit, naming the authors; nil
 	// when every limit holds.
 	Err error
@@ -49,6 +52,7 @@ func (r *Replica) OverLimit() OverLimit {
 		o.Authors[a] = n
 	}
 	o.Dropped = r.dropped
+	o.FormerDropped = r.formerDropped
 	return o
 }
 

@@ -22,6 +22,9 @@ type Config struct {
 	// a replica that merges but cannot edit (ErrNoSigner).
 	Signer ed25519.PrivateKey
 	// Members are the network's member keys at start; see SetMembers.
+	// Open compares them with the member set the store holds: a member
+	// of the stored set that Members lacks becomes former, as SetMembers
+	// makes it.
 	Members []AuthorID
 	// Store holds the state durably. Nil means a new MemStore. The replica
 	// owns the store from Open on and closes it on Close.
@@ -151,6 +154,7 @@ type Replica struct {
 	mu syncx.RWMutex
 	// +checklocks:mu
 	closed bool
+	// members is the member set, meta.members as a set.
 	// +checklocks:mu
 	members  map[AuthorID]struct{}
 	services map[ServiceID]*service
@@ -167,6 +171,10 @@ type Replica struct {
 	// dropped counts services not held past MaxHeldServices since Open.
 	// +checklocks:mu
 	dropped uint64
+	// formerDropped counts former-member entries not kept past
+	// MaxFormerMembers since Open.
+	// +checklocks:mu
+	formerDropped uint64
 	// over is the state held beyond the limits (refreshOver).
 	// +checklocks:mu
 	over OverLimit
@@ -222,13 +230,15 @@ func Open(ctx context.Context, cfg Config) (*Replica, error) {
 	if cfg.Signer != nil {
 		copy(r.self[:], cfg.Signer.Public().(ed25519.PublicKey))
 	}
-	r.SetMembers(cfg.Members)
 	if err := r.load(ctx); err != nil {
+		return nil, fmt.Errorf("crdt: open: %w", err)
+	}
+	if err := r.openMembers(ctx, cfg.Members); err != nil {
 		return nil, fmt.Errorf("crdt: open: %w", err)
 	}
 	// Every reserved counter may have signed something before a crash:
 	// continue past all of them.
-	r.used = r.meta.counter[r.self]
+	r.used = max(r.meta.counter[r.self], r.meta.former[r.self])
 	return r, nil
 }
 
@@ -359,20 +369,6 @@ func (r *Replica) Author() AuthorID { return r.self }
 
 // Limits returns the replica's limits, defaults applied.
 func (r *Replica) Limits() Limits { return r.lim }
-
-// SetMembers replaces the network's member keys. Fields are accepted only
-// from members; fields already held stay whatever the membership becomes.
-// A field refused because its author was not yet a member is accepted when
-// a later snapshot brings it again.
-func (r *Replica) SetMembers(keys []AuthorID) {
-	m := make(map[AuthorID]struct{}, len(keys))
-	for _, k := range keys {
-		m[k] = struct{}{}
-	}
-	r.mu.Lock()
-	r.members = m
-	r.mu.Unlock()
-}
 
 // Members returns the member keys in key order.
 func (r *Replica) Members() []AuthorID {

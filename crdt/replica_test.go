@@ -124,7 +124,9 @@ func TestMembershipLater(t *testing.T) {
 	if res.Accepted != 1 || res.Rejected != 1 || len(r.Fields(svc)) != 1 {
 		t.Fatalf("non-member field: %+v", res)
 	}
-	r.SetMembers(append(testMembers(1), authorOf(testKey(5))))
+	if err := r.SetMembers(ctx, append(testMembers(1), authorOf(testKey(5)))); err != nil {
+		t.Fatal(err)
+	}
 	if len(r.Members()) != 2 {
 		t.Fatal("members")
 	}
@@ -132,9 +134,12 @@ func TestMembershipLater(t *testing.T) {
 	if err != nil || res.Accepted != 1 || res.Identical != 1 || len(r.Fields(svc)) != 2 {
 		t.Fatalf("after membership: %+v %v", res, err)
 	}
-	// Removing a member keeps what is held but refuses its new fields.
-	r.SetMembers(testMembers(1))
-	if _, err := r.MergeFields(ctx, []Field{mkField(5, svc, "c", "3", 2, 2)}); !errors.Is(err, ErrNotMember) {
+	// Removing a member keeps what is held but refuses its new fields:
+	// it is a former member, its last counter the 1 of its held field.
+	if err := r.SetMembers(ctx, testMembers(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.MergeFields(ctx, []Field{mkField(5, svc, "c", "3", 2, 2)}); !errors.Is(err, ErrFormerMember) {
 		t.Fatalf("removed member: %v", err)
 	}
 	if len(r.Fields(svc)) != 2 {

@@ -181,34 +181,60 @@ func checkCRC(rec []byte) ([]byte, error) {
 	return body, nil
 }
 
-// metaVersion is the format version of the meta record.
-const metaVersion = 1
+// metaVersion is the format version of the meta record written;
+// decodeMeta reads version 1 too (no member set, no former members).
+const metaVersion = 2
 
 // meta is the replica-wide durable state.
 type meta struct {
 	network NetworkID
 	lamport uint64              // highest Lamport clock seen
 	counter map[AuthorID]uint64 // counters reserved (used or not) per local author
+	// members is the member set, in author order. A version-1 record has
+	// none: the replica takes Config.Members.
+	members []AuthorID
+	// former is the former-member list: author to last counter.
+	former map[AuthorID]uint64
+	// version is the version of the decoded record (0 for none).
+	version uint32
 }
 
-// encodeMeta encodes m as a framed record: version u32, network [16],
-// Lamport u64, then a vector of (author [32], counter u64) in author order,
-// all in the postcard rules, followed by the CRC-32C.
+// encodeMeta encodes m as a framed record, in the postcard rules: version
+// u32 (2), network [16], Lamport u64, a vector of (author [32], counter
+// u64), a vector of member authors [32] and a vector of former members
+// (author [32], last counter u64), each vector in strict author order,
+// followed by the CRC-32C. Version 1 ends after the counters.
 func encodeMeta(m *meta) []byte {
 	b := appendUvarint(nil, metaVersion)
 	b = append(b, m.network[:]...)
 	b = appendUvarint(b, m.lamport)
-	authors := make([]AuthorID, 0, len(m.counter))
-	for a := range m.counter {
+	b = appendAuthorMap(b, m.counter)
+	b = appendUvarint(b, uint64(len(m.members)))
+	for _, a := range m.members {
+		b = append(b, a[:]...)
+	}
+	b = appendAuthorMap(b, m.former)
+	return appendCRC(b, 0)
+}
+
+func sortedAuthors[V any](m map[AuthorID]V) []AuthorID {
+	authors := make([]AuthorID, 0, len(m))
+	for a := range m {
 		authors = append(authors, a)
 	}
 	slices.SortFunc(authors, func(x, y AuthorID) int { return bytes.Compare(x[:], y[:]) })
+	return authors
+}
+
+// appendAuthorMap appends a vector of (author [32], u64) in author order.
+func appendAuthorMap(b []byte, m map[AuthorID]uint64) []byte {
+	authors := sortedAuthors(m)
 	b = appendUvarint(b, uint64(len(authors)))
 	for _, a := range authors {
 		b = append(b, a[:]...)
-		b = appendUvarint(b, m.counter[a])
+		b = appendUvarint(b, m[a])
 	}
-	return appendCRC(b, 0)
+	return b
 }
 
 func decodeMeta(rec []byte) (meta, error) {
@@ -221,9 +247,10 @@ func decodeMeta(rec []byte) (meta, error) {
 	if err != nil {
 		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	if ver != metaVersion {
+	if ver != 1 && ver != metaVersion {
 		return m, fmt.Errorf("%w: meta record version %d", ErrUnknownVersion, ver)
 	}
+	m.version = uint32(ver)
 	if len(b)-off < 16 {
 		return m, fmt.Errorf("%w: meta truncated", ErrCorrupt)
 	}
@@ -232,33 +259,64 @@ func decodeMeta(rec []byte) (meta, error) {
 	if m.lamport, off, err = readUvarint(b, off, 10, math.MaxUint64); err != nil {
 		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	n, off, err := readUvarint(b, off, 10, math.MaxUint64)
-	if err != nil {
-		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	if off, err = readAuthorMap(b, off, m.counter, math.MaxUint64, "counters"); err != nil {
+		return m, err
 	}
-	if n > uint64(len(b)-off)/33 {
-		return m, fmt.Errorf("%w: meta counters truncated", ErrCorrupt)
-	}
-	var prev AuthorID
-	for i := uint64(0); i < n; i++ {
-		if len(b)-off < 32 {
-			return m, fmt.Errorf("%w: meta counters truncated", ErrCorrupt)
-		}
-		var a AuthorID
-		copy(a[:], b[off:])
-		if i > 0 && bytes.Compare(prev[:], a[:]) >= 0 {
-			return m, fmt.Errorf("%w: meta counters out of order", ErrCorrupt)
-		}
-		prev = a
-		off += 32
-		var c uint64
-		if c, off, err = readUvarint(b, off, 10, math.MaxUint64); err != nil {
+	if ver >= 2 {
+		n, o, err := readUvarint(b, off, 10, math.MaxUint64)
+		if err != nil {
 			return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
-		m.counter[a] = c
+		off = o
+		if n > uint64(len(b)-off)/32 {
+			return m, fmt.Errorf("%w: meta members truncated", ErrCorrupt)
+		}
+		m.members = make([]AuthorID, n)
+		for i := range m.members {
+			copy(m.members[i][:], b[off:])
+			off += 32
+			if i > 0 && bytes.Compare(m.members[i-1][:], m.members[i][:]) >= 0 {
+				return m, fmt.Errorf("%w: meta members out of order", ErrCorrupt)
+			}
+		}
+		m.former = map[AuthorID]uint64{}
+		if off, err = readAuthorMap(b, off, m.former, MaxClock, "former members"); err != nil {
+			return m, err
+		}
 	}
 	if off != len(b) {
 		return m, fmt.Errorf("%w: %w in meta record", ErrCorrupt, ErrTrailingBytes)
 	}
 	return m, nil
+}
+
+// readAuthorMap reads a vector of (author [32], u64 at most maxVal) in
+// strict author order into into.
+func readAuthorMap(b []byte, off int, into map[AuthorID]uint64, maxVal uint64, what string) (int, error) {
+	n, off, err := readUvarint(b, off, 10, math.MaxUint64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if n > uint64(len(b)-off)/33 {
+		return 0, fmt.Errorf("%w: meta %s truncated", ErrCorrupt, what)
+	}
+	var prev AuthorID
+	for i := uint64(0); i < n; i++ {
+		if len(b)-off < 32 {
+			return 0, fmt.Errorf("%w: meta %s truncated", ErrCorrupt, what)
+		}
+		var a AuthorID
+		copy(a[:], b[off:])
+		if i > 0 && bytes.Compare(prev[:], a[:]) >= 0 {
+			return 0, fmt.Errorf("%w: meta %s out of order", ErrCorrupt, what)
+		}
+		prev = a
+		off += 32
+		var c uint64
+		if c, off, err = readUvarint(b, off, 10, maxVal); err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		into[a] = c
+	}
+	return off, nil
 }

@@ -66,8 +66,13 @@ const (
 	frameSnapshot = 1 // a crdt snapshot encoding
 	frameDigest   = 2 // uvarint n, n × (service id [16], revision u64 big endian)
 	frameRequest  = 3 // uvarint n, n × service id [16]
+	frameFormer   = 4 // uvarint n, n × (author [32], last counter uvarint), authors in strict order
 	frameHeader   = 3
 )
+
+// formerEntryMin is the smallest encoded former-member entry: a key and a
+// one-byte counter. It bounds the count a frame may claim.
+const formerEntryMin = 32 + 1
 
 // Replication errors.
 var (
@@ -147,13 +152,20 @@ type ReplicationStats struct {
 	// BudgetsDropped counts reply budgets forgotten before they refilled,
 	// to track no more than 4096 members at once.
 	BudgetsDropped uint64
+	// FormerSent counts former-member frames sent (in rotations and in
+	// answers); FormerReceived those received well formed; FormerMerged
+	// those that changed the replica's former-member list.
+	FormerSent, FormerReceived, FormerMerged uint64
 }
 
 // Replicator publishes a network's services to its peers and merges what
 // they publish: whole snapshots on every local change, and a periodic
 // push-pull digest exchange that repairs lost frames and returning replicas
 // without the creator online. Receivers verify and persist a snapshot (in
-// crdt) before it is exposed.
+// crdt) before it is exposed. Each rotation also sends the replica's
+// former-member list (crdt.Replica.Former) ahead of the digest, so that a
+// node that joined after a member left accepts what that member signed
+// while it was one, and nothing it signs later.
 //
 // It is safe for concurrent use.
 type Replicator struct {
@@ -180,6 +192,7 @@ type Replicator struct {
 
 	framesSent, bytesSent, framesRecv, bytesRecv, merged, rejected, rotations atomic.Uint64
 	budgetRefused, budgetRefusedBytes, budgetsDropped                         atomic.Uint64
+	formerSent, formerRecv, formerMerged                                      atomic.Uint64
 }
 
 // replyBudget is a token bucket of reply bytes: tokens at time at.
@@ -260,6 +273,7 @@ func (p *Replicator) Stats() ReplicationStats {
 		SnapshotsMerged: p.merged.Load(), Rejected: p.rejected.Load(), Rotations: p.rotations.Load(),
 		BudgetRefused: p.budgetRefused.Load(), BudgetRefusedBytes: p.budgetRefusedBytes.Load(),
 		BudgetsDropped: p.budgetsDropped.Load(),
+		FormerSent:     p.formerSent.Load(), FormerReceived: p.formerRecv.Load(), FormerMerged: p.formerMerged.Load(),
 	}
 }
 
@@ -409,12 +423,188 @@ func (p *Replicator) rotate() {
 	p.pruneLocked(now)
 	p.mu.Unlock()
 	p.rotations.Add(1)
+	former := p.formerFrames()
 	parts := p.digestParts()
 	for _, peer := range chosen {
+		// The list goes first: a peer that joined after a member left
+		// then accepts that member's fields (its tombstones above all)
+		// when the digest exchange brings them.
+		for _, f := range former {
+			p.sendFormer(context.Background(), peer, f)
+		}
 		for _, part := range parts {
 			p.send(context.Background(), peer, part)
 		}
 	}
+}
+
+func (p *Replicator) sendFormer(ctx context.Context, to NodeID, frame []byte) {
+	if err := p.o.Carrier.Send(ctx, to, frame); err == nil {
+		p.framesSent.Add(1)
+		p.bytesSent.Add(uint64(len(frame)))
+		p.formerSent.Add(1)
+	}
+}
+
+// formerFrames encodes the replica's former-member list in as many
+// frames as the control frame limit needs (none for an empty list), each
+// a run of the list in author order.
+func (p *Replicator) formerFrames() [][]byte {
+	list := p.o.Registry.Replica().Former()
+	if len(list) == 0 {
+		return nil
+	}
+	// Room for the entries: the header and the count's varint (a frame
+	// holds fewer than 2^21 entries, so 3 bytes) aside.
+	room := p.limit - frameHeader - 3
+	var frames [][]byte
+	for len(list) > 0 {
+		n, size := 0, 0
+		for n < len(list) {
+			es := 32 + uvarintLen(list[n].LastCounter)
+			if size+es > room {
+				break
+			}
+			size += es
+			n++
+		}
+		if n == 0 { // a frame limit below one entry: nothing can be sent
+			break
+		}
+		f := make([]byte, 0, frameHeader+3+size)
+		f = append(f, frameMagic, frameVersion, frameFormer)
+		f = binary.AppendUvarint(f, uint64(n))
+		for _, e := range list[:n] {
+			f = append(f, e.Author[:]...)
+			f = binary.AppendUvarint(f, e.LastCounter)
+		}
+		frames = append(frames, f)
+		list = list[n:]
+	}
+	return frames
+}
+
+// readUvarint reads a varint in its shortest form only.
+func readUvarint(b []byte) (uint64, int, error) {
+	v, k := binary.Uvarint(b)
+	if k <= 0 || k != uvarintLen(v) {
+		return 0, 0, fmt.Errorf("%w: bad or overlong varint", ErrFrame)
+	}
+	return v, k, nil
+}
+
+// parseFormer decodes a former-member frame's body strictly: shortest
+// varints, a count that the body can hold, authors in strict order, no
+// trailing bytes.
+func parseFormer(b []byte) ([]crdt.FormerMember, error) {
+	n, k, err := readUvarint(b)
+	if err != nil {
+		return nil, err
+	}
+	b = b[k:]
+	if n > uint64(len(b)/formerEntryMin) {
+		return nil, fmt.Errorf("%w: %d former members in %d bytes", ErrFrame, n, len(b))
+	}
+	out := make([]crdt.FormerMember, n)
+	for i := range out {
+		if len(b) < formerEntryMin {
+			return nil, fmt.Errorf("%w: former member %d truncated", ErrFrame, i)
+		}
+		copy(out[i].Author[:], b)
+		if i > 0 && bytes.Compare(out[i-1].Author[:], out[i].Author[:]) >= 0 {
+			return nil, fmt.Errorf("%w: former members out of order at %d", ErrFrame, i)
+		}
+		if out[i].LastCounter, k, err = readUvarint(b[32:]); err != nil {
+			return nil, fmt.Errorf("former member %d: %w", i, err)
+		}
+		b = b[32+k:]
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes after %d former members", ErrFrame, len(b), n)
+	}
+	return out, nil
+}
+
+// handleFormer merges a former-member list and, when this node holds
+// higher entries for the frame's authors, or authors the frame lacks
+// within its span, answers with its own list, charged to the sender's
+// reply budget. Once both lists are equal nothing is answered, so the
+// exchange ends whether a list takes one frame or several.
+func (p *Replicator) handleFormer(ctx context.Context, from NodeID, body []byte) error {
+	theirs, err := parseFormer(body)
+	if err != nil {
+		p.rejected.Add(1)
+		return err
+	}
+	p.formerRecv.Add(1)
+	replica := p.o.Registry.Replica()
+	changed, err := replica.MergeFormer(ctx, theirs)
+	if err != nil {
+		p.rejected.Add(1)
+		return fmt.Errorf("vip: former members from %s: %w", from.String()[:12], err)
+	}
+	if changed {
+		p.formerMerged.Add(1)
+	}
+	had := make(map[crdt.AuthorID]uint64, len(theirs))
+	for _, e := range theirs {
+		had[e.Author] = e.LastCounter
+	}
+	if len(theirs) == 0 {
+		return nil
+	}
+	// Only what the frame speaks for counts: an author it holds at a
+	// lower counter, or one missing within its span of authors. A list
+	// sent in several frames is a run per frame, and an entry outside
+	// this frame's run reaches the sender with this node's own rotation;
+	// counting it here would answer every part of a long list, and the
+	// answer's parts in turn, until the budget ran dry.
+	first, last := theirs[0].Author, theirs[len(theirs)-1].Author
+	ahead := false
+	for _, e := range replica.Former() {
+		held, ok := had[e.Author]
+		if ok && e.LastCounter > held ||
+			!ok && bytes.Compare(e.Author[:], first[:]) > 0 && bytes.Compare(e.Author[:], last[:]) < 0 {
+			ahead = true
+			break
+		}
+	}
+	if !ahead {
+		return nil
+	}
+	return p.answerFrames(ctx, from, p.formerFrames(), "former-member frames")
+}
+
+// answerFrames sends frames to from as far as its reply budget goes,
+// each costing its size; what does not fit is left out, counted and
+// reported with ErrReplyBudget.
+func (p *Replicator) answerFrames(ctx context.Context, from NodeID, frames [][]byte, what string) error {
+	now := p.clock.Now()
+	var send [][]byte
+	refused, refusedBytes := 0, 0
+	p.mu.Lock()
+	b := p.budgetLocked(from, now)
+	for _, f := range frames {
+		if b.tokens < float64(len(f)) {
+			refused++
+			refusedBytes += len(f)
+			continue
+		}
+		b.tokens -= float64(len(f))
+		send = append(send, f)
+	}
+	p.budgets[from] = b
+	p.mu.Unlock()
+	for _, f := range send {
+		p.sendFormer(ctx, from, f)
+	}
+	if refused == 0 {
+		return nil
+	}
+	p.budgetRefused.Add(1)
+	p.budgetRefusedBytes.Add(uint64(refusedBytes))
+	return fmt.Errorf("%w: %d of %d %s (%d bytes) to %s not sent, over its %d bytes/s (burst %d)",
+		ErrReplyBudget, refused, len(frames), what, refusedBytes, from.String()[:12], p.o.ReplyRate, p.o.ReplyBurst)
 }
 
 // HandleFrame processes one control frame from an authenticated peer:
@@ -422,7 +612,9 @@ func (p *Replicator) rotate() {
 // the snapshots that differ and a request for what the peer has that this
 // node lacks; requests are answered with the snapshots of the services
 // they name that this node holds. An id named twice is answered (or asked
-// for) once. The snapshots sent in answer to one member are bounded by its
+// for) once. A former-member list is merged into the replica
+// (crdt.Replica.MergeFormer) and answered with this node's list when it
+// holds entries the frame lacks or higher ones. The snapshots sent in answer to one member are bounded by its
 // reply budget (ReplicatorOptions.ReplyRate, ReplyBurst): what does not
 // fit is left out, counted, and reported with ErrReplyBudget. A malformed
 // or oversized frame, or a snapshot with bad fields, is refused with an
@@ -459,6 +651,8 @@ func (p *Replicator) HandleFrame(ctx context.Context, from NodeID, frame []byte)
 		return p.handleDigest(ctx, from, body)
 	case frameRequest:
 		return p.handleRequest(ctx, from, body)
+	case frameFormer:
+		return p.handleFormer(ctx, from, body)
 	}
 	p.rejected.Add(1)
 	return fmt.Errorf("%w: unknown type %d", ErrFrame, frame[2])

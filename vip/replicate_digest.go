@@ -108,6 +108,7 @@ func appendDigest(f []byte, infos []crdt.ServiceInfo, lo, hi *crdt.ServiceID) []
 	return f
 }
 
+// uvarintLen is the length of v as a varint.
 func uvarintLen(v uint64) int {
 	n := 1
 	for v >= 0x80 {

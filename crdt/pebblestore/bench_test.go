@@ -31,7 +31,9 @@ func fullRecords(b *testing.B, n int) crdt.Batch {
 		}
 		snaps = append(snaps, snap.Encode())
 	}
-	r.SetMembers([]crdt.AuthorID{crdt.AuthorID(key(1).Public().(ed25519.PublicKey))})
+	if err := r.SetMembers(ctx, []crdt.AuthorID{crdt.AuthorID(key(1).Public().(ed25519.PublicKey))}); err != nil {
+		b.Fatal(err)
+	}
 	if _, err := r.MergeSnapshots(ctx, snaps); err != nil {
 		b.Fatal(err)
 	}

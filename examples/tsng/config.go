@@ -205,6 +205,8 @@ func (c *Config) Validate() error {
 		addrs := map[netip.Addr]bool{}
 		self, _ := n.Self()
 		addrs[self.Addr] = true
+		ids := map[vip.NodeID]bool{self.ID: true}
+		wgKeys := map[wg.Key]bool{n.Node.WireGuardKey.PublicKey(): true}
 		for j, pc := range n.Peers {
 			pw := fmt.Sprintf("%s.peers[%d] (%s)", where, j, pc.Name)
 			info, err := pc.info()
@@ -219,9 +221,17 @@ func (c *Config) Validate() error {
 				return bad("%s.address %v: taken or outside %v", pw, info.Addr, p)
 			}
 			addrs[info.Addr] = true
+			if ids[info.ID] {
+				return bad("%s.identity: the identity of another member or of this node (each member has its own)", pw)
+			}
+			ids[info.ID] = true
 			if pc.WireGuardKey.IsZero() {
 				return bad("%s.wireguard_key is required", pw)
 			}
+			if wgKeys[pc.WireGuardKey] {
+				return bad("%s.wireguard_key: the key of another member or this node's public key (each member has its own)", pw)
+			}
+			wgKeys[pc.WireGuardKey] = true
 			if pc.Endpoint != "" {
 				if _, err := netip.ParseAddrPort(pc.Endpoint); err != nil {
 					return bad("%s.endpoint %q: want IP:port", pw, pc.Endpoint)

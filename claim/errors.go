@@ -121,7 +121,7 @@ var (
 	// from its peer that the newest claim is its own: it once held the
 	// VIP, its state file was lost or replaced, and it is fenced until a
 	// promote.
-	ErrStateLost = errors.New("claim: state file lost; this node held the vip before, fenced")
+	ErrStateLost = errors.New("claim: state file lost; this node held the vip before, fenced") // +checklocksignore: never written
 	// ErrCorruptState is returned when a state file cannot be decoded. The
 	// file is left untouched.
 	ErrCorruptState = errors.New("claim: corrupt state file")

@@ -220,7 +220,7 @@ func Open(ctx context.Context, dir string, o *Options) (*Store, error) {
 func (s *Store) openLocked(dir string, opts Options) (err error) {
 	cache := pebble.NewCache(opts.CacheBytes)
 	defer cache.Unref()
-	po := &pebble.Options{FS: opts.FS, Cache: cache, Logger: fatalLogger{opts.Logger},
+	po := &pebble.Options{FS: manifestDirSyncFS{opts.FS}, Cache: cache, Logger: fatalLogger{opts.Logger},
 		EventListener: &pebble.EventListener{
 			// Pebble's default makes detected corruption fatal; the read
 			// that met it returns the corruption error instead.

@@ -27,16 +27,23 @@ const floodNames = 10000
 
 // floodWindow is how many of its queries the flooding client keeps
 // unanswered at once. It is far above every cap, and small enough that
-// neither side's socket buffer overflows, so every answer arrives and the
-// tallies are exact.
+// neither side's socket buffer overflows (floodPorts sockets share it), so
+// every answer arrives and the tallies are exact. The kernel's drops on
+// both sides are counted all the same, and reported.
 const floodWindow = 1024
+
+// floodPorts is how many ports of each source address the flood uses.
+const floodPorts = 8
 
 // floodResult is what the flooding process reports on its stdout.
 type floodResult struct {
-	Error      string         `json:"error,omitempty"`
-	Sent       int            `json:"sent"`
-	Unanswered int            `json:"unanswered"`
-	Rcodes     map[string]int `json:"rcodes"`
+	Error      string `json:"error,omitempty"`
+	Sent       int    `json:"sent"`
+	Unanswered int    `json:"unanswered"`
+	// Drops is how many datagrams the kernel dropped on the flood's
+	// sockets: answers that never reached it.
+	Drops  uint64         `json:"drops"`
+	Rcodes map[string]int `json:"rcodes"`
 	// Prompt counts the answers that came before dnsForwardTimeout, by
 	// rcode; Slowest is the longest of them waited.
 	Prompt  map[string]int `json:"prompt"`
@@ -139,7 +146,7 @@ func TestDNSForwardFloodBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc.SetReadBuffer(4 << 20) // the whole flood window fits: nothing is lost
+	forceReadBuffer(pc, 4<<20) // the whole flood window fits: nothing is lost
 	server := pc.LocalAddr().String()
 	srvs, err := serveDNS(h, pc, nil)
 	if err != nil {
@@ -152,7 +159,7 @@ func TestDNSForwardFloodBounded(t *testing.T) {
 
 	// One client: one address, however many ports.
 	t.Run("one client", func(t *testing.T) {
-		res, st := runFlood(t, h, g0, server, "a", []string{"127.0.0.1"}, maxForwardPerClient, true)
+		res, st := runFlood(t, h, g0, pc, "a", []string{"127.0.0.1"}, maxForwardPerClient, true)
 		if res.Rcodes["REFUSED"] == 0 {
 			t.Errorf("no query of the flood was refused: %+v", res)
 		}
@@ -171,7 +178,7 @@ func TestDNSForwardFloodBounded(t *testing.T) {
 		for i := 3; i <= 10; i++ {
 			srcs = append(srcs, fmt.Sprintf("127.0.0.%d", i))
 		}
-		res, st := runFlood(t, h, g0, server, "b", srcs, maxForwardInflight, false)
+		res, st := runFlood(t, h, g0, pc, "b", srcs, maxForwardInflight, false)
 		if res.Prompt["SERVFAIL"] == 0 {
 			t.Errorf("no query over the total cap got a prompt SERVFAIL: %+v", res)
 		}
@@ -193,7 +200,8 @@ func TestDNSForwardFloodBounded(t *testing.T) {
 // caps, and the forwards in flight reach held (so the watch saw the flood
 // at its height). With goodDuring, a well-behaved client is asked while the flood
 // holds its share. After the flood the good client is answered again.
-func runFlood(t *testing.T, h *dnsHandler, g0 int, server, prefix string, srcs []string, held int, goodDuring bool) (floodResult, dnsStats) {
+func runFlood(t *testing.T, h *dnsHandler, g0 int, pc *net.UDPConn, prefix string, srcs []string, held int, goodDuring bool) (floodResult, dnsStats) {
+	server := pc.LocalAddr().String()
 	// Forwards of an earlier flood end first: they are not this one's.
 	deadline := time.Now().Add(15 * time.Second)
 	for forwardsInFlight(h) != 0 {
@@ -211,6 +219,10 @@ func runFlood(t *testing.T, h *dnsHandler, g0 int, server, prefix string, srcs [
 	}
 	cmd.Stderr = os.Stderr
 	st0 := h.Stats()
+	drops0, err := udpDrops(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	fd0 := openFDs(t)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -280,16 +292,24 @@ watch:
 	wg.Wait()
 	cmd.Wait()
 	st1 := h.Stats()
+	drops1, err := udpDrops(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
 	st := dnsStats{Loops: st1.Loops - st0.Loops, ClientLimit: st1.ClientLimit - st0.ClientLimit, Busy: st1.Busy - st0.Busy, HandlerWaits: st1.HandlerWaits - st0.HandlerWaits}
-	t.Logf("flood from %v: at most %d goroutines, %d fds over the test's own, %d forwards in flight; %+v; counted %+v", srcs, maxG, maxFD, maxFwd, res, st)
+	t.Logf("flood from %v: at most %d goroutines, %d fds over the test's own, %d forwards in flight; %+v; counted %+v; the kernel dropped %d queries at the server, %d answers at the flood",
+		srcs, maxG, maxFD, maxFwd, res, st, drops1-drops0, res.Drops)
 	if t.Failed() {
 		return res, st
 	}
 	if !gotResult || res.Error != "" {
 		t.Fatalf("the flood reported no tallies: %q", res.Error)
 	}
-	if res.Sent != floodNames || res.Unanswered > held {
-		t.Errorf("the flood sent %d and ended with %d unanswered, want %d and at most %d", res.Sent, res.Unanswered, floodNames, held)
+	// A datagram the kernel dropped (a full receive buffer on a busy
+	// machine) is unanswered through no fault of the agent's; every other
+	// query beyond those held was answered.
+	if lost := drops1 - drops0 + res.Drops; res.Sent != floodNames || uint64(res.Unanswered) > uint64(held)+lost {
+		t.Errorf("the flood sent %d and ended with %d unanswered (the kernel dropped %d), want %d and at most %d+%d", res.Sent, res.Unanswered, lost, floodNames, held, lost)
 	}
 	if maxFwd != held {
 		t.Errorf("at most %d forwards in flight, want the flood to hold %d", maxFwd, held)
@@ -313,7 +333,7 @@ watch:
 }
 
 // dnsFlood is the flooding client, run as another uid: it asks
-// VIPKIT_DNS_SERVER for floodNames distinct names from four ports of each
+// VIPKIT_DNS_SERVER for floodNames distinct names from floodPorts ports of each
 // address of VIPKIT_DNS_SOURCES, keeping floodWindow unanswered at most,
 // then waits until at most VIPKIT_DNS_HELD are unanswered and prints its
 // tallies (floodResultPrefix, JSON).
@@ -331,11 +351,12 @@ func dnsFlood() {
 	prefix := os.Getenv("VIPKIT_DNS_PREFIX")
 	var conns []*net.UDPConn
 	for _, s := range strings.Split(os.Getenv("VIPKIT_DNS_SOURCES"), ",") {
-		for range 4 {
+		for range floodPorts {
 			c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(s)})
 			if err != nil {
 				fail(err)
 			}
+			forceReadBuffer(c, 1<<20)
 			conns = append(conns, c)
 		}
 	}
@@ -415,6 +436,9 @@ func dnsFlood() {
 		cond.Wait()
 	}
 	res.Unanswered = outstanding
+	if res.Drops, err = udpDrops(conns...); err != nil {
+		res.Error = err.Error()
+	}
 	b, _ := json.Marshal(res)
 	mu.Unlock()
 	timer.Stop()

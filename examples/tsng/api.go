@@ -60,6 +60,7 @@ const (
 	CodeExists      = "exists"
 	CodeNetworkDown = "network_down"
 	CodeDeleted     = "deleted"
+	CodeBusy        = "busy"
 	CodeInternal    = "internal"
 )
 
@@ -81,7 +82,7 @@ func httpStatus(code string) int {
 		return http.StatusBadRequest
 	case CodeNotFound, CodeDeleted:
 		return http.StatusNotFound
-	case CodeAmbiguous, CodeConflict, CodeExists:
+	case CodeAmbiguous, CodeConflict, CodeExists, CodeBusy:
 		return http.StatusConflict
 	case CodeLimit:
 		return http.StatusUnprocessableEntity
@@ -167,6 +168,7 @@ type APIServer struct {
 func NewAPIServer(m Manager) *APIServer {
 	s := &APIServer{m: m, mux: http.NewServeMux(), maxBody: 1 << 20}
 	s.mux.HandleFunc("GET /v1/networks", s.listNetworks)
+	s.mux.HandleFunc("POST /v1/reload", s.reload)
 	s.mux.HandleFunc("GET /v1/ui", s.ui)
 	s.mux.HandleFunc("GET /v1/ui/handoff", s.uiHandoffStats)
 	s.mux.HandleFunc("POST /v1/ui/handoff", s.uiHandoff)
@@ -329,6 +331,28 @@ func (s *APIServer) upDown(up bool) http.HandlerFunc {
 			return
 		}
 		jsonx.WriteIndent(w, http.StatusOK, NetworkSummary{Name: n.Name, ID: n.ID, Up: n.Up(), Services: len(n.Registry.List())})
+	}
+}
+
+// reload re-reads the agent's config file and applies it (Reloader). A
+// refused config is CodeInvalid, naming the field; one that needs a
+// restart too; a reload while another runs is CodeBusy.
+func (s *APIServer) reload(w http.ResponseWriter, r *http.Request) {
+	rl, ok := s.m.(Reloader)
+	if !ok {
+		writeErr(w, &APIError{Code: CodeInternal, Message: "tsng: this agent cannot reload its config"})
+		return
+	}
+	res, err := rl.Reload(r.Context())
+	switch {
+	case err == nil:
+		jsonx.WriteIndent(w, http.StatusOK, res)
+	case errors.Is(err, ErrReloadBusy):
+		writeErr(w, &APIError{Code: CodeBusy, Message: err.Error()})
+	case errors.Is(err, ErrConfig), errors.Is(err, ErrRestartNeeded):
+		writeErr(w, &APIError{Code: CodeInvalid, Message: err.Error()})
+	default:
+		writeErr(w, err)
 	}
 }
 

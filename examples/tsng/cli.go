@@ -280,6 +280,11 @@ func rootCommand() *command {
 				{name: "up", args: "NET", short: "Start a network on this node.", min: 1, max: 1, run: runUpDown("up")},
 				{name: "down", args: "NET", short: "Stop a network on this node; its saved configuration stays readable.", min: 1, max: 1, run: runUpDown("down")},
 			}},
+			{name: "reload", args: "[--json]", short: "Make the agent re-read its config file and apply the changed peers (also: SIGHUP, systemctl reload).", max: 0, flags: jsonFlag,
+				long: "Added peers join, removed peers leave (their backends show as departed), changed endpoints and keys take effect;\n" +
+					"unchanged peers keep their sessions and bindings. A config that is invalid, or changes anything but peers, is refused\n" +
+					"with the field named, and the running config stays. See docs/tsng-config.md.",
+				run: runReload},
 			{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
 				flags: func(fs *flag.FlagSet, o *opts) {
 					fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
@@ -505,6 +510,36 @@ func runNetworkList(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
 		for _, msg := range n.AddrCollisions {
 			fmt.Fprintf(c.env.Stderr, "tsng: warning: network %s: %s\n", n.Name, msg)
 		}
+	}
+	return nil
+}
+
+func runReload(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
+	var res ReloadResult
+	if err := c.client.Do(ctx, http.MethodPost, "/v1/reload", nil, &res); err != nil {
+		return err
+	}
+	if c.json {
+		return json.NewEncoder(c.env.Stdout).Encode(res)
+	}
+	for _, n := range res.Networks {
+		var parts []string
+		if len(n.Added) > 0 {
+			parts = append(parts, "added "+strings.Join(n.Added, ", "))
+		}
+		if len(n.Removed) > 0 {
+			parts = append(parts, "removed "+strings.Join(n.Removed, ", "))
+		}
+		if len(n.Changed) > 0 {
+			parts = append(parts, "changed "+strings.Join(n.Changed, "; "))
+		}
+		if len(parts) == 0 {
+			parts = []string{"no change"}
+		}
+		fmt.Fprintf(c.env.Stdout, "network %s: %s\n", printable(n.Network), printable(strings.Join(parts, "; ")))
+	}
+	if res.Note != "" {
+		fmt.Fprintln(c.env.Stderr, "tsng: note:", printable(res.Note))
 	}
 	return nil
 }

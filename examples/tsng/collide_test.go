@@ -16,7 +16,7 @@ import (
 )
 
 // writeConfig writes cfg as a config file and returns its path.
-func writeConfig(t *testing.T, cfg *Config) string {
+func writeConfig(t testing.TB, cfg *Config) string {
 	t.Helper()
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {

@@ -124,8 +124,10 @@ type Control struct {
 	// pending are the inbound connections in the handshake, oldest first.
 	// +checklocks:mu
 	pending map[vip.NodeID][]net.Conn
-	// pinned are the members that authenticated by key since the start;
-	// only members are added, so the member list bounds it.
+	// pinned are the members that authenticated by key since the start
+	// (or since they last joined); only members are added, and ForgetPeer
+	// drops a member that left, so the member list bounds it, as it bounds
+	// peers, inbound and pending.
 	// +checklocks:mu
 	pinned map[vip.NodeID]bool
 	// +checklocks:mu
@@ -140,7 +142,13 @@ var _ vip.Carrier = (*Control)(nil)
 
 type peerConn struct {
 	q chan []byte
+	// ctx ends the sender: at Close, or when ForgetPeer drops the peer.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
+
+// errNotMember refuses a frame for a node that is no member.
+var errNotMember = errors.New("tsng: control frame for a node that is no member")
 
 // inConn is an inbound connection past the handshake.
 type inConn struct {
@@ -218,6 +226,12 @@ func (c *Control) Send(_ context.Context, to vip.NodeID, frame []byte) error {
 		c.count(func(s *ControlStats) { s.Refused++ })
 		return fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, len(frame), c.o.MaxFrame)
 	}
+	if _, ok := c.o.Addr(to); !ok {
+		// A member that left: no sender is made for it, so the senders
+		// stay bounded by the member list.
+		c.count(func(s *ControlStats) { s.Dropped++ })
+		return fmt.Errorf("%w: %s", errNotMember, to.String()[:12])
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -225,7 +239,8 @@ func (c *Control) Send(_ context.Context, to vip.NodeID, frame []byte) error {
 	}
 	p := c.peers[to]
 	if p == nil {
-		p = &peerConn{q: make(chan []byte, c.o.Queue)}
+		pctx, cancel := context.WithCancel(c.ctx)
+		p = &peerConn{q: make(chan []byte, c.o.Queue), ctx: pctx, cancel: cancel}
 		c.peers[to] = p
 		c.wg.Add(1)
 		go c.sender(to, p)
@@ -273,7 +288,7 @@ func (c *Control) sender(to vip.NodeID, p *peerConn) {
 	for {
 		var frame []byte
 		select {
-		case <-c.ctx.Done():
+		case <-p.ctx.Done():
 			return
 		case <-idle.C:
 			if conn != nil {
@@ -290,7 +305,7 @@ func (c *Control) sender(to vip.NodeID, p *peerConn) {
 			conn = nil
 		}
 		if conn == nil {
-			conn, legacy, fellBack = c.connect(to, fellBack)
+			conn, legacy, fellBack = c.connect(p.ctx, to, fellBack)
 			if conn == nil {
 				c.count(func(s *ControlStats) { s.Dropped++ })
 				continue
@@ -320,13 +335,13 @@ func (c *Control) sender(to vip.NodeID, p *peerConn) {
 // peer has no handshake and Auth allows legacy frames to it. It returns
 // nil when there is no connection (the caller counts the frame dropped),
 // and whether the connection is legacy and the peer has no handshake.
-func (c *Control) connect(to vip.NodeID, fellBack bool) (conn net.Conn, legacy, noAuth bool) {
+func (c *Control) connect(ctx context.Context, to vip.NodeID, fellBack bool) (conn net.Conn, legacy, noAuth bool) {
 	addr, ok := c.o.Addr(to)
 	if !ok {
 		return nil, false, fellBack
 	}
 	dial := func() net.Conn {
-		dctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		conn, err := c.o.Net.DialContext(dctx, "tcp", netip.AddrPortFrom(addr, c.o.Port).String())
 		if err != nil {
@@ -349,7 +364,7 @@ func (c *Control) connect(to vip.NodeID, fellBack bool) (conn net.Conn, legacy, 
 		return nil, false, fellBack
 	}
 	hs := conn
-	stop := context.AfterFunc(c.ctx, func() { hs.Close() })
+	stop := context.AfterFunc(ctx, func() { hs.Close() })
 	err := c.authDial(hs, to)
 	if !stop() {
 		return nil, false, fellBack // closing
@@ -379,8 +394,11 @@ func (c *Control) isPinned(id vip.NodeID) bool {
 }
 
 // pin counts an authenticated outbound connection to member id and pins
-// it.
+// it, unless id left the member list meanwhile.
 func (c *Control) pin(id vip.NodeID) {
+	if _, ok := c.o.Addr(id); !ok {
+		return
+	}
 	c.mu.Lock()
 	c.stats.Authenticated++
 	drop := c.pinLocked(id)
@@ -505,7 +523,20 @@ func (c *Control) unpendLocked(from vip.NodeID, conn net.Conn) bool {
 // member is pinned, and returns false for a connection it did not admit,
 // which the caller closes.
 func (c *Control) admit(conn net.Conn, from vip.NodeID, authed, pended bool) bool {
+	// A member that left during the handshake is admitted no more (ForgetPeer
+	// may have run before this connection was pending): its address must
+	// still name it.
+	id, member := c.member(conn)
+	member = member && id == from
 	c.mu.Lock()
+	if !member {
+		if pended {
+			c.unpendLocked(from, conn)
+		}
+		c.stats.Refused++
+		c.mu.Unlock()
+		return false
+	}
 	if (pended && !c.unpendLocked(from, conn)) || c.closed {
 		c.mu.Unlock()
 		return false
@@ -655,6 +686,43 @@ func (c *Control) frames(conn net.Conn, from vip.NodeID, first *[4]byte) {
 			c.o.Logger.Debug("control frame refused", "peer", from.String()[:12], "err", err)
 		}
 	}
+}
+
+// ForgetPeer drops everything the channel keeps for member id, once id
+// has left the member list (Peer and Addr no longer know it) or its
+// address or WireGuard key changed: its sender and queued frames, its
+// connections in both directions and those in the handshake, and its pin.
+// A frame for id after it rejoined starts afresh (a new handshake, which
+// pins it again). The connections are closed after the lock is released;
+// the goroutines that served them end on their own.
+func (c *Control) ForgetPeer(id vip.NodeID) {
+	c.mu.Lock()
+	p := c.peers[id]
+	delete(c.peers, id)
+	delete(c.pinned, id)
+	var conns []net.Conn
+	for _, x := range c.inbound[id] {
+		conns = append(conns, x.conn)
+	}
+	conns = append(conns, c.pending[id]...)
+	delete(c.inbound, id)
+	delete(c.pending, id)
+	c.mu.Unlock()
+	if p != nil {
+		p.cancel() // the sender closes its connection as it returns
+	}
+	for _, conn := range conns {
+		conn.Close()
+	}
+}
+
+// peerState reports how many members the channel keeps state for: senders,
+// pins, members with inbound connections and with connections in the
+// handshake.
+func (c *Control) peerState() (senders, pinned, inbound, pending int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.peers), len(c.pinned), len(c.inbound), len(c.pending)
 }
 
 // Close stops the channel and waits for its goroutines.

@@ -40,9 +40,15 @@ type DaemonOptions struct {
 	// NoAPI skips the local API socket (the demo drives the daemons
 	// directly).
 	NoAPI bool
+	// ConfigPath is the config file that Reload re-reads (RunDaemon sets
+	// it); empty refuses a reload from the file.
+	ConfigPath string
 	// httpLimits replaces the limits of the named local HTTP servers
 	// (tests shorten the timeouts).
 	httpLimits map[string]httpLimits
+	// reloadHook, when set, runs in each reload after its plan is made
+	// and before anything is applied (tests hold a reload there).
+	reloadHook func()
 }
 
 // Daemon is the agent: it joins the networks of a config file, runs
@@ -61,15 +67,30 @@ type Daemon struct {
 	ui        *UIServer
 	lock      *os.File
 	wg        sync.WaitGroup
+
+	// reloading is set while a reload runs; a second one is refused
+	// (ErrReloadBusy) rather than queued.
+	reloading atomic.Bool
+	// opMu serializes a reload with Close: Close waits for a reload in
+	// progress, and a reload after Close is refused. It is taken only by
+	// Reload and Close, never by anything they call.
+	opMu syncx.Mutex
+	// +checklocks:opMu
+	closed bool
+	// +checklocks:opMu
+	running *Config // the config in force: the start's, then each reload's
 }
 
 // netRuntime is one network at this node.
 type netRuntime struct {
-	d       *Daemon
-	cfg     NetworkConfig
-	id      crdt.NetworkID
-	members []vip.NodeInfo
-	former  []vip.NodeInfo // departed members that stored backends name
+	d *Daemon
+	// cfg is the network's config as it started. A reload changes only
+	// the peers, which are in the membership, never cfg (so it is read
+	// without a lock); cfg.Peers is the start's list.
+	cfg NetworkConfig
+	id  crdt.NetworkID
+	// mship is the member set in force, swapped whole by a reload.
+	mship   atomic.Pointer[membership]
 	key     ed25519.PrivateKey
 	replica *crdt.Replica
 	reg     *vip.Registry
@@ -132,7 +153,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{cfg: cfg, o: o, log: o.Logger}
+	d := &Daemon{cfg: cfg, o: o, log: o.Logger, running: cfg}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -264,8 +285,15 @@ func (d *Daemon) Down(name string) error {
 	return nil
 }
 
-// Close stops every network and server and closes the stores.
+// Close stops every network and server and closes the stores. It waits
+// for a reload in progress.
 func (d *Daemon) Close() error {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
 	if d.apiSrv != nil {
 		d.apiSrv.Close()
 	}
@@ -296,7 +324,8 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 	if n.id, err = nc.NetworkID(); err != nil {
 		return nil, err
 	}
-	if n.members, err = nc.Members(); err != nil {
+	members, err := nc.Members()
+	if err != nil {
 		return nil, err
 	}
 	if n.key, err = nc.identityKey(); err != nil {
@@ -307,10 +336,7 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 	if err != nil {
 		return nil, fmt.Errorf("opening state in %s: %w", dir, err)
 	}
-	authors := make([]crdt.AuthorID, len(n.members))
-	for i, m := range n.members {
-		authors[i] = crdt.AuthorID(m.ID)
-	}
+	authors := authorsOf(members)
 	lim := crdt.Limits{}
 	if nc.MaxFrame > 0 {
 		lim.MaxSnapshotBytes = nc.MaxFrame
@@ -329,16 +355,18 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 		return nil, err
 	}
 	prefix, _ := netip.ParsePrefix(nc.Overlay)
+	n.mship.Store(newMembership(members, nc.Peers, nil)) // the former members follow from the registry
 	n.reg, err = vip.NewRegistry(vip.RegistryOptions{Network: nc.Name, Prefix: prefix, Replica: n.replica,
-		Nodes: func() []vip.NodeInfo { return n.members }, FormerNodes: func() []vip.NodeInfo { return n.former },
+		Nodes: func() []vip.NodeInfo { return n.ms().members }, FormerNodes: func() []vip.NodeInfo { return n.ms().former },
 		Limits: nc.Limits, OnChange: n.onChange})
 	if err != nil {
 		n.replica.Close()
 		return nil, err
 	}
-	n.former = formerNodes(known, n.members, n.reg.List())
+	ms := newMembership(members, nc.Peers, formerNodes(known, members, n.reg.List()))
+	n.mship.Store(ms)
 	n.reg.Refresh()
-	if err := saveKnownNodes(knownPath, n.members, n.former); err != nil {
+	if err := saveKnownNodes(knownPath, ms.members, ms.former); err != nil {
 		n.replica.Close()
 		return nil, fmt.Errorf("tsng: writing %s: %w", knownPath, err)
 	}
@@ -392,23 +420,25 @@ func (n *netRuntime) countersSince() time.Time {
 	return n.started
 }
 
-func (n *netRuntime) self() vip.NodeInfo { return n.members[0] }
+func (n *netRuntime) self() vip.NodeInfo { return n.ms().members[0] }
 
-// peerOf maps an overlay address to its member.
+// ms returns the member set in force.
+func (n *netRuntime) ms() *membership { return n.mship.Load() }
+
+// peerOf maps an overlay address to its member (not this node).
 func (n *netRuntime) peerOf(a netip.Addr) (vip.NodeID, bool) {
-	for _, m := range n.members[1:] {
-		if m.Addr == a {
-			return m.ID, true
-		}
+	ms := n.ms()
+	if i, ok := ms.byAddr[a]; ok && i > 0 {
+		return ms.members[i].ID, true
 	}
 	return vip.NodeID{}, false
 }
 
+// addrOf maps a member to its overlay address.
 func (n *netRuntime) addrOf(id vip.NodeID) (netip.Addr, bool) {
-	for _, m := range n.members {
-		if m.ID == id {
-			return m.Addr, true
-		}
+	ms := n.ms()
+	if i, ok := ms.byID[id]; ok {
+		return ms.members[i].Addr, true
 	}
 	return netip.Addr{}, false
 }
@@ -487,14 +517,8 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { eng.Close() })
-	wcfg := wg.Config{PrivateKey: n.cfg.Node.WireGuardKey, ListenPort: n.cfg.Node.ListenPort}
-	for i, p := range n.cfg.Peers {
-		pc := wg.PeerConfig{PublicKey: p.WireGuardKey, AllowedIPs: []netip.Prefix{netip.PrefixFrom(n.members[i+1].Addr, 32)}, PersistentKeepalive: 25 * time.Second}
-		if p.Endpoint != "" {
-			pc.Endpoint = netip.MustParseAddrPort(p.Endpoint)
-		}
-		wcfg.Peers = append(wcfg.Peers, pc)
-	}
+	wcfg := n.ms().wgConfig(n.cfg.Node, nil)
+	wcfg.ListenPort = n.cfg.Node.ListenPort
 	var bind conn.Bind
 	if n.d.o.Bind != nil {
 		bind = n.d.o.Bind(n.cfg.Name)
@@ -527,11 +551,7 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { control.Close() })
-	peers := make([]vip.NodeID, 0, len(n.members)-1)
-	for _, m := range n.members[1:] {
-		peers = append(peers, m.ID)
-	}
-	repl, err = vip.NewReplicator(vip.ReplicatorOptions{Registry: n.reg, Carrier: control, Peers: func() []vip.NodeID { return peers }})
+	repl, err = vip.NewReplicator(vip.ReplicatorOptions{Registry: n.reg, Carrier: control, Peers: func() []vip.NodeID { return n.ms().peerIDs }})
 	if err != nil {
 		return err
 	}
@@ -614,11 +634,13 @@ func (n *netRuntime) pathUp(dev func() *wg.Device) func(vip.NodeID) bool {
 	var mu syncx.Mutex
 	var at time.Time
 	var stats map[wg.Key]wg.PeerStats
-	keys := map[vip.NodeID]wg.Key{}
-	for i, p := range n.cfg.Peers {
-		keys[n.members[i+1].ID] = p.WireGuardKey
-	}
 	return func(id vip.NodeID) bool {
+		ms := n.ms()
+		i, ok := ms.byID[id]
+		if !ok || i == 0 {
+			return false
+		}
+		key := ms.peers[i-1].WireGuardKey
 		mu.Lock()
 		defer mu.Unlock()
 		d := dev()
@@ -630,7 +652,7 @@ func (n *netRuntime) pathUp(dev func() *wg.Device) func(vip.NodeID) bool {
 				stats, at = s, time.Now()
 			}
 		}
-		st, ok := stats[keys[id]]
+		st, ok := stats[key]
 		return ok && !st.LastHandshake.IsZero() && time.Since(st.LastHandshake) < 180*time.Second
 	}
 }

@@ -22,6 +22,7 @@
 //	tsng init --network NAME --overlay CIDR [--address ADDR] [--name NODE] [--config FILE]
 //	tsng config check FILE
 //	tsng daemon [--config FILE]
+//	tsng reload [--json]
 //	tsng version (or --version)
 //	tsng completion bash|zsh
 //
@@ -42,6 +43,13 @@
 // was read at, and keeps a rejected or invalid file, printing its path.
 // Configuration updates need the network to be up locally; saved
 // configuration stays readable while it is stopped.
+//
+// `tsng reload` (or SIGHUP) makes the agent re-read its config file and
+// apply the changed peers of each network: members join and leave a
+// running mesh, and the sessions and NAT bindings of the other members
+// stay. A config that is invalid or changes anything else is refused, and
+// the running config stays (exit 6); a reload while another runs is
+// refused (exit 1).
 //
 // # Exit statuses
 //

@@ -3,9 +3,11 @@ package tsng
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -116,7 +118,12 @@ func TestSystemdUnits(t *testing.T) {
 	}
 	unit := read("systemd/tsng.service")
 	dropin := read("systemd/tsng.service.d/tun.conf")
-	for _, want := range []string{"CapabilityBoundingSet=\n", "AmbientCapabilities=\n", "NoNewPrivileges=yes", "DynamicUser=yes", "ProtectSystem=strict", "PrivateDevices=yes", "SystemCallFilter=@system-service", "LoadCredential=tsng.json:/etc/tsng/tsng.json"} {
+	reloadDropin := read("systemd/tsng.service.d/reload-credentials.conf")
+	if !strings.Contains(reloadDropin, "\nRefreshOnReload=credentials\n") {
+		t.Errorf("reload-credentials.conf lacks RefreshOnReload=credentials")
+	}
+	for _, want := range []string{"CapabilityBoundingSet=\n", "AmbientCapabilities=\n", "NoNewPrivileges=yes", "DynamicUser=yes", "ProtectSystem=strict", "PrivateDevices=yes", "SystemCallFilter=@system-service", "LoadCredential=tsng.json:/etc/tsng/tsng.json",
+		"ExecReload=" + exe + " reload\n"} {
 		if !strings.Contains(unit, want) {
 			t.Errorf("tsng.service lacks %q", strings.TrimSpace(want))
 		}
@@ -131,19 +138,42 @@ func TestSystemdUnits(t *testing.T) {
 			t.Errorf("the netstack unit grants a capability: %s", line)
 		}
 	}
-	// systemd-analyze verify on the unit, then on the unit with the drop-in.
-	for _, withDropin := range []bool{false, true} {
-		root := filepath.Join(dir, fmt.Sprint(withDropin))
+	// systemd-analyze verify on the unit, then on the unit with the
+	// drop-in, then (on systemd 260 and later, which knows its setting)
+	// with the reload drop-in.
+	dropins := []map[string]string{nil, {"tun.conf": dropin}}
+	if v := systemdVersion(t, sa); v >= 260 {
+		dropins = append(dropins, map[string]string{"reload-credentials.conf": reloadDropin})
+	} else {
+		t.Logf("systemd %d: reload-credentials.conf (RefreshOnReload=, systemd 260) not verified", v)
+	}
+	for i, ds := range dropins {
+		withDropin := fmt.Sprint(slices.Collect(maps.Keys(ds)))
+		root := filepath.Join(dir, fmt.Sprint(i))
 		os.MkdirAll(filepath.Join(root, "tsng.service.d"), 0o755)
 		os.WriteFile(filepath.Join(root, "tsng.service"), []byte(unit), 0o644)
-		if withDropin {
-			os.WriteFile(filepath.Join(root, "tsng.service.d", "tun.conf"), []byte(dropin), 0o644)
+		for name, text := range ds {
+			os.WriteFile(filepath.Join(root, "tsng.service.d", name), []byte(text), 0o644)
 		}
 		cmd := exec.Command(sa, "verify", filepath.Join(root, "tsng.service"))
 		cmd.Env = append(os.Environ(), "SYSTEMD_LOG_LEVEL=notice", "SYSTEMD_UNIT_PATH="+root+":")
 		out, err := cmd.CombinedOutput()
 		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
-			t.Fatalf("systemd-analyze verify (drop-in %v): %v\n%s", withDropin, err, out)
+			t.Fatalf("systemd-analyze verify (drop-ins %v): %v\n%s", withDropin, err, out)
 		}
 	}
+}
+
+// systemdVersion returns the version systemd-analyze reports ("systemd
+// 252 (...)").
+func systemdVersion(t *testing.T, sa string) int {
+	out, err := exec.Command(sa, "--version").Output()
+	if err != nil {
+		t.Fatalf("systemd-analyze --version: %v", err)
+	}
+	var v int
+	if _, err := fmt.Sscanf(string(out), "systemd %d", &v); err != nil {
+		t.Fatalf("systemd-analyze --version: %q: %v", out, err)
+	}
+	return v
 }

@@ -7,13 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/vipkit/vipkit/internal/buildinfo"
 )
 
 // RunDaemon loads the config file and runs the agent until ctx ends or the
-// process gets SIGINT or SIGTERM. Logs are structured (log/slog) on stderr.
+// process gets SIGINT or SIGTERM. SIGHUP reloads the config file
+// (Daemon.Reload). Logs are structured (log/slog) on stderr.
 func RunDaemon(ctx context.Context, configPath string) error {
 	return RunDaemonLog(ctx, configPath, os.Stderr)
 }
@@ -36,10 +38,22 @@ func RunDaemonLog(ctx context.Context, configPath string, w io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	d, err := NewDaemon(ctx, cfg, DaemonOptions{Logger: log})
+	// SIGHUP would end the process: it is taken from the start, and a
+	// reload waits until the agent runs.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	d, err := NewDaemon(ctx, cfg, DaemonOptions{Logger: log, ConfigPath: configPath})
 	if err != nil {
 		return err
 	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		reloadOnSignal(ctx, d, hup, log)
+	}()
+	defer wg.Wait()
 	sock := cfg.Socket
 	if sock == "" {
 		sock = DefaultSocket
@@ -57,6 +71,27 @@ func RunDaemonLog(ctx context.Context, configPath string, w io.Writer) error {
 	<-ctx.Done()
 	log.Info("tsng stopping")
 	return d.Close()
+}
+
+// reloadOnSignal reloads d's config on each signal from hup until ctx
+// ends, and logs what the reload did or why it was refused.
+func reloadOnSignal(ctx context.Context, d *Daemon, hup <-chan os.Signal, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		log.Info("SIGHUP: reloading the config")
+		res, err := d.Reload(ctx)
+		if err != nil {
+			log.Error("reload refused; the running config stays", "err", err)
+			continue
+		}
+		if res.Note != "" {
+			log.Warn("reload: " + res.Note)
+		}
+	}
 }
 
 // DefaultEnv is the environment of the real command.

@@ -64,6 +64,8 @@ var (
 		"Control connections, in and out, by authentication: key (the key handshake), legacy (without it), refused (for want of it; also in tsng_control_refused_total).", []string{"network", "auth"}, nil)
 	controlRefused = prometheus.NewDesc("tsng_control_refused_total",
 		"Control connections and frames refused: non-members, a member's connections over the limit, frames over the size limit or past the frame timeout.", []string{"network"}, nil)
+	crdtRefused = prometheus.NewDesc("tsng_crdt_refused_total",
+		"Signed fields that merges refused, by reason: encoding, wrong_network, reserved_key, clock_range, not_member, former (a former member's signature past its last counter), signature, schema, limit.", []string{"network", "reason"}, nil)
 	dnsLimited = prometheus.NewDesc("tsng_dns_limited_total",
 		"DNS queries that met a limit: REFUSED as a forwarding loop (loop) or over a client's forwards in flight (client), SERVFAIL over all forwards in flight (total), or waiting while every UDP handler was busy (handlers).", []string{"network", "limit"}, nil)
 )
@@ -78,12 +80,21 @@ func (c controlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- controlDropped
 	ch <- controlConns
 	ch <- controlRefused
+	ch <- crdtRefused
 	ch <- dnsLimited
 }
 
 // Collect implements prometheus.Collector.
 func (c controlCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, n := range c.d.nets {
+		r := n.replica.Refused()
+		for _, x := range []struct {
+			reason string
+			v      uint64
+		}{{"encoding", r.Encoding}, {"wrong_network", r.WrongNetwork}, {"reserved_key", r.ReservedKey}, {"clock_range", r.ClockRange},
+			{"not_member", r.NotMember}, {"former", r.Former}, {"signature", r.Signature}, {"schema", r.Schema}, {"limit", r.Limit}} {
+			ch <- prometheus.MustNewConstMetric(crdtRefused, prometheus.CounterValue, float64(x.v), n.cfg.Name, x.reason)
+		}
 		n.mu.Lock()
 		ctl, dnss := n.control, n.dns
 		n.mu.Unlock()

@@ -150,6 +150,20 @@ func TestReloadPeers(t *testing.T) {
 	if len(former) != 1 {
 		t.Fatalf("former members after server2 left: %v", former)
 	}
+	// server3's WireGuard key changes: the device's peer is replaced.
+	rekey := cloneConfig(t, rm)
+	newKey := wg.GeneratePrivateKey().PublicKey()
+	rekey.Networks[0].Peers[0].WireGuardKey = newKey
+	rewriteConfig(t, path, rekey)
+	res, err = d.Reload(ctx)
+	if err != nil || !equalReload(res.Networks[0], NetworkReload{Network: "home", Changed: []string{"server3: wireguard_key"}}) {
+		t.Fatalf("reload that changes server3's key: %+v %v", res, err)
+	}
+	st, _ = devOf(n).Stats()
+	if _, ok := st[newKey]; !ok || len(st) != 1 {
+		t.Fatalf("the device's peers after server3's new key: %v", st)
+	}
+
 	// server2 signs after it left: refused, and counted where an operator
 	// looks.
 	seed := make([]byte, ed25519.SeedSize)

@@ -153,16 +153,20 @@ func (e *Engine) Apply() error {
 }
 
 // buildPeers assigns stable compact peer ids to members and maps their
-// overlay addresses. Called with cfgMu held.
+// overlay addresses. A member keeps its id while it is a member or a
+// departed node that stored backends name (FormerNodes). Called with cfgMu held.
 // +checklocks:e.cfgMu
 func (e *Engine) buildPeers() *peerTable {
 	pt := &peerTable{byAddr: map[uint32]flow.PeerID{}, node: map[flow.PeerID]NodeID{}, addr: map[NodeID]netip.Addr{}, name: map[NodeID]string{}, member: map[NodeID]bool{}}
+	keep := map[NodeID]bool{}
 	if e.reg.o.FormerNodes != nil {
 		for _, n := range e.reg.o.FormerNodes() {
 			pt.name[n.ID] = n.Name
+			keep[n.ID] = true
 		}
 	}
 	for _, n := range e.reg.Nodes() {
+		keep[n.ID] = true
 		pt.name[n.ID] = n.Name
 		pt.member[n.ID] = true
 		if n.ID == e.self {
@@ -180,6 +184,15 @@ func (e *Engine) buildPeers() *peerTable {
 			pt.addr[n.ID] = n.Addr
 			a := n.Addr.As4()
 			pt.byAddr[binary.BigEndian.Uint32(a[:])] = id
+		}
+	}
+	// A node that is neither a member nor named by a stored backend gives
+	// up its id, so the table holds no more than those; ids are never
+	// reused (nextPeer only grows), so a binding that still carries a
+	// dropped id can never reach another node.
+	for id := range e.peerIDs {
+		if !keep[id] {
+			delete(e.peerIDs, id)
 		}
 	}
 	return pt

@@ -182,6 +182,21 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		return err
 	}
 	promotes := new(promoteCounts)
+	var hooks *hookRunner
+	if len(m.Hooks.Command) > 0 {
+		hooks = newHookRunner(m.Hooks, m.ID, m.Self.ID, m.Tended().String(), log.With("part", "hooks"))
+		// The watch begins before Start, so the first hook sees the role
+		// at start; it ends after Close has published the drop.
+		changes := ctl.Watch(ctx, 0)
+		hdone := make(chan struct{})
+		go func() {
+			defer close(hdone)
+			if err := hooks.run(ctx, changes); err != nil {
+				log.Error("hooks: none will run", "err", err)
+			}
+		}()
+		defer func() { <-hdone }()
+	}
 	var metricsSrv *http.Server
 	if m.Metrics.IsValid() {
 		ttl := m.LeaseTTL
@@ -190,7 +205,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(controllerCollector{vip: m.Tended().String(), node: m.Self.ID, observer: key == nil, ttl: ttl,
-			status: ctl.Status, stats: ctl.Stats, promotes: promotes})
+			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks})
 		ml, err := net.Listen("tcp", m.Metrics.String())
 		if err != nil {
 			ctl.Close()

@@ -117,6 +117,9 @@ type Mesh struct {
 	// Prometheus metrics on (GET /metrics, docs/keel-vip-metrics.md); the
 	// zero value: none. Only a loopback address is accepted.
 	Metrics netip.AddrPort
+	// Hooks is the command run on each role change (Hooks); the zero
+	// value runs none.
+	Hooks Hooks
 }
 
 // Node is this node's identity.
@@ -196,7 +199,11 @@ type meshFile struct {
 	} `json:"impair,omitempty"`
 	EventLog string `json:"event_log,omitempty"`
 	Metrics  string `json:"metrics,omitempty"`
-	Timings  struct {
+	Hooks    struct {
+		Command  []string `json:"command,omitempty"`
+		TimeoutS int      `json:"timeout_s,omitempty"`
+	} `json:"hooks"`
+	Timings struct {
 		RenewMs    int `json:"renew_ms,omitempty"`
 		TTLMs      int `json:"lease_ttl_ms,omitempty"`
 		DropMs     int `json:"drop_after_ms,omitempty"`
@@ -467,6 +474,13 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 			return nil, bad("metrics %q: want a loopback address and port, such as 127.0.0.1:9445", mf.Metrics)
 		}
 		m.Metrics = ap
+	}
+	m.Hooks = Hooks{Command: mf.Hooks.Command, Timeout: time.Duration(mf.Hooks.TimeoutS) * time.Second}
+	if mf.Hooks.TimeoutS < 0 {
+		m.Hooks.Timeout = -1
+	}
+	if err := m.Hooks.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMesh, err)
 	}
 	return m, nil
 }

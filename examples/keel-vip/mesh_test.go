@@ -115,6 +115,17 @@ func TestParseMeshRefusals(t *testing.T) {
 		{"bad impairment", func(m map[string]any) { m["impair"] = map[string]any{"loss": 2} }, wg.ErrBadImpairment},
 		{"negative timing", func(m map[string]any) { m["timings"] = map[string]any{"renew_ms": -1} }, keelvip.ErrMesh},
 		{"long interface", func(m map[string]any) { m["interface"] = "a-very-long-interface" }, keelvip.ErrMesh},
+		{"hook not an absolute path", func(m map[string]any) { m["hooks"] = map[string]any{"command": []string{"notify"}} }, keelvip.ErrMesh},
+		{"hook timeout too long", func(m map[string]any) {
+			m["hooks"] = map[string]any{"command": []string{"/bin/true"}, "timeout_s": 301}
+		}, keelvip.ErrMesh},
+		{"hook timeout negative", func(m map[string]any) {
+			m["hooks"] = map[string]any{"command": []string{"/bin/true"}, "timeout_s": -1}
+		}, keelvip.ErrMesh},
+		{"hook argument with NUL", func(m map[string]any) { m["hooks"] = map[string]any{"command": []string{"/bin/true", "a\x00b"}} }, keelvip.ErrMesh},
+		{"hook with too many arguments", func(m map[string]any) {
+			m["hooks"] = map[string]any{"command": append([]string{"/bin/true"}, make([]string, 64)...)}
+		}, keelvip.ErrMesh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := meshDoc(t.TempDir())

@@ -39,6 +39,8 @@ var (
 		"Times the node fenced itself.", []string{"vip", "node"}, nil)
 	metricPromotes = prometheus.NewDesc("keel_vip_promotes_total",
 		"Promotes run on this node, by result (ok: it holds the VIP after it; error).", []string{"vip", "node", "result"}, nil)
+	metricHooks = prometheus.NewDesc("keel_vip_hook_runs_total",
+		"Role-change hook runs, by result: ok, failed (a non-zero exit or no start), timeout (killed at its timeout), dropped (a role change that a full queue dropped before its run).", []string{"vip", "node", "result"}, nil)
 )
 
 // promoteCounts counts the promotes of one controller process.
@@ -55,6 +57,7 @@ type controllerCollector struct {
 	status    func() claim.Status
 	stats     func() claim.Stats
 	promotes  *promoteCounts
+	hooks     *hookRunner // nil: no hook configured, no series
 }
 
 var _ prometheus.Collector = controllerCollector{}
@@ -62,7 +65,7 @@ var _ prometheus.Collector = controllerCollector{}
 // Describe implements prometheus.Collector.
 func (c controllerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{metricRole, metricEpoch, metricFenced, metricUnchecked, metricCarried,
-		metricLeaseLeft, metricRenewalAge, metricRenewals, metricRenewErrors, metricFences, metricPromotes} {
+		metricLeaseLeft, metricRenewalAge, metricRenewals, metricRenewErrors, metricFences, metricPromotes, metricHooks} {
 		ch <- d
 	}
 }
@@ -105,6 +108,13 @@ func (c controllerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(metricFences, st.Fences)
 	counter(metricPromotes, c.promotes.ok.Load(), "ok")
 	counter(metricPromotes, c.promotes.failed.Load(), "error")
+	if c.hooks != nil {
+		hs := c.hooks.Stats()
+		counter(metricHooks, hs.OK, "ok")
+		counter(metricHooks, hs.Failed, "failed")
+		counter(metricHooks, hs.TimedOut, "timeout")
+		counter(metricHooks, hs.Dropped, "dropped")
+	}
 }
 
 // metricsHandler serves reg's metrics. It answers only a Host that is a

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -98,6 +100,18 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 	t.Setenv(childInputEnv, inputs)
 	c := newCluster(t, seed, false, nil, "a", "b", "c")
 	A, B, C := c.node("a"), c.node("b"), c.node("c")
+	// The members run a role-change hook, which records its role, epoch,
+	// uid and capabilities: it runs as the controller's user, with none.
+	hookDir := filepath.Join(inputs, "hooks")
+	if err := os.Mkdir(hookDir, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(hookDir, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*node{A, B} {
+		addHook(t, n, []string{"/bin/sh", "-c", `echo "$KEEL_ROLE $KEEL_EPOCH $(id -u) $(grep CapEff /proc/$$/status | tr -d '\t')" >> ` + filepath.Join(hookDir, n.name)})
+	}
 	c.start()
 	c.serveNames()
 
@@ -233,6 +247,37 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 		t.Fatalf("promote b: %v", err)
 	}
 	waitFor(t, 20*time.Second, "C reaches the VIP at B", func() bool { n, err := reach(C, 2*time.Second); return err == nil && n == "b" })
+	// The hooks ran for each role change: A from its start (fenced while
+	// unchecked: a new node's state holds no claim) to holder at epoch 1,
+	// then gave it up at 2 (released, then replica), B to holder at 2.
+	for n, want := range map[*node][]string{A: {"fenced 0|replica 0", "holder 1", "released 1|replica 2|released 2"}, B: {"fenced 0|replica 0", "holder 2"}} {
+		waitFor(t, 20*time.Second, n.name+"'s hook runs", func() bool {
+			b, _ := os.ReadFile(filepath.Join(hookDir, n.name))
+			suffix := fmt.Sprintf(" %d CapEff:0000000000000000", n.ctlUID)
+			var got []string
+			for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				r, ok := strings.CutSuffix(l, suffix)
+				if !ok {
+					t.Errorf("%s's hook ran as %q, want uid %d without capabilities", n.name, l, n.ctlUID)
+					return true
+				}
+				got = append(got, r)
+			}
+			// want is a subsequence of got; an entry with | takes any of
+			// its forms.
+			i := 0
+			for _, g := range got {
+				if i < len(want) && slices.Contains(strings.Split(want[i], "|"), g) {
+					i++
+				}
+			}
+			if i < len(want) {
+				t.Logf("%s's hook runs: %q, want in order %q", n.name, got, want)
+				return false
+			}
+			return true
+		})
+	}
 	stale, err := claim.NewClaim(A.sign, A.addr, 1, c.pair)
 	if err != nil {
 		t.Fatal(err)
@@ -315,5 +360,28 @@ func checkListenerHasNoKey(t *testing.T, n *node, inputs string) {
 		if bytes.Contains(b, []byte("private")) {
 			t.Errorf("%s: the listener's %s names a private key: %q", n.name, what, b)
 		}
+	}
+}
+
+// addHook rewrites n's mesh file with a hooks section running cmd.
+func addHook(t *testing.T, n *node, cmd []string) {
+	t.Helper()
+	b, err := os.ReadFile(n.meshPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["hooks"] = map[string]any{"command": cmd, "timeout_s": 5}
+	if b, err = json.MarshalIndent(doc, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.meshPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n.mesh, err = keelvip.LoadMesh(n.meshPath); err != nil {
+		t.Fatal(err)
 	}
 }

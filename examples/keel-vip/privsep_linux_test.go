@@ -234,6 +234,19 @@ func TestPrivilegeSplitNoEtcd(t *testing.T) {
 		!strings.Contains(out.String(), "role=observer epoch=1 holder=a fenced=no carried=no routed-to=a") {
 		t.Errorf("inspect on c: %d %q %s", code, out.String(), errb.String())
 	}
+	// inspect --spec against the running helper writes the spec with the
+	// VIP it tends, and no private key.
+	out.Reset()
+	specPath := filepath.Join(A.dir, "a.spec.json")
+	if code := keelvip.Main(context.Background(), []string{"inspect", "--mesh", A.meshPath, "--spec", specPath}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), "role=primary epoch=1") {
+		t.Errorf("inspect --spec on a: %d %q %s", code, out.String(), errb.String())
+	}
+	if raw, err := os.ReadFile(specPath); err != nil {
+		t.Errorf("inspect --spec wrote no spec: %v", err)
+	} else if sp, err := keelvip.ParseSpec(bytes.NewReader(raw)); err != nil || sp.Appliance.VIP != testVIP.String() || strings.Contains(string(raw), "private") {
+		t.Errorf("the spec a emitted: %v %s", err, raw)
+	}
 	out.Reset()
 	if code := keelvip.Main(context.Background(), []string{"render", "--mesh", C.meshPath}, &out, &errb); code != 0 ||
 		!strings.Contains(out.String(), A.addr.String()+"/128, "+testVIP.String()+"/128") {

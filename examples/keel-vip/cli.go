@@ -212,7 +212,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runKeygen(rest, stdout, stderr)
 	}
 	fs := newFlagSet(cmd, stderr)
-	meshPath := fs.String("mesh", "/etc/keel/mesh.json", "mesh file")
+	meshPath := fs.String("mesh", "/etc/keel/mesh.json", "the mesh `FILE`")
 	var (
 		asJSON, gone                   *bool
 		peer, in, out, rootKey         *string
@@ -223,32 +223,32 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	switch cmd {
 	case "tend":
-		exe = fs.String("exe", "", "program to run as the controller and listener (default: this one)")
-		setprivPath = fs.String("setpriv", "", "setpriv binary (default: from PATH)")
-		children = fs.String("children", "spawn", "spawn: start the controller and listener (setpriv); units: systemd starts them as their own units")
-		ctlCgroup = fs.String("controller-cgroup", "", "with --children units: the controller unit's cgroup (default "+DefaultControllerCgroup+")")
-		lisCgroup = fs.String("listener-cgroup", "", "with --children units: the listener unit's cgroup (default "+DefaultListenerCgroup+")")
+		exe = fs.String("exe", "", "the `PROGRAM` to run as the controller and listener (default: this one)")
+		setprivPath = fs.String("setpriv", "", "the setpriv `BINARY` (default: from PATH)")
+		children = fs.String("children", "spawn", "`MODE`: spawn, the helper starts the controller and listener (setpriv); units, systemd starts them as their own units")
+		ctlCgroup = fs.String("controller-cgroup", "", "with --children units: the controller unit's `CGROUP` (default "+DefaultControllerCgroup+")")
+		lisCgroup = fs.String("listener-cgroup", "", "with --children units: the listener unit's `CGROUP` (default "+DefaultListenerCgroup+")")
 	case "status":
 		asJSON = fs.Bool("json", false, "print JSON")
 	case "inspect":
-		specOut = fs.String("spec", "", "write the emitted spec here (default: stdout, before the VIP lines)")
+		specOut = fs.String("spec", "", "write the emitted spec to `FILE` (default: stdout, before the VIP lines)")
 	case "allocate":
-		fromSpec = fs.String("from-spec", "", "take appliance.vip from the spec the primary emitted (keel-vip inspect --spec)")
-		reserve = fs.String("reserve", "", "comma-separated VIPs of other pairs to keep clear")
-		pairFile = fs.String("pair-file", "", "appliance.pair_file to write when the mesh file names none (default: pair.rec beside it)")
+		fromSpec = fs.String("from-spec", "", "take appliance.vip from the spec `FILE` the primary emitted (keel-vip inspect --spec)")
+		reserve = fs.String("reserve", "", "keep the VIPs of other pairs clear (`ADDR,...`, comma-separated)")
+		pairFile = fs.String("pair-file", "", "the appliance.pair_file `FILE` to write when the mesh file names none (default: pair.rec beside it)")
 	case "drop-all", "check":
 	case "promote":
 		gone = fs.Bool("old-primary-gone", false, "the old primary is gone: wait for its lease instead of its release")
 	case "pair propose":
-		peer = fs.String("peer", "", "the other member's overlay address")
-		out = fs.String("out", "", "where to write the proposal")
+		peer = fs.String("peer", "", "the other member's overlay `ADDR`")
+		out = fs.String("out", "", "the `FILE` to write the proposal to")
 	case "pair sign":
-		in = fs.String("in", "", "the proposal to sign")
-		out = fs.String("out", "", "where to write the record (default: appliance.pair_file)")
-		rootKey = fs.String("root-key", "", "sign with this trust root's key (base64 Ed25519 seed) in place of this node")
+		in = fs.String("in", "", "the proposal `FILE` to sign")
+		out = fs.String("out", "", "the `FILE` to write the record to (default: appliance.pair_file)")
+		rootKey = fs.String("root-key", "", "sign with the trust root's key in `FILE` (base64 Ed25519 seed) in place of this node")
 	case "render":
-		holder = fs.String("holder", "", "route the VIP to this holder (default: the running controller's holder)")
-		out = fs.String("out", "", "output file (default: stdout)")
+		holder = fs.String("holder", "", "route the VIP to the holder at `ADDR` (default: the running controller's holder)")
+		out = fs.String("out", "", "the output `FILE` (default: stdout)")
 	default:
 		fmt.Fprintf(stderr, "keel-vip: unknown command %q\n%s", cmd, usage)
 		return ExitUsage
@@ -527,10 +527,10 @@ func parseFlags(fs *flag.FlagSet, cmd string, args []string, stdout, stderr io.W
 // runKeygen is `keel-vip keygen`.
 func runKeygen(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("keygen", stderr)
-	dir := fs.String("dir", "", "directory to write wg.key and sign.key to (made 0700 when missing)")
-	id := fs.String("id", "", "the node's id (node.id in its mesh file)")
-	addr := fs.String("addr", "", "the node's IPv6 overlay address")
-	endpoint := fs.String("endpoint", "", "the node's underlay address and port the other nodes reach it at, if it has a fixed one")
+	dir := fs.String("dir", "", "the `DIR` to write wg.key and sign.key to (made 0700 when missing)")
+	id := fs.String("id", "", "the node's `ID` (node.id in its mesh file)")
+	addr := fs.String("addr", "", "the node's IPv6 overlay `ADDR`")
+	endpoint := fs.String("endpoint", "", "the node's underlay `HOST:PORT` the other nodes reach it at, if it has a fixed one")
 	if code, ok := parseFlags(fs, "keygen", args, stdout, stderr); !ok {
 		return code
 	}

@@ -5,7 +5,7 @@
 GO ?= go
 TESTFLAGS ?=
 
-.PHONY: test deps demo lint lockorder cross importer-check
+.PHONY: test deps demo lint lockorder cross importer-check build install
 
 deps:
 	@bash scripts/deps.sh
@@ -57,3 +57,48 @@ cross:
 # and every ordered pair of the heavy ones; see scripts/importer-check.sh.
 importer-check:
 	@bash scripts/importer-check.sh
+
+# Install: `make install` builds tsng, keel-vip and sharehosts and installs
+# them in $(BINDIR), and the systemd units in $(UNITDIR) with their
+# ExecStart (ExecStartPre, ExecReload, ExecStopPost) pointed at
+# $(BINDIR): the units in the tree name /usr/bin, which PREFIX=/usr
+# keeps. DESTDIR stages the whole tree elsewhere (packaging, CI); the
+# paths written into the units never include it. tsng's optional
+# drop-ins (tun mode, reload credentials) go to $(SHAREDIR)/systemd, not
+# beside the units, where systemd would apply them: copy the one you want
+# to /etc/systemd/system/tsng.service.d/. NOBUILD=1 installs what an
+# earlier `make build` left in $(BUILDDIR), for a root without Go:
+# `make build && sudo make install NOBUILD=1`.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SHAREDIR ?= $(PREFIX)/share/vipkit
+DESTDIR ?=
+BINARIES := tsng keel-vip sharehosts
+UNITS := examples/tsng/systemd/tsng.service \
+	examples/keel-vip/systemd/keel-vip.service \
+	examples/keel-vip/systemd/keel-vip-control.service \
+	examples/keel-vip/systemd/keel-vip-members.service
+DROPINS := examples/tsng/systemd/tsng.service.d/tun.conf \
+	examples/tsng/systemd/tsng.service.d/reload-credentials.conf
+
+# The binaries, in $(BUILDDIR) (bin/ of the tree).
+BUILDDIR ?= bin
+build:
+	@mkdir -p "$(BUILDDIR)"
+	$(GO) build -o "$(BUILDDIR)/" $(addprefix ./cmd/,$(BINARIES))
+
+ifeq ($(NOBUILD),)
+install: build
+endif
+install:
+	@for b in $(BINARIES); do test -x "$(BUILDDIR)/$$b" || { echo "make install: $(BUILDDIR)/$$b is missing (run make build first)"; exit 1; }; done
+	install -d -m 0755 "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(UNITDIR)" "$(DESTDIR)$(SHAREDIR)/systemd/tsng.service.d"
+	install -m 0755 $(addprefix $(BUILDDIR)/,$(BINARIES)) "$(DESTDIR)$(BINDIR)/"
+	@set -e; for u in $(UNITS); do \
+		sed 's|^\(Exec[A-Za-z]*=[-@:+!]*\)/usr/bin/|\1$(BINDIR)/|' "$$u" >"$(DESTDIR)$(UNITDIR)/$$(basename "$$u").tmp"; \
+		chmod 0644 "$(DESTDIR)$(UNITDIR)/$$(basename "$$u").tmp"; \
+		mv "$(DESTDIR)$(UNITDIR)/$$(basename "$$u").tmp" "$(DESTDIR)$(UNITDIR)/$$(basename "$$u")"; \
+		echo "installed $(DESTDIR)$(UNITDIR)/$$(basename "$$u")"; \
+	done
+	install -m 0644 $(DROPINS) "$(DESTDIR)$(SHAREDIR)/systemd/tsng.service.d/"

@@ -16,29 +16,63 @@ import (
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/internal/buildinfo"
+	"github.com/vipkit/vipkit/internal/clihelp"
 )
 
-const usage = `usage: keel-vip <command> [flags]
-       keel-vip --help | --version
+// commands are keel-vip's commands, in the order of its help.
+var commands = []clihelp.Command{
+	{Synopsis: "keygen --dir DIR --id ID --addr ADDR [--endpoint HOST:PORT]",
+		Desc: "write a new node's WireGuard key and Ed25519 seed to DIR/wg.key and DIR/sign.key (mode 0600, never overwritten); print the public keys and the node's stanza for the other nodes' mesh files"},
+	{Synopsis: "tend --mesh FILE [--children spawn|units]",
+		Desc: "run the root helper (it starts the controller and the listener, or systemd does with --children units)"},
+	{Synopsis: "check --mesh FILE", Desc: "validate the mesh file and the margins of its timings"},
+	{Synopsis: "pair propose --mesh FILE --peer ADDR --out FILE",
+		Desc: "build the pair record with the peer, signed by this node"},
+	{Synopsis: "pair sign --mesh FILE --in FILE [--out FILE] [--root-key FILE]",
+		Desc: "check and sign a proposed record (default out: appliance.pair_file)"},
+	{Synopsis: "promote --mesh FILE [--old-primary-gone]", Desc: "make this node the holder of the VIP"},
+	{Synopsis: "status --mesh FILE [--json]", Desc: "print the running controller's view of the VIP"},
+	{Synopsis: "inspect --mesh FILE [--spec FILE]",
+		Desc: "emit the node's spec with appliance.vip (to FILE, else stdout), then one line per VIP: role, epoch, holder, fenced, carried, routed-to"},
+	{Synopsis: "allocate --mesh FILE [--from-spec FILE] [--reserve ADDR,...] [--pair-file FILE]",
+		Desc: "write appliance.vip into the mesh file: a free /128 of this node's /112 (the primary), or the VIP of the primary's emitted spec"},
+	{Synopsis: "render --mesh FILE [--holder ADDR] [--out FILE]",
+		Desc: "write the wg-quick config, the VIP routed to its holder"},
+	{Synopsis: "drop-all --mesh FILE", Desc: "drop every VIP from the interface (ExecStopPost)"},
+}
 
-commands:
-  tend      --mesh FILE                 run the root helper (starts the controller and the listener)
-  check     --mesh FILE                 validate the mesh file and the margins of its timings
-  pair propose --mesh FILE --peer ADDR --out FILE
-                                        build the pair record with the peer, signed by this node
-  pair sign --mesh FILE --in FILE [--out FILE] [--root-key FILE]
-                                        check and sign a proposed record (default out: appliance.pair_file)
-  promote   --mesh FILE [--old-primary-gone]
-  status    --mesh FILE [--json]
-  inspect   --mesh FILE [--spec FILE]   emit the node's spec with appliance.vip (to FILE, else stdout),
-                                        then one line per VIP: role, epoch, holder, fenced, carried, routed-to
-  allocate  --mesh FILE [--from-spec FILE] [--reserve ADDR,...] [--pair-file FILE]
-                                        write appliance.vip into the mesh file: a free /128 of this node's
-                                        /112 (the primary), or the VIP of the primary's emitted spec
-  render    --mesh FILE [--holder ADDR] [--out FILE]
-                                        write the wg-quick config, the VIP routed to its holder
-  drop-all  --mesh FILE                 drop every VIP from the interface (ExecStopPost)
-`
+// Commands returns the names of keel-vip's commands ("pair propose" for a
+// subcommand), in the order of its help.
+func Commands() []string {
+	var out []string
+	for _, c := range commands {
+		f := strings.Fields(c.Synopsis)
+		if f[0] == "pair" {
+			out = append(out, f[0]+" "+f[1])
+		} else {
+			out = append(out, f[0])
+		}
+	}
+	return out
+}
+
+func commandOf(name string) (clihelp.Command, bool) {
+	for _, c := range commands {
+		if strings.HasPrefix(c.Synopsis+" ", name+" ") {
+			return c, true
+		}
+	}
+	return clihelp.Command{}, false
+}
+
+// usage is keel-vip's help, wrapped to 80 columns.
+var usage = func() string {
+	var b strings.Builder
+	b.WriteString("usage: keel-vip <command> [flags]\n       keel-vip --help | --version\n\ncommands:\n")
+	clihelp.WriteCommands(&b, commands)
+	b.WriteString("\nRun 'keel-vip COMMAND --help' for a command's flags.\n")
+	return b.String()
+}()
 
 func isHelp(a string) bool { return a == "-h" || a == "--help" || a == "-help" || a == "help" }
 
@@ -174,9 +208,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cmd, rest = "pair "+rest[0], rest[1:]
 	}
-	fs := flag.NewFlagSet("keel-vip "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	meshPath := fs.String("mesh", "/etc/keel/mesh.json", "mesh file")
+	if cmd == "keygen" {
+		return runKeygen(rest, stdout, stderr)
+	}
+	fs := newFlagSet(cmd, stderr)
+	meshPath := fs.String("mesh", "/etc/keel/mesh.json", "the mesh `FILE`")
 	var (
 		asJSON, gone                   *bool
 		peer, in, out, rootKey         *string
@@ -187,46 +223,38 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	)
 	switch cmd {
 	case "tend":
-		exe = fs.String("exe", "", "program to run as the controller and listener (default: this one)")
-		setprivPath = fs.String("setpriv", "", "setpriv binary (default: from PATH)")
-		children = fs.String("children", "spawn", "spawn: start the controller and listener (setpriv); units: systemd starts them as their own units")
-		ctlCgroup = fs.String("controller-cgroup", "", "with --children units: the controller unit's cgroup (default "+DefaultControllerCgroup+")")
-		lisCgroup = fs.String("listener-cgroup", "", "with --children units: the listener unit's cgroup (default "+DefaultListenerCgroup+")")
+		exe = fs.String("exe", "", "the `PROGRAM` to run as the controller and listener (default: this one)")
+		setprivPath = fs.String("setpriv", "", "the setpriv `BINARY` (default: from PATH)")
+		children = fs.String("children", "spawn", "`MODE`: spawn, the helper starts the controller and listener (setpriv); units, systemd starts them as their own units")
+		ctlCgroup = fs.String("controller-cgroup", "", "with --children units: the controller unit's `CGROUP` (default "+DefaultControllerCgroup+")")
+		lisCgroup = fs.String("listener-cgroup", "", "with --children units: the listener unit's `CGROUP` (default "+DefaultListenerCgroup+")")
 	case "status":
 		asJSON = fs.Bool("json", false, "print JSON")
 	case "inspect":
-		specOut = fs.String("spec", "", "write the emitted spec here (default: stdout, before the VIP lines)")
+		specOut = fs.String("spec", "", "write the emitted spec to `FILE` (default: stdout, before the VIP lines)")
 	case "allocate":
-		fromSpec = fs.String("from-spec", "", "take appliance.vip from the spec the primary emitted (keel-vip inspect --spec)")
-		reserve = fs.String("reserve", "", "comma-separated VIPs of other pairs to keep clear")
-		pairFile = fs.String("pair-file", "", "appliance.pair_file to write when the mesh file names none (default: pair.rec beside it)")
+		fromSpec = fs.String("from-spec", "", "take appliance.vip from the spec `FILE` the primary emitted (keel-vip inspect --spec)")
+		reserve = fs.String("reserve", "", "keep the VIPs of other pairs clear (`ADDR,...`, comma-separated)")
+		pairFile = fs.String("pair-file", "", "the appliance.pair_file `FILE` to write when the mesh file names none (default: pair.rec beside it)")
 	case "drop-all", "check":
 	case "promote":
 		gone = fs.Bool("old-primary-gone", false, "the old primary is gone: wait for its lease instead of its release")
 	case "pair propose":
-		peer = fs.String("peer", "", "the other member's overlay address")
-		out = fs.String("out", "", "where to write the proposal")
+		peer = fs.String("peer", "", "the other member's overlay `ADDR`")
+		out = fs.String("out", "", "the `FILE` to write the proposal to")
 	case "pair sign":
-		in = fs.String("in", "", "the proposal to sign")
-		out = fs.String("out", "", "where to write the record (default: appliance.pair_file)")
-		rootKey = fs.String("root-key", "", "sign with this trust root's key (base64 Ed25519 seed) in place of this node")
+		in = fs.String("in", "", "the proposal `FILE` to sign")
+		out = fs.String("out", "", "the `FILE` to write the record to (default: appliance.pair_file)")
+		rootKey = fs.String("root-key", "", "sign with the trust root's key in `FILE` (base64 Ed25519 seed) in place of this node")
 	case "render":
-		holder = fs.String("holder", "", "route the VIP to this holder (default: the running controller's holder)")
-		out = fs.String("out", "", "output file (default: stdout)")
+		holder = fs.String("holder", "", "route the VIP to the holder at `ADDR` (default: the running controller's holder)")
+		out = fs.String("out", "", "the output `FILE` (default: stdout)")
 	default:
 		fmt.Fprintf(stderr, "keel-vip: unknown command %q\n%s", cmd, usage)
 		return ExitUsage
 	}
-	if err := fs.Parse(rest); err != nil || fs.NArg() != 0 {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return ExitOK
-		}
-		if err == nil {
-			fmt.Fprintf(stderr, "keel-vip %s: unexpected arguments %q\n", cmd, fs.Args())
-		}
-		return ExitUsage
+	if code, ok := parseFlags(fs, cmd, rest, stdout, stderr); !ok {
+		return code
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "keel-vip %s: %v\n", cmd, err)
@@ -452,4 +480,85 @@ func adminStatus(ctx context.Context, m *Mesh) (Status, error) {
 	var s Status
 	err := callJSON(ctx, adminHTTP(m), http.MethodGet, "http://admin"+statusPath, nil, &s, nil)
 	return s, notRunning(err)
+}
+
+// newFlagSet makes the flag set of command cmd, whose --help prints the
+// command's synopsis, its description and its flags, wrapped to 80
+// columns.
+func newFlagSet(cmd string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("keel-vip "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		w := fs.Output()
+		if c, ok := commandOf(cmd); ok {
+			io.WriteString(w, clihelp.Hang("usage: keel-vip ", c.Synopsis, 7, clihelp.Width))
+			io.WriteString(w, "\n"+clihelp.Wrap(c.Desc, 0, clihelp.Width))
+		}
+		io.WriteString(w, "\nflags:\n")
+		clihelp.WriteFlags(w, fs)
+	}
+	return fs
+}
+
+// parseFlags parses args into fs. It returns ok false with the exit code
+// when the command should stop: ExitOK after --help (printed to stdout),
+// ExitUsage for a bad flag or a stray argument.
+func parseFlags(fs *flag.FlagSet, cmd string, args []string, stdout, stderr io.Writer) (code int, ok bool) {
+	// The flag package prints the usage itself on an error and on -h:
+	// the help goes to stdout, an error and the usage to stderr.
+	var msg strings.Builder
+	fs.SetOutput(&msg)
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		io.WriteString(stdout, msg.String())
+		return ExitOK, false
+	}
+	if err != nil {
+		io.WriteString(stderr, msg.String())
+		return ExitUsage, false
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "keel-vip %s: unexpected arguments %q\n", cmd, fs.Args())
+		return ExitUsage, false
+	}
+	return ExitOK, true
+}
+
+// runKeygen is `keel-vip keygen`.
+func runKeygen(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("keygen", stderr)
+	dir := fs.String("dir", "", "the `DIR` to write wg.key and sign.key to (made 0700 when missing)")
+	id := fs.String("id", "", "the node's `ID` (node.id in its mesh file)")
+	addr := fs.String("addr", "", "the node's IPv6 overlay `ADDR`")
+	endpoint := fs.String("endpoint", "", "the node's underlay `HOST:PORT` the other nodes reach it at, if it has a fixed one")
+	if code, ok := parseFlags(fs, "keygen", args, stdout, stderr); !ok {
+		return code
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "keel-vip keygen: "+format+"\n", a...)
+		return ExitUsage
+	}
+	if *dir == "" || *id == "" || *addr == "" {
+		return usageErr("--dir, --id and --addr are required")
+	}
+	a, err := netip.ParseAddr(*addr)
+	if err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+		return usageErr("--addr %q: want the node's IPv6 overlay address", *addr)
+	}
+	if !validID(*id) {
+		return usageErr("--id %q: a-z, 0-9, '-', '_' and '.' only, 1 to 63 bytes", *id)
+	}
+	var ep netip.AddrPort
+	if *endpoint != "" {
+		if ep, err = netip.ParseAddrPort(*endpoint); err != nil || ep.Port() == 0 || ep.Addr().IsUnspecified() || ep.Addr().IsMulticast() {
+			return usageErr("--endpoint %q: want HOST:PORT with an IP address", *endpoint)
+		}
+	}
+	st, err := Keygen(*dir, *id, a, ep)
+	if err != nil {
+		fmt.Fprintf(stderr, "keel-vip keygen: %v\n", err)
+		return ExitError
+	}
+	printKeygen(stdout, *dir, st)
+	return ExitOK
 }

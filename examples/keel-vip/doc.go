@@ -14,6 +14,7 @@
 //
 // Commands (Main):
 //
+//	keel-vip keygen       --dir DIR --id ID --addr ADDR [--endpoint HOST:PORT]
 //	keel-vip pair propose --mesh FILE --peer ADDR --out FILE
 //	keel-vip pair sign    --mesh FILE --in FILE [--root-key FILE]
 //	keel-vip tend         --mesh FILE
@@ -26,7 +27,11 @@
 //	keel-vip drop-all     --mesh FILE
 //	keel-vip --help | --version
 //
-// Every command takes -h/--help (exit 0); --version prints the module
+// keygen (Keygen) writes a new node's keys to DIR/wg.key and DIR/sign.key,
+// created with O_EXCL and mode 0600, and prints only the public keys and
+// the node's peers stanza (PeerStanza).
+//
+// Every command takes -h/--help (exit 0; the help fits 80 columns); --version prints the module
 // version and the VCS revision from the build info. promote exits 0,
 // printing "this node holds the VIP at epoch N", whenever this node holds
 // the VIP at the end, whoever claimed it, and non-zero only otherwise.

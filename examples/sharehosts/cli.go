@@ -9,6 +9,11 @@
 //	sharehosts serve -config sharehosts.yaml   run the daemon
 //	sharehosts check-config -config FILE       parse and check a config
 //	sharehosts demo                            everything in one process
+//	sharehosts --help | --version
+//
+// --help (also after a command) prints the usage, wrapped to 80 columns,
+// and exits 0; --version prints the module version and the VCS revision
+// the binary was built from.
 //
 // The config file is YAML; keys may be nested or dotted. The health check
 // and the cap on hosts are under frontdoor's property names:
@@ -44,24 +49,97 @@ package sharehosts
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
+
+	"github.com/vipkit/vipkit/internal/buildinfo"
+	"github.com/vipkit/vipkit/internal/clihelp"
 )
 
-// Main runs the command line and returns the exit code.
+// commands are sharehosts' commands, in the order of its help.
+var commands = []clihelp.Command{
+	{Synopsis: "serve [-config FILE]",
+		Desc: "run the daemon: the hosting REST API, the events on RabbitMQ and the Ziti projection, on PostgreSQL; SIGTERM or SIGINT shuts it down gracefully"},
+	{Synopsis: "check-config [-config FILE]",
+		Desc: "parse and check a config file and print a summary of it; exit 1 with the reason when it is not valid"},
+	{Synopsis: "demo",
+		Desc: "run everything in one process (PostgreSQL as the tests start it, the model Ziti controller, two simulated tunnelers) and show a failover and the failback"},
+}
+
+// usage is sharehosts' help, wrapped to 80 columns.
+var usage = func() string {
+	var b strings.Builder
+	b.WriteString("usage: sharehosts <command> [flags]\n       sharehosts --help | --version\n\ncommands:\n")
+	clihelp.WriteCommands(&b, commands)
+	b.WriteString("\nThe config file is YAML (default sharehosts.yaml); its keys are in\ndocs/hosting-api.md. Run 'sharehosts COMMAND --help' for a command's flags.\n")
+	return b.String()
+}()
+
+// Version returns "sharehosts MODULE VERSION (revision REV, ...;
+// GOVERSION)" from the build info (internal/buildinfo, as keel-vip's and
+// tsng's --version).
+func Version() string {
+	bi := buildinfo.Read()
+	return "sharehosts " + bi.Module + " " + bi.String()
+}
+
+// Main runs the command line and returns the exit code: 0 on success (and
+// for --help and --version), 1 when the command fails, 2 for a bad
+// command line.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	usage := func() int {
-		fmt.Fprintln(stderr, "usage: sharehosts serve -config FILE | check-config -config FILE | demo")
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
 		return 2
 	}
-	if len(args) == 0 {
-		return usage()
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	case "--version", "-version", "version":
+		fmt.Fprintln(stdout, Version())
+		return 0
+	}
+	var cmd clihelp.Command
+	for _, c := range commands {
+		if strings.Fields(c.Synopsis)[0] == args[0] {
+			cmd = c
+		}
+	}
+	if cmd.Synopsis == "" {
+		fmt.Fprintf(stderr, "sharehosts: unknown command %q\n%s", args[0], usage)
+		return 2
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "sharehosts.yaml", "the config file")
+	fs.Usage = func() {
+		w := fs.Output()
+		io.WriteString(w, clihelp.Hang("usage: sharehosts ", cmd.Synopsis, 7, clihelp.Width))
+		io.WriteString(w, "\n"+clihelp.Wrap(cmd.Desc, 0, clihelp.Width))
+		if args[0] != "demo" {
+			io.WriteString(w, "\nflags:\n")
+			clihelp.WriteFlags(w, fs)
+		}
+	}
+	var cfgPath *string
+	if args[0] != "demo" {
+		cfgPath = fs.String("config", "sharehosts.yaml", "the config `FILE` (YAML)")
+	}
+	// The flag package prints the usage itself on an error and on -h:
+	// the help goes to stdout, an error and the usage to stderr.
+	var msg strings.Builder
+	fs.SetOutput(&msg)
 	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			io.WriteString(stdout, msg.String())
+			return 0
+		}
+		io.WriteString(stderr, msg.String())
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "sharehosts %s: unexpected arguments %q (see 'sharehosts %s --help')\n", args[0], fs.Args(), args[0])
 		return 2
 	}
 	switch args[0] {
@@ -87,5 +165,5 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	return usage()
+	return 2
 }

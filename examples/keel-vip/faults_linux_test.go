@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -343,4 +344,76 @@ func TestCrashLoopUnitsNetns(t *testing.T) {
 		t.Logf("%d controller starts; A's VIP gone %v after its last answered renewal, %v after the kill", starts, gone-renewed, gone-killed)
 	}
 	t.Logf("address events: %v", es)
+}
+
+// TestWipedStateFencedNetns: the holder A dies and B takes over by a
+// promote; A's disk is then replaced (its state file is gone) and A
+// starts again, and then B stops. A must come up fenced (etcd shows its
+// own held key: it held the VIP before) and must not claim by itself
+// after B stopped, however long it waits; only a promote on A brings the
+// VIP back. Under systemd's split, as TestCrashLoopUnitsNetns plays it.
+func TestWipedStateFencedNetns(t *testing.T) {
+	seed := testenv.Seed(t, 171)
+	c := newCluster(t, seed, true, nil, "a", "b", "c")
+	A, B := c.node("a"), c.node("b")
+	c.startUnits()
+	c.startEtcd(500, 5000)
+	w := c.watchAddrs()
+	c.holdAtA()
+
+	if err := A.ctl.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "promote B", func() bool {
+		out, err := c.promote(B, true)
+		if err != nil {
+			t.Logf("promote b: %v", err)
+		}
+		return err == nil && strings.Contains(out, "epoch")
+	})
+	waitFor(t, 45*time.Second, "B carries", func() bool { return carriesAddr(B.h, testVIP) })
+	waitFor(t, 45*time.Second, "A's VIP gone", func() bool { return !carriesAddr(A.h, testVIP) })
+
+	// A's disk is replaced: it starts with no state file.
+	if err := os.Remove(filepath.Join(A.mesh.StateDir, "state.json")); err != nil {
+		t.Fatal(err)
+	}
+	restarted := bootNow()
+	c.restartController(A)
+	waitFor(t, 45*time.Second, "A fenced after its restart without state", func() bool {
+		st, err := c.status(A)
+		if err != nil {
+			t.Logf("a: %v", err)
+		}
+		return err == nil && st.Fenced && st.Role == "replica" && !st.Carried
+	})
+
+	// B stops. A waits fenced: past B's drop and a lease TTL and more.
+	if err := B.ctl.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := bootNow()
+	waitFor(t, 45*time.Second, "B's VIP gone", func() bool { return !carriesAddr(B.h, testVIP) })
+	for bootNow()-stopped < 30*time.Second {
+		st, err := c.status(A)
+		if err == nil && (!st.Fenced || st.Role != "replica") {
+			t.Fatalf("%v after B stopped, A is %+v: a wiped fenced member claimed by itself", bootNow()-stopped, st)
+		}
+		time.Sleep(500 * time.Millisecond) // the watch window's pace; the address events are checked below
+	}
+	for _, e := range w.events() {
+		if e.node == "a" && e.add && e.at > restarted {
+			t.Fatalf("A carried the VIP %v after its restart without state, before any promote; events %v", e.at-restarted, w.events())
+		}
+	}
+	// A promote on A clears the fence.
+	waitFor(t, 60*time.Second, "promote A", func() bool {
+		out, err := c.promote(A, true)
+		if err != nil {
+			t.Logf("promote a: %v", err)
+		}
+		return err == nil && strings.Contains(out, "epoch")
+	})
+	waitFor(t, 30*time.Second, "A carries after its promote", func() bool { return carriesAddr(A.h, testVIP) })
+	t.Logf("address events: %v", w.events())
 }

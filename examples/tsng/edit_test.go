@@ -468,3 +468,28 @@ func TestEditRebase(t *testing.T) {
 		}
 	}
 }
+
+// TestEditKeepRemovedListener: theirs removed a listener that yours
+// changed; keeping yours in the conflict saves the listener again.
+func TestEditKeepRemovedListener(t *testing.T) {
+	f := newAPIFixture(t)
+	cache := t.TempDir()
+	f.must("vip", "create", "home", "api")
+	f.must("vip", "port", "add", "home", "api", "tcp/443", "--backend", "server1:6443")
+	code, _, errs := editRun(t, f, cache, editJSON(func(doc map[string]any) {
+		f.must("vip", "port", "remove", "home", "api", "tcp/443")
+		jsonAt(doc, "service", "listeners", 0).(map[string]any)["check"] = map[string]any{"interval": "4s"}
+	}), "vip", "edit", "home", "api")
+	if code != ExitConflict {
+		t.Fatalf("concurrent change: exit %d %q", code, errs)
+	}
+	code, _, errs = editRun(t, f, cache, nil, "vip", "edit", "home", "api")
+	if code != ExitConflict || !strings.Contains(errs, "listeners[tcp/443]: base {") || !strings.Contains(errs, "theirs absent") {
+		t.Fatalf("conflict: exit %d\n%s", code, errs)
+	}
+	code, _, errs = editRun(t, f, cache, editJSON(func(doc map[string]any) { delete(doc, "conflicts") }), "vip", "edit", "home", "api")
+	show := f.must("vip", "show", "home", "api", "--json")
+	if code != 0 || !strings.Contains(show, `"interval": "4s"`) || !strings.Contains(show, "6443") {
+		t.Fatalf("yours kept: exit %d\n%s\n%s", code, errs, show)
+	}
+}

@@ -95,6 +95,7 @@ type opts struct {
 	config    string
 	open      bool
 	yes       bool
+	discard   bool
 	listen    string
 	set       map[string]bool // the flags given on the command line
 }
@@ -402,8 +403,12 @@ func vipCommand() *command {
 				fs.DurationVar(&o.interval, "interval", time.Second, "time between samples")
 				fs.IntVar(&o.count, "count", 0, "stop after N samples (0: until interrupted)")
 			}, run: runStatus},
-		{name: "edit", args: "NET VIP", short: "Edit a VIP as JSON in $VISUAL/$EDITOR and save it as one version-checked draft.", min: 2, max: 2,
-			long: "An invalid or rejected file is kept and its path printed.", run: runEdit},
+		{name: "edit", args: "NET VIP [--discard]", short: "Edit a VIP as JSON in $VISUAL/$EDITOR and save it as one version-checked draft.", min: 2, max: 2,
+			long: "An invalid or rejected file is kept and its path printed; running the edit again reopens it, brought up to date\n" +
+				"if the service changed meanwhile, or lists what conflicts. --discard drops a kept edit.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.discard, "discard", false, "drop the kept edit of this service and edit the current configuration")
+			}, run: runEdit},
 		{name: "remove", args: "NET VIP [--yes]", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
 			long:  "On a terminal it asks first; --yes skips the question.",
 			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.yes, "yes", false, "do not ask") },

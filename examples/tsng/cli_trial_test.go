@@ -150,7 +150,7 @@ func TestCLIEditNames(t *testing.T) {
 			return err
 		}
 		seen = string(b)
-		s := strings.Replace(seen, `"node": "`+nodeID(reg, "server1")+`"`, `"node": "server2"`, 1)
+		s := strings.Replace(seen, `"node": "server1"`, `"node": "server2"`, 1)
 		return os.WriteFile(p, []byte(s), 0o600)
 	}}
 	code, out, errs := e.run(env, "vip", "edit", "home", "api")
@@ -170,7 +170,7 @@ func TestCLIEditNames(t *testing.T) {
 	// An unknown name is refused with its line, and nothing changes.
 	env.RunEditor = func(_ context.Context, p string) error {
 		b, _ := os.ReadFile(p)
-		return os.WriteFile(p, []byte(strings.Replace(string(b), `"node": "`+nodeID(reg, "server2")+`"`, `"node": "nosuch"`, 1)), 0o600)
+		return os.WriteFile(p, []byte(strings.Replace(string(b), `"node": "server2"`, `"node": "nosuch"`, 1)), 0o600)
 	}
 	code, _, errs = e.run(env, "vip", "edit", "home", "api")
 	if code != ExitInvalid || !strings.Contains(errs, `backend node "nosuch"`) || !regexp.MustCompile(`line \d+`).MatchString(errs) {
@@ -204,7 +204,7 @@ func TestCLIEditKeptFile(t *testing.T) {
 	if code != ExitInvalid || !regexp.MustCompile(`line 3, column \d+`).MatchString(errs) {
 		t.Fatalf("invalid edit: exit %d %q, want the line and column", code, errs)
 	}
-	if strings.Count(errs, "tsng:") != 1 {
+	if strings.Contains(errs, "tsng: tsng:") {
 		t.Errorf("repeated prefix: %q", errs)
 	}
 	kept := paths[0]

@@ -14,7 +14,7 @@
 //	    [--check-timeout-ms N] [--failures N] [--successes N] [--idle-timeout S]
 //	tsng vip show NET VIP [--json]
 //	tsng vip status NET VIP [--watch] [--json]
-//	tsng vip edit NET VIP
+//	tsng vip edit NET VIP [--discard]
 //	tsng vip port remove NET VIP PROTO/PORT
 //	tsng vip remove NET VIP [--yes]
 //	tsng vip forward NET VIP PROTO/PORT [--listen 127.0.0.1:PORT]
@@ -41,6 +41,19 @@
 // selector changes nothing and lists its candidates. Every mutation is
 // atomic; `edit` submits one whole draft checked against the revision it
 // was read at, and keeps a rejected or invalid file, printing its path.
+// The edit file names each backend's node by its name (by its id where
+// the node has no name of its own, or is no member) and leaves empty
+// fields out. A kept edit lives in $XDG_CACHE_HOME/tsng/edit (or
+// ~/.cache/tsng/edit), mode 0600, with the service it was made from
+// beside it; running the edit again reopens it. If the service changed
+// meanwhile, the kept edit is rebased first: each change of yours (a
+// field, a listener, a backend) is applied onto the current service, and
+// the editor opens on the result. Where the same thing was changed both
+// ways, nothing opens: the file lists each conflict under "conflicts"
+// (its path, base, yours and theirs; the service holds yours), the run
+// ends with exit 5, and the edit is saved once the conflicts are resolved
+// and the list deleted. --discard drops a kept edit and edits the current
+// service.
 // Configuration updates need the network to be up locally; saved
 // configuration stays readable while it is stopped.
 //

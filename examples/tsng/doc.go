@@ -27,7 +27,9 @@
 //	tsng completion bash|zsh
 //
 // The CLI finds the agent's socket with --socket PATH (before the
-// command), or TSNG_SOCKET, or at /run/tsng/tsng.sock. docs/tsng-config.md
+// command), else TSNG_SOCKET, else the socket field of the config file
+// (--config FILE before the command, else /etc/tsng/tsng.json; no other
+// field is read), else at /run/tsng/tsng.sock. docs/tsng-config.md
 // describes the config file, the proxies for host applications in
 // netstack mode, DNS and `wg show`.
 //

@@ -262,21 +262,17 @@ func (cmd *command) path(parents []string) string {
 func (cmd *command) usage(w io.Writer, parents []string) {
 	p := cmd.path(parents)
 	if len(cmd.sub) > 0 {
-		fmt.Fprintf(w, "Usage: %s COMMAND\n\n%s\n\nCommands:\n", p, cmd.short)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, s := range cmd.sub {
-			fmt.Fprintf(tw, "  %s %s\t%s\n", s.name, s.args, s.short)
-		}
-		tw.Flush()
+		fmt.Fprintf(w, "Usage: %s COMMAND\n\n%s\n\nCommands:\n", p, wrapText(cmd.short, helpWrap))
+		writeCommandList(w, cmd.sub)
 		if cmd.long != "" {
-			fmt.Fprintf(w, "\n%s\n", cmd.long)
+			fmt.Fprintf(w, "\n%s\n", wrapText(cmd.long, helpWrap))
 		}
-		fmt.Fprintf(w, "\nRun '%s COMMAND --help' for a command's options.\n", p)
+		fmt.Fprintf(w, "\n%s\n", wrapText(fmt.Sprintf("Run '%s COMMAND --help' for a command's options.", p), helpWrap))
 		return
 	}
-	fmt.Fprintf(w, "Usage: %s %s\n\n%s\n", p, cmd.args, cmd.short)
+	fmt.Fprintf(w, "%s\n\n%s\n", wrapLine(strings.TrimSpace("Usage: "+p+" "+cmd.args), helpWrap, strings.Repeat(" ", len("Usage: "+p+" "))), wrapText(cmd.short, helpWrap))
 	if cmd.long != "" {
-		fmt.Fprintf(w, "\n%s\n", cmd.long)
+		fmt.Fprintf(w, "\n%s\n", wrapText(cmd.long, helpWrap))
 	}
 }
 
@@ -307,8 +303,7 @@ func (cmd *command) exec(ctx context.Context, c *cliCtx, parents []string, args 
 		cmd.usage(c.env.Stdout, parents)
 		if hasFlags(fs) {
 			fmt.Fprintln(c.env.Stdout, "\nOptions:")
-			fs.SetOutput(c.env.Stdout)
-			fs.PrintDefaults()
+			writeFlags(c.env.Stdout, fs)
 		}
 		return nil
 	}
@@ -358,7 +353,7 @@ func rootCommand() *command {
 			"  --config FILE  the agent's config file (default " + DefaultConfig + ")\n" +
 			"  --version      print the version\n\n" +
 			"The socket is --socket, else $TSNG_SOCKET, else the \"socket\" field of the\n" +
-			"config file (only that field is read), else " + DefaultSocket + ".\n" +
+			"config file (only that field is read), else " + DefaultSocket + ".\n\n" +
 			"The config file: docs/tsng-config.md (`tsng init` writes one).", sub: []*command{
 			vipCommand(),
 			{name: "network", short: "List, start and stop networks.", sub: []*command{

@@ -486,8 +486,10 @@ func vipCommand() *command {
 		{name: "edit", args: "NET VIP", short: "Edit a VIP as JSON in $VISUAL/$EDITOR and save it as one version-checked draft.", min: 2, max: 2,
 			long: "An invalid or rejected file is kept and its path printed.", run: runEdit},
 		{name: "remove", args: "NET VIP [--yes]", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
-			long:  "On a terminal it asks first; --yes skips the question.",
-			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.yes, "yes", false, "do not ask") },
+			long: "On a terminal it asks first. Without one (a script, a pipe) it refuses unless given --yes, which removes without asking.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.yes, "yes", false, "remove without asking (needed without a terminal)")
+			},
 			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 				if !o.yes {
 					if err := confirmRemove(ctx, c, a[0], a[1]); err != nil {

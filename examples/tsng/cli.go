@@ -397,6 +397,7 @@ func rootCommand() *command {
 					return completion(c.env.Stdout, args[0])
 				}},
 		}}
+	root.sub = append(root.sub, overviewCommand())
 	root.sub = append(root.sub, keysCommands()...)
 	root.sub = append(root.sub, opsCommands()...)
 	for _, c := range root.sub {

@@ -121,3 +121,41 @@ func TestCLISocketConfigUnreadable(t *testing.T) {
 }
 
 func missing(t *testing.T) string { return filepath.Join(t.TempDir(), "absent.json") }
+
+// TestCLIInitThenList: the issue's steps. After `tsng init --socket S`
+// writes the default config, `tsng vip list` reaches the agent on S with
+// neither --socket nor TSNG_SOCKET; a global --config reaches `init` and
+// `daemon` as their config file.
+func TestCLIInitThenList(t *testing.T) {
+	f := newAPIFixture(t)
+	cfg := filepath.Join(t.TempDir(), "etc", "tsng.json")
+	code, out := runSocket(cfg, "", "init", "--network", "home", "--overlay", "100.80.0.0/16", "--address", "100.80.0.9",
+		"--name", "n9", "--data-dir", t.TempDir(), "--socket", f.socket, "--config", cfg)
+	if code != ExitOK {
+		t.Fatalf("init: exit %d %q", code, out)
+	}
+	if code, out := runSocket(cfg, "", "vip", "list"); code != ExitOK || !strings.Contains(out, "NETWORK") {
+		t.Fatalf("vip list after init --socket: exit %d %q", code, out)
+	}
+	other := filepath.Join(t.TempDir(), "other.json")
+	code, out = runSocket(missing(t), "", "--config", other, "init", "--network", "home", "--overlay", "100.80.0.0/16",
+		"--address", "100.80.0.9", "--name", "n9", "--data-dir", t.TempDir(), "--socket", f.socket)
+	if _, err := os.Stat(other); code != ExitOK || err != nil {
+		t.Fatalf("init with the global --config: exit %d %q, %v", code, out, err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"daemon"}, DefaultConfig},
+		{[]string{"--config", other, "daemon"}, other},
+		{[]string{"--config", other, "daemon", "--config", cfg}, cfg},
+	} {
+		var got string
+		env := &Env{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}, Getenv: func(string) string { return "" },
+			Daemon: func(_ context.Context, path string) error { got = path; return nil }}
+		if code := Main(context.Background(), c.args, env); code != ExitOK || got != c.want {
+			t.Errorf("tsng %s: exit %d, daemon config %q, want %q", strings.Join(c.args, " "), code, got, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/netip"
 	"os"
 	"reflect"
@@ -158,6 +159,17 @@ func (c *Config) validate() error {
 		}
 		if !ap.Addr().IsLoopback() && !c.MetricsAnyAddress {
 			return bad("metrics %q is not a loopback address; set metrics_any_address to serve metrics there", c.Metrics)
+		}
+	}
+	if c.UI != "" && c.UI != "off" {
+		if ap, err := netip.ParseAddrPort(c.UI); err != nil || !ap.Addr().IsLoopback() {
+			return bad("ui %q: want a loopback IP:port such as 127.0.0.1:8470, or \"off\"", c.UI)
+		}
+	}
+	if c.LogLevel != "" {
+		var level slog.Level
+		if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+			return bad("log_level %q: want debug, info, warn or error", c.LogLevel)
 		}
 	}
 	names := map[string]bool{}

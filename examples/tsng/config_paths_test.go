@@ -79,6 +79,8 @@ func TestConfigErrorPaths(t *testing.T) {
 		{[]any{"data_dir"}, "", `data_dir is required`},
 		{[]any{"networks"}, []any{}, `networks: none`},
 		{[]any{"metrics"}, "nowhere", `metrics "nowhere": want IP:port`},
+		{[]any{"ui"}, "0.0.0.0:8470", `ui "0.0.0.0:8470": want a loopback IP:port`},
+		{[]any{"log_level"}, "loud", `log_level "loud": want debug, info, warn or error`},
 		{[]any{"networks", 1, "name"}, "Lab", `networks[1] (Lab).name: name "Lab": want lowercase`},
 		{[]any{"networks", 1, "name"}, "home", `networks[1] (home).name: network "home" twice`},
 		{[]any{"networks", 1, "overlay"}, "10.0.0.0/33", n1 + `.overlay "10.0.0.0/33": want an IPv4 range`},

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vipkit/vipkit/internal/jsonx"
 	"github.com/vipkit/vipkit/vip"
 )
 
@@ -35,8 +37,62 @@ const (
 )
 
 // DefaultSocket is the local API's socket when neither --socket nor
-// TSNG_SOCKET is given.
+// TSNG_SOCKET is given and the config file names none.
 const DefaultSocket = "/run/tsng/tsng.sock"
+
+// DefaultConfig is the config file of `tsng daemon` and `tsng init`, and
+// the one the CLI reads the agent's socket from, when --config is not
+// given.
+const DefaultConfig = "/etc/tsng/tsng.json"
+
+// maxSocketConfig bounds what the CLI reads of a config file to find the
+// socket; a longer file is reported, not read.
+const maxSocketConfig = 4 << 20
+
+// findSocket is the agent's socket: flag (--socket), else $TSNG_SOCKET,
+// else the socket field of the config file (config, else env's default),
+// else DefaultSocket. Only the socket field is kept from the file, which
+// holds private keys; when the file exists but cannot be read or parsed,
+// note says so, naming no content of it. A missing default config file
+// is no note: the CLI may run where no agent's config is.
+func findSocket(env *Env, flag, config string) (socket, note string) {
+	if flag != "" {
+		return flag, ""
+	}
+	if s := env.Getenv("TSNG_SOCKET"); s != "" {
+		return s, ""
+	}
+	explicit := config != ""
+	if !explicit {
+		config = nonEmpty(env.DefaultConfig, DefaultConfig)
+	}
+	using := fmt.Sprintf("; using %s (give --socket or set TSNG_SOCKET)", DefaultSocket)
+	f, err := os.Open(config)
+	if errors.Is(err, fs.ErrNotExist) && !explicit {
+		return DefaultSocket, ""
+	}
+	var b []byte
+	if err == nil {
+		b, err = jsonx.ReadAll(f, maxSocketConfig)
+		f.Close()
+	}
+	if err != nil {
+		why := err
+		if pe, ok := errors.AsType[*fs.PathError](err); ok {
+			why = pe.Err
+		}
+		return DefaultSocket, fmt.Sprintf("cannot read %s for the agent's socket (%v)%s", config, why, using)
+	}
+	// Decoding into a struct of the socket field alone keeps nothing else;
+	// the decoder's error is not printed, as a syntax error quotes input.
+	var only struct {
+		Socket string `json:"socket"`
+	}
+	if err := json.Unmarshal(b, &only); err != nil {
+		return DefaultSocket, fmt.Sprintf("cannot read the socket from %s (not a valid config; `tsng config check %s` names the problem)%s", config, config, using)
+	}
+	return nonEmpty(only.Socket, DefaultSocket), ""
+}
 
 // Env is what a CLI invocation runs with; tests replace its parts.
 type Env struct {
@@ -54,12 +110,16 @@ type Env struct {
 	// OpenBrowser opens a file or URL in the user's browser (`tsng ui`
 	// gives it the path of its sign-in page); nil only prints it.
 	OpenBrowser func(target string) error
+	// DefaultConfig is the config file the CLI reads the agent's socket
+	// from when --config is not given; empty means DefaultConfig.
+	DefaultConfig string
 }
 
 type cliCtx struct {
 	env    *Env
 	client *Client
 	json   bool
+	config string // the global --config, if given
 }
 
 // usageError is a bad command line.
@@ -116,24 +176,44 @@ func Main(ctx context.Context, args []string, env *Env) int {
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
 		args = []string{"version"}
 	}
-	socket := env.Getenv("TSNG_SOCKET")
-	if socket == "" {
-		socket = DefaultSocket
-	}
-	// Global flag: --socket PATH, before the command.
-	for len(args) > 0 && strings.HasPrefix(args[0], "--socket") {
-		if v, ok := strings.CutPrefix(args[0], "--socket="); ok {
-			socket, args = v, args[1:]
-		} else if len(args) > 1 {
-			socket, args = args[1], args[2:]
+	// Global flags, before the command: --socket PATH and --config FILE.
+	var socket, config string
+	for len(args) > 0 {
+		flagName, val, hasVal := strings.Cut(args[0], "=")
+		name := strings.TrimPrefix(strings.TrimPrefix(flagName, "-"), "-")
+		if !strings.HasPrefix(flagName, "-") || name != "socket" && name != "config" {
+			break
+		}
+		if !hasVal {
+			if len(args) < 2 {
+				fmt.Fprintf(env.Stderr, "tsng: --%s needs a %s\n", name, map[string]string{"socket": "path", "config": "file"}[name])
+				return ExitUsage
+			}
+			val, args = args[1], args[1:]
+		}
+		args = args[1:]
+		if name == "socket" {
+			socket = val
 		} else {
-			fmt.Fprintln(env.Stderr, "tsng: --socket needs a path")
-			return ExitUsage
+			config = val
 		}
 	}
-	c := &cliCtx{env: env, client: NewClient(socket)}
+	socket, note := findSocket(env, socket, config)
+	c := &cliCtx{env: env, client: NewClient(socket), config: config}
+	if note != "" {
+		c.client.notice = func() { fmt.Fprintln(env.Stderr, "tsng: note:", note) }
+	}
 	err := root.exec(ctx, c, nil, args)
 	return report(env.Stderr, err)
+}
+
+// configFile is a command's config file: its own --config, else the
+// global one, else DefaultConfig.
+func (c *cliCtx) configFile(o *opts) string {
+	if o.config != "" {
+		return o.config
+	}
+	return nonEmpty(c.config, DefaultConfig)
 }
 
 func report(w io.Writer, err error) int {
@@ -183,21 +263,17 @@ func (cmd *command) path(parents []string) string {
 func (cmd *command) usage(w io.Writer, parents []string) {
 	p := cmd.path(parents)
 	if len(cmd.sub) > 0 {
-		fmt.Fprintf(w, "Usage: %s COMMAND\n\n%s\n\nCommands:\n", p, cmd.short)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		for _, s := range cmd.sub {
-			fmt.Fprintf(tw, "  %s %s\t%s\n", s.name, s.args, s.short)
-		}
-		tw.Flush()
+		fmt.Fprintf(w, "Usage: %s COMMAND\n\n%s\n\nCommands:\n", p, wrapText(cmd.short, helpWrap))
+		writeCommandList(w, cmd.sub)
 		if cmd.long != "" {
-			fmt.Fprintf(w, "\n%s\n", cmd.long)
+			fmt.Fprintf(w, "\n%s\n", wrapText(cmd.long, helpWrap))
 		}
-		fmt.Fprintf(w, "\nRun '%s COMMAND --help' for a command's options.\n", p)
+		fmt.Fprintf(w, "\n%s\n", wrapText(fmt.Sprintf("Run '%s COMMAND --help' for a command's options.", p), helpWrap))
 		return
 	}
-	fmt.Fprintf(w, "Usage: %s %s\n\n%s\n", p, cmd.args, cmd.short)
+	fmt.Fprintf(w, "%s\n\n%s\n", wrapLine(strings.TrimSpace("Usage: "+p+" "+cmd.args), helpWrap, strings.Repeat(" ", len("Usage: "+p+" "))), wrapText(cmd.short, helpWrap))
 	if cmd.long != "" {
-		fmt.Fprintf(w, "\n%s\n", cmd.long)
+		fmt.Fprintf(w, "\n%s\n", wrapText(cmd.long, helpWrap))
 	}
 }
 
@@ -228,8 +304,7 @@ func (cmd *command) exec(ctx context.Context, c *cliCtx, parents []string, args 
 		cmd.usage(c.env.Stdout, parents)
 		if hasFlags(fs) {
 			fmt.Fprintln(c.env.Stdout, "\nOptions:")
-			fs.SetOutput(c.env.Stdout)
-			fs.PrintDefaults()
+			writeFlags(c.env.Stdout, fs)
 		}
 		return nil
 	}
@@ -274,7 +349,13 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func rootCommand() *command {
 	root := &command{name: "tsng", short: "tsng is vipkit's reference agent: named virtual services (VIPs) on a WireGuard mesh.",
-		long: "Global options, before the command:\n  --socket PATH  the agent's local API socket (default: $TSNG_SOCKET, else " + DefaultSocket + ")\n  --version      print the version\n\nThe config file: docs/tsng-config.md (`tsng init` writes one).", sub: []*command{
+		long: "Global options, before the command:\n" +
+			"  --socket PATH  the agent's local API socket\n" +
+			"  --config FILE  the agent's config file (default " + DefaultConfig + ")\n" +
+			"  --version      print the version\n\n" +
+			"The socket is --socket, else $TSNG_SOCKET, else the \"socket\" field of the\n" +
+			"config file (only that field is read), else " + DefaultSocket + ".\n\n" +
+			"The config file: docs/tsng-config.md (`tsng init` writes one).", sub: []*command{
 			vipCommand(),
 			{name: "network", short: "List, start and stop networks.", sub: []*command{
 				{name: "list", args: "[--json]", short: "List the configured networks and whether each is up.", max: 0, flags: jsonFlag, run: runNetworkList},
@@ -288,13 +369,13 @@ func rootCommand() *command {
 				run: runReload},
 			{name: "daemon", args: "--config FILE", short: "Run the agent: join the networks of a config file and serve the local API.", min: 0, max: 0,
 				flags: func(fs *flag.FlagSet, o *opts) {
-					fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "config `file`")
+					fs.StringVar(&o.config, "config", "", "config `file` (default: the global --config, else "+DefaultConfig+")")
 				},
 				run: func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
 					if c.env.Daemon == nil {
 						return errors.New("tsng: daemon is not available in this build")
 					}
-					return c.env.Daemon(ctx, o.config)
+					return c.env.Daemon(ctx, c.configFile(o))
 				}},
 			{name: "demo", short: "Run three in-process nodes (no root, no files): create api.home, send traffic, fail a backend over, print status.", max: 0,
 				run: func(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
@@ -317,6 +398,7 @@ func rootCommand() *command {
 					return completion(c.env.Stdout, args[0])
 				}},
 		}}
+	root.sub = append(root.sub, overviewCommand())
 	root.sub = append(root.sub, keysCommands()...)
 	root.sub = append(root.sub, opsCommands()...)
 	for _, c := range root.sub {
@@ -410,8 +492,10 @@ func vipCommand() *command {
 				fs.BoolVar(&o.discard, "discard", false, "drop the kept edit of this service and edit the current configuration")
 			}, run: runEdit},
 		{name: "remove", args: "NET VIP [--yes]", short: "Delete a VIP (a permanent signed tombstone; recreating gives a new id).", min: 2, max: 2,
-			long:  "On a terminal it asks first; --yes skips the question.",
-			flags: func(fs *flag.FlagSet, o *opts) { fs.BoolVar(&o.yes, "yes", false, "do not ask") },
+			long: "On a terminal it asks first. Without one (a script, a pipe) it refuses unless given --yes, which removes without asking.",
+			flags: func(fs *flag.FlagSet, o *opts) {
+				fs.BoolVar(&o.yes, "yes", false, "remove without asking (needed without a terminal)")
+			},
 			run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 				if !o.yes {
 					if err := confirmRemove(ctx, c, a[0], a[1]); err != nil {

@@ -162,7 +162,7 @@ func TestCLIEveryCommand(t *testing.T) {
 	}
 
 	f.must("vip", "port", "remove", "home", "api", "udp/53")
-	f.must("vip", "remove", "home", "api")
+	f.must("vip", "remove", "home", "api", "--yes")
 	if code, _, _ := f.run(nil, "vip", "show", "home", "api"); code != ExitNotFound {
 		t.Fatalf("show after remove: exit %d, want %d", code, ExitNotFound)
 	}

@@ -50,10 +50,11 @@ func isTerminal(r io.Reader) bool {
 var errNotRemoved = errors.New("tsng: not removed")
 
 // confirmRemove asks on a terminal before a VIP is deleted for good;
-// without a terminal (scripts) it does not ask.
+// without a terminal there is no one to ask, and it refuses (the caller
+// skips it for --yes).
 func confirmRemove(ctx context.Context, c *cliCtx, network, sel string) error {
 	if !isTerminal(c.env.Stdin) {
-		return nil
+		return usageError{fmt.Sprintf("vip remove %s %s: stdin is not a terminal, so there is no one to confirm a permanent removal; give --yes to remove it without asking", network, sel)}
 	}
 	var d ServiceDoc
 	if err := c.client.Do(ctx, http.MethodGet, vipPath(network, sel), nil, &d); err != nil {

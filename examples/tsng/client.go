@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/vipkit/vipkit/internal/jsonx"
@@ -22,6 +23,17 @@ var ErrAgentUnreachable = errors.New("tsng: agent not reachable")
 type Client struct {
 	Socket string
 	hc     *http.Client
+	// notice, if set, runs once before the first request: the CLI's note
+	// on how it found (or could not find) the socket.
+	notice     func()
+	noticeOnce sync.Once
+}
+
+// announce runs c's notice the first time it is called.
+func (c *Client) announce() {
+	if c.notice != nil {
+		c.noticeOnce.Do(c.notice)
+	}
 }
 
 // NewClient returns a client for the agent listening on socket.
@@ -53,6 +65,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	c.announce()
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("%w at %s: %v (is `tsng daemon` running?)", ErrAgentUnreachable, c.Socket, err)

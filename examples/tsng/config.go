@@ -5,10 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"os"
+	"reflect"
 	"strings"
 
 	"github.com/vipkit/vipkit/crdt"
@@ -92,8 +96,8 @@ type NetworkConfig struct {
 type NodeConfig struct {
 	Name         string `json:"name"`
 	Address      string `json:"address"`
-	IdentityKey  string `json:"identity_key"`  // base64 Ed25519 seed (32 bytes)
-	WireGuardKey wg.Key `json:"wireguard_key"` // base64 Curve25519 private key
+	IdentityKey  string `json:"identity_key" tsng:"secret"`  // base64 Ed25519 seed (32 bytes)
+	WireGuardKey wg.Key `json:"wireguard_key" tsng:"secret"` // base64 Curve25519 private key
 	ListenPort   uint16 `json:"listen_port,omitempty"`
 }
 
@@ -111,7 +115,10 @@ type PeerConfig struct {
 // ErrConfig means the config file is invalid; the message names the field.
 var ErrConfig = errors.New("tsng: invalid config")
 
-// LoadConfig reads and validates a config file.
+// LoadConfig reads and validates a config file. Every error but a read
+// error wraps ErrConfig and names the field: its path from the top of the
+// file, or the line and column of a JSON syntax error. No error quotes a
+// private key.
 func LoadConfig(path string) (*Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -119,24 +126,31 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	var c Config
 	if err := jsonx.Decode(b, &c); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, jsonError(b, err))
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, decodeError(b, err))
 	}
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
 	}
 	return &c, nil
 }
 
-// Validate checks every field and reports the first bad one.
+// Validate checks every field and reports the first bad one, named by its
+// path (such as networks[0] (home).peers[1] (server3).endpoint).
 func (c *Config) Validate() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	return nil
+}
+
+// validate is Validate without ErrConfig.
+func (c *Config) validate() error {
+	bad := fmt.Errorf
 	if c.DataDir == "" {
 		return bad("data_dir is required")
 	}
 	if len(c.Networks) == 0 {
-		return bad("no networks")
+		return bad("networks: none; want at least one network")
 	}
 	if c.Metrics != "" {
 		ap, err := c.metricsAddr()
@@ -147,6 +161,17 @@ func (c *Config) Validate() error {
 			return bad("metrics %q is not a loopback address; set metrics_any_address to serve metrics there", c.Metrics)
 		}
 	}
+	if c.UI != "" && c.UI != "off" {
+		if ap, err := netip.ParseAddrPort(c.UI); err != nil || !ap.Addr().IsLoopback() {
+			return bad("ui %q: want a loopback IP:port such as 127.0.0.1:8470, or \"off\"", c.UI)
+		}
+	}
+	if c.LogLevel != "" {
+		var level slog.Level
+		if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+			return bad("log_level %q: want debug, info, warn or error", c.LogLevel)
+		}
+	}
 	names := map[string]bool{}
 	for i := range c.Networks {
 		n := &c.Networks[i]
@@ -155,7 +180,7 @@ func (c *Config) Validate() error {
 			return bad("%s.name: %v", where, err)
 		}
 		if names[n.Name] {
-			return bad("%s: network %q twice", where, n.Name)
+			return bad("%s.name: network %q twice", where, n.Name)
 		}
 		names[n.Name] = true
 		p, err := netip.ParsePrefix(n.Overlay)
@@ -192,8 +217,11 @@ func (c *Config) Validate() error {
 				return bad("%s.id: %v", where, err)
 			}
 		}
-		if _, err := n.Self(); err != nil {
-			return bad("%s.node: %v", where, err)
+		if err := vip.ValidName(n.Node.Name); err != nil {
+			return bad("%s.node.name: %v", where, err)
+		}
+		if a, err := netip.ParseAddr(n.Node.Address); err != nil || !a.Is4() {
+			return bad("%s.node.address %q: want an IPv4 address", where, n.Node.Address)
 		}
 		if _, err := n.identityKey(); err != nil {
 			return bad("%s.node.identity_key: %v", where, err)
@@ -209,12 +237,21 @@ func (c *Config) Validate() error {
 		wgKeys := map[wg.Key]bool{n.Node.WireGuardKey.PublicKey(): true}
 		for j, pc := range n.Peers {
 			pw := fmt.Sprintf("%s.peers[%d] (%s)", where, j, pc.Name)
+			if err := vip.ValidName(pc.Name); err != nil {
+				return bad("%s.name: %v", pw, err)
+			}
+			if seen[pc.Name] {
+				return bad("%s.name: name %q twice", pw, pc.Name)
+			}
+			if a, err := netip.ParseAddr(pc.Address); err != nil || !a.Is4() {
+				return bad("%s.address %q: want an IPv4 address", pw, pc.Address)
+			}
+			if _, _, err := parseIdentity(pc.Identity); err != nil {
+				return bad("%s.identity: %v", pw, err)
+			}
 			info, err := pc.info()
 			if err != nil {
 				return bad("%s: %v", pw, err)
-			}
-			if seen[pc.Name] {
-				return bad("%s: name %q twice", pw, pc.Name)
 			}
 			seen[pc.Name] = true
 			if addrs[info.Addr] || !p.Contains(info.Addr) {
@@ -325,4 +362,17 @@ func (n *NetworkConfig) Members() ([]vip.NodeInfo, error) {
 		out = append(out, info)
 	}
 	return out, nil
+}
+
+// decodeError is a config decoding error with its place: the line and
+// column of a syntax error, else the path of the field it is in.
+func decodeError(b []byte, err error) error {
+	if _, ok := errors.AsType[*json.SyntaxError](err); ok || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, jsonx.ErrEmpty) || errors.Is(err, jsonx.ErrTrailingData) {
+		return jsonError(b, err)
+	}
+	if ferr := locateDecodeError(b, reflect.TypeFor[Config]()); ferr != nil {
+		return ferr
+	}
+	return jsonError(b, err)
 }

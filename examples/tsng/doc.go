@@ -6,6 +6,7 @@
 // The agent (`tsng daemon`) joins the networks of its config file and serves
 // a local API over HTTP on a Unix socket (mode 0600). The CLI talks to it:
 //
+//	tsng status [--json]
 //	tsng vip list [NET] [--json]
 //	tsng vip create NET NAME
 //	tsng vip port add NET VIP tcp/443 --backend server1:6443 --backend server2:7443
@@ -27,9 +28,16 @@
 //	tsng completion bash|zsh
 //
 // The CLI finds the agent's socket with --socket PATH (before the
-// command), or TSNG_SOCKET, or at /run/tsng/tsng.sock. docs/tsng-config.md
+// command), else TSNG_SOCKET, else the socket field of the config file
+// (--config FILE before the command, else /etc/tsng/tsng.json; no other
+// field is read), else at /run/tsng/tsng.sock. docs/tsng-config.md
 // describes the config file, the proxies for host applications in
 // netstack mode, DNS and `wg show`.
+//
+// `tsng status` summarises every network on one screen: up or down, its
+// members, and each VIP's address, state and health (how many of its
+// backends this node finds eligible: ok, degraded, down, no backends, or
+// unknown while the network is down).
 //
 // Network and VIP selectors accept exact names, full ids and unique id
 // prefixes; backend node selectors also accept node names. A backend

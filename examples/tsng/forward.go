@@ -89,6 +89,7 @@ func runForward(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 		return d.DialContext(ctx, "unix", c.client.Socket)
 	}}}
 	defer hc.CloseIdleConnections()
+	c.client.announce()
 	resp, err := hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

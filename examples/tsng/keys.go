@@ -133,12 +133,13 @@ func initFlags(in *initOpts) func(fs *flag.FlagSet, o *opts) {
 		fs.StringVar(&in.socket, "socket", "", "the local API's socket `path` (default "+DefaultSocket+")")
 		fs.StringVar(&in.mode, "mode", "netstack", "netstack (userspace, no root) or tun (a kernel TUN, CAP_NET_ADMIN)")
 		fs.UintVar(&in.listenPort, "listen-port", 51820, "WireGuard's UDP `port` (0: any free port)")
-		fs.StringVar(&o.config, "config", "/etc/tsng/tsng.json", "the config `file` to write (never overwritten)")
+		fs.StringVar(&o.config, "config", "", "the config `file` to write, never overwritten (default: the global --config, else "+DefaultConfig+")")
 	}
 }
 
 func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error {
 	return func(ctx context.Context, c *cliCtx, o *opts, _ []string) error {
+		o.config = c.configFile(o)
 		for _, r := range []struct{ flag, v string }{{"--network", in.network}, {"--overlay", in.overlay}} {
 			if r.v == "" {
 				return usageError{"init needs " + r.flag}

@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v4"
 
 	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/api"
 )
 
 // Setting keys of the config file besides the hosting ones
@@ -20,7 +21,7 @@ import (
 const (
 	KeyFrontdoorID = "frontdoor-id"
 	KeyListen      = "api.listen"
-	KeyTokens      = "api.tokens" // api.tokens.<principal>: <token>
+	KeyTokens      = "api.tokens" // api.tokens.<principal>.token and .accounts (see Config.Tokens)
 	KeyPostgresDSN = "postgres.dsn"
 	KeyAMQPURL     = "amqp.url"
 	KeyZitiURL     = "ziti.url"
@@ -39,7 +40,16 @@ var ErrConfig = errors.New("sharehosts: bad config")
 type Config struct {
 	FrontdoorID string
 	Listen      string
-	Tokens      map[string]string // token → principal
+	// Tokens are the API's bearer tokens, by principal. Each is written
+	// as api.tokens.<principal>.token (the secret, 16+ characters) and
+	// api.tokens.<principal>.accounts: "all" for every account, or a list
+	// of account ids. The older form api.tokens.<principal>: <token> has
+	// no accounts and means every account; Unscoped names those tokens.
+	Tokens []api.Token
+	// Unscoped lists, sorted, the principals whose tokens are written in
+	// the older form without accounts; Serve warns about them once at
+	// start.
+	Unscoped    []string
 	PostgresDSN string
 	AMQPURL     string
 	ZitiURL     string
@@ -64,8 +74,26 @@ func LoadConfig(path string) (Config, error) {
 	return ParseConfig(b)
 }
 
-// flatten turns nested maps into dotted keys with string values.
-func flatten(prefix string, v any, out map[string]string) error {
+// Fields of a token under api.tokens.<principal>.
+const (
+	tokenSecret   = "token"
+	tokenAccounts = "accounts"
+	// AllAccounts is how api.tokens.<principal>.accounts names every
+	// account.
+	AllAccounts = "all"
+)
+
+// isAccountsKey reports whether key is api.tokens.<principal>.accounts,
+// the one setting that may be a list.
+func isAccountsKey(key string) bool {
+	rest, ok := strings.CutPrefix(key, KeyTokens+".")
+	p, f, dotted := strings.Cut(rest, ".")
+	return ok && dotted && p != "" && f == tokenAccounts
+}
+
+// flatten turns nested maps into dotted keys with string values, and the
+// lists of api.tokens.<principal>.accounts into lists.
+func flatten(prefix string, v any, out map[string]string, lists map[string][]string) error {
 	switch x := v.(type) {
 	case map[string]any:
 		for k, vv := range x {
@@ -73,14 +101,28 @@ func flatten(prefix string, v any, out map[string]string) error {
 			if prefix != "" {
 				key = prefix + "." + k
 			}
-			if err := flatten(key, vv, out); err != nil {
+			if err := flatten(key, vv, out, lists); err != nil {
 				return err
 			}
 		}
 	case nil:
 		out[prefix] = ""
 	case []any:
-		return fmt.Errorf("%w: %s: a list is not a setting", ErrConfig, prefix)
+		if !isAccountsKey(prefix) {
+			return fmt.Errorf("%w: %s: a list is not a setting", ErrConfig, prefix)
+		}
+		if _, dup := lists[prefix]; dup {
+			return fmt.Errorf("%w: %s is set twice", ErrConfig, prefix)
+		}
+		ids := make([]string, 0, len(x))
+		for _, e := range x {
+			switch e.(type) {
+			case map[string]any, []any, nil:
+				return fmt.Errorf("%w: %s: an account id must be a string", ErrConfig, prefix)
+			}
+			ids = append(ids, fmt.Sprint(e))
+		}
+		lists[prefix] = ids
 	default:
 		if _, dup := out[prefix]; dup {
 			return fmt.Errorf("%w: %s is set twice", ErrConfig, prefix)
@@ -97,25 +139,35 @@ func ParseConfig(b []byte) (Config, error) {
 	if err := yaml.Unmarshal(b, &raw); err != nil {
 		return Config{}, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	flat := map[string]string{}
-	if err := flatten("", raw, flat); err != nil {
+	flat, lists := map[string]string{}, map[string][]string{}
+	if err := flatten("", raw, flat, lists); err != nil {
 		return Config{}, err
+	}
+	for k := range lists {
+		if _, dup := flat[k]; dup {
+			return Config{}, fmt.Errorf("%w: %s is set twice", ErrConfig, k)
+		}
 	}
 	get := func(k string) (string, bool) { v, ok := flat[k]; return v, ok }
 	var errs []error
-	c := Config{Tokens: map[string]string{}}
+	tokenKeys := map[string]string{}
 	for k, v := range flat {
-		if p, ok := strings.CutPrefix(k, KeyTokens+"."); ok {
-			if _, dup := c.Tokens[v]; dup {
-				errs = append(errs, fmt.Errorf("%w: %s: a token is given twice", ErrConfig, k))
-			}
-			c.Tokens[v] = p
+		if rest, ok := strings.CutPrefix(k, KeyTokens+"."); ok {
+			tokenKeys[rest] = v
 			continue
+		}
+		if k == KeyTokens && v == "" {
+			continue // "tokens:" with nothing under it: reported below
 		}
 		if !slices.Contains(known, k) {
 			errs = append(errs, fmt.Errorf("%w: unknown key %s", ErrConfig, k))
 		}
 	}
+	for k := range lists {
+		tokenKeys[strings.TrimPrefix(k, KeyTokens+".")] = ""
+	}
+	var c Config
+	c.Tokens, c.Unscoped, errs = parseTokens(tokenKeys, lists, errs)
 	need := func(k string) string {
 		v, _ := get(k)
 		if v == "" {
@@ -145,14 +197,6 @@ func ParseConfig(b []byte) (Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("%w: give either %s and %s, or %s and %s", ErrConfig, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey))
 	}
-	if len(c.Tokens) == 0 {
-		errs = append(errs, fmt.Errorf("%w: %s needs at least one <principal>: <token>", ErrConfig, KeyTokens))
-	}
-	for tok, p := range c.Tokens {
-		if len(tok) < 16 {
-			errs = append(errs, fmt.Errorf("%w: %s.%s: a token needs at least 16 characters", ErrConfig, KeyTokens, p))
-		}
-	}
 	hc, err := hosting.HealthCheckFromSettings(get)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
@@ -166,4 +210,113 @@ func ParseConfig(b []byte) (Config, error) {
 		return Config{}, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// parseTokens reads the settings under api.tokens (keys without that
+// prefix: "<principal>" in the older form, "<principal>.<field>"
+// otherwise; lists holds the accounts given as lists, by full key). It
+// returns the tokens sorted by principal, the principals written in the
+// older form, and errs with every problem appended. Errors name the
+// setting, never the secret.
+func parseTokens(keys map[string]string, lists map[string][]string, errs []error) ([]api.Token, []string, []error) {
+	type fields struct {
+		legacy, fielded     bool
+		secret              string
+		hasSecret, hasScope bool
+		scope               api.Scope
+	}
+	byP := map[string]*fields{}
+	at := func(p string) *fields {
+		if byP[p] == nil {
+			byP[p] = &fields{}
+		}
+		return byP[p]
+	}
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
+	}
+	for rest, v := range keys {
+		p, f, fielded := strings.Cut(rest, ".")
+		if p == "" {
+			bad("%s.%s: a token needs a principal", KeyTokens, rest)
+			continue
+		}
+		t := at(p)
+		if !fielded {
+			t.legacy, t.secret, t.hasSecret = true, v, true
+			continue
+		}
+		t.fielded = true
+		key := KeyTokens + "." + rest
+		switch f {
+		case tokenSecret:
+			t.secret, t.hasSecret = v, true
+		case tokenAccounts:
+			t.hasScope = true
+			ids, isList := lists[key]
+			switch {
+			case !isList && v == AllAccounts:
+				t.scope = api.AllAccounts()
+			case !isList && v == "", isList && len(ids) == 0:
+				bad("%s is empty: list the accounts, or write %q for every account", key, AllAccounts)
+			case slices.Contains(ids, AllAccounts):
+				bad("%s: %q is not an account; write %s: %s (not in a list) for every account", key, AllAccounts, key, AllAccounts)
+			default:
+				if !isList {
+					ids = []string{v}
+				}
+				s, err := api.AccountScope(ids...)
+				if err != nil {
+					bad("%s: an account id is empty", key)
+					continue
+				}
+				t.scope = s
+			}
+		default:
+			bad("%s: unknown field %q of a token (its fields are %s and %s)", key, f, tokenSecret, tokenAccounts)
+		}
+	}
+	ps := make([]string, 0, len(byP))
+	for p := range byP {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	var toks []api.Token
+	var unscoped []string
+	seen := map[string]string{}
+	for _, p := range ps {
+		t := byP[p]
+		key := KeyTokens + "." + p
+		switch {
+		case t.legacy && t.fielded:
+			bad("%s is given both as a token and with fields; write %s.%s and %s.%s", key, key, tokenSecret, key, tokenAccounts)
+			continue
+		case !t.hasSecret:
+			bad("%s.%s is missing", key, tokenSecret)
+			continue
+		case t.fielded && !t.hasScope:
+			bad("%s.%s is missing: list the accounts, or write %q for every account", key, tokenAccounts, AllAccounts)
+			continue
+		case len(t.secret) < api.MinTokenLength:
+			bad("%s: a token needs at least %d characters", key, api.MinTokenLength)
+			continue
+		}
+		if first, dup := seen[t.secret]; dup {
+			bad("%s: the token of %s is given again", key, first)
+			continue
+		}
+		seen[t.secret] = p
+		if t.legacy {
+			t.scope = api.AllAccounts()
+			unscoped = append(unscoped, p)
+		}
+		if t.scope.Empty() {
+			continue // its error is already reported
+		}
+		toks = append(toks, api.Token{Secret: t.secret, Principal: p, Scope: t.scope})
+	}
+	if len(byP) == 0 {
+		bad("%s needs at least one token: %s.<principal>.%s and .%s", KeyTokens, KeyTokens, tokenSecret, tokenAccounts)
+	}
+	return toks, unscoped, errs
 }

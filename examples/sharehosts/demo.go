@@ -162,7 +162,7 @@ func Demo(ctx context.Context, out io.Writer) error {
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	token := hex.EncodeToString(raw[:])
-	auth, err := api.NewBearer(map[string]string{token: "demo"})
+	auth, err := api.NewBearer([]api.Token{{Secret: token, Principal: "demo", Scope: api.AllAccounts()}})
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +60,14 @@ func zitiClient(c Config) (*ziti.Client, error) {
 // acked). Log lines go to logw.
 func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error {
 	logf := func(format string, args ...any) { fmt.Fprintf(logw, format+"\n", args...) }
+	auth, err := api.NewBearer(c.Tokens)
+	if err != nil {
+		return err
+	}
+	if len(c.Unscoped) > 0 {
+		logf("warning: the tokens of %s have no accounts and act on every account; write %s.<principal>.token and .accounts (%q or a list)",
+			strings.Join(c.Unscoped, ", "), KeyTokens, AllAccounts)
+	}
 	pool, err := pgxpool.New(ctx, c.PostgresDSN)
 	if err != nil {
 		return fmt.Errorf("sharehosts: postgres: %w", err)
@@ -87,10 +96,6 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		return err
 	}
 	h, err := api.New(api.Options{Service: svc})
-	if err != nil {
-		return err
-	}
-	auth, err := api.NewBearer(c.Tokens)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -38,7 +39,12 @@ frontdoor-id: fd-1
 api:
   listen: 127.0.0.1:0
   tokens:
-    ops: "ops-token-0123456789"
+    ops:
+      token: "ops-token-0123456789"
+      accounts: all
+    tenant-a:
+      token: "tenant-a-token-0123456789"
+      accounts: [acct-1, acct-3]
 postgres:
   dsn: "host=127.0.0.1"
 amqp.url: amqp://guest:guest@127.0.0.1:5672/
@@ -59,8 +65,12 @@ func TestConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.HealthCheck != (hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}) || c.MaxHosts != 4 || c.Tokens["ops-token-0123456789"] != "ops" || c.AMQPURL == "" {
+	if c.HealthCheck != (hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}) || c.MaxHosts != 4 || c.AMQPURL == "" || len(c.Unscoped) != 0 {
 		t.Fatalf("config %+v", c)
+	}
+	if len(c.Tokens) != 2 || c.Tokens[0].Principal != "ops" || c.Tokens[0].Secret != "ops-token-0123456789" || !c.Tokens[0].Scope.All() ||
+		c.Tokens[1].Principal != "tenant-a" || c.Tokens[1].Scope.String() != "acct-1,acct-3" {
+		t.Fatalf("tokens %v", c.Tokens)
 	}
 	// The dotted form reads the same.
 	dotted := strings.Replace(good, "io.netfoundry.frontdoor.share:\n  max-hosts: 4\n  health-check:\n    interval: 5s\n    timeout: 2s\n    failures: 3\n",
@@ -69,12 +79,26 @@ func TestConfig(t *testing.T) {
 		t.Fatalf("dotted: %+v %v", c2, err)
 	}
 	cases := map[string]struct{ from, to, want string }{
-		"no health check":    {"    interval: 5s\n", "", "io.netfoundry.frontdoor.share.health-check.interval is missing"},
-		"interval under 1s":  {"interval: 5s", "interval: 500ms", "interval 500ms is under 1s"},
-		"failures 0":         {"failures: 3", "failures: 0", "failures 0 is under 1"},
-		"max-hosts 0":        {"max-hosts: 4", "max-hosts: 0", "max-hosts is 0, under 1"},
-		"unknown key":        {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nfrontdor: x", "unknown key frontdor"},
-		"short token":        {`"ops-token-0123456789"`, `"short"`, "a token needs at least 16 characters"},
+		"no health check":      {"    interval: 5s\n", "", "io.netfoundry.frontdoor.share.health-check.interval is missing"},
+		"interval under 1s":    {"interval: 5s", "interval: 500ms", "interval 500ms is under 1s"},
+		"failures 0":           {"failures: 3", "failures: 0", "failures 0 is under 1"},
+		"max-hosts 0":          {"max-hosts: 4", "max-hosts: 0", "max-hosts is 0, under 1"},
+		"unknown key":          {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nfrontdor: x", "unknown key frontdor"},
+		"short token":          {`"ops-token-0123456789"`, `"short"`, "api.tokens.ops: a token needs at least 16 characters"},
+		"token one under":      {`"ops-token-0123456789"`, `"0123456789abcde"`, "api.tokens.ops: a token needs at least 16 characters"},
+		"no accounts":          {"      accounts: all\n", "", `api.tokens.ops.accounts is missing: list the accounts, or write "all" for every account`},
+		"empty accounts":       {"accounts: [acct-1, acct-3]", "accounts: []", `api.tokens.tenant-a.accounts is empty: list the accounts, or write "all" for every account`},
+		"null accounts":        {"accounts: [acct-1, acct-3]", "accounts:", `api.tokens.tenant-a.accounts is empty`},
+		"empty account id":     {"accounts: [acct-1, acct-3]", `accounts: [acct-1, ""]`, "api.tokens.tenant-a.accounts: an account id is empty"},
+		"all in a list":        {"accounts: [acct-1, acct-3]", "accounts: [acct-1, all]", `api.tokens.tenant-a.accounts: "all" is not an account; write api.tokens.tenant-a.accounts: all (not in a list)`},
+		"account not a string": {"accounts: [acct-1, acct-3]", "accounts: [acct-1, {a: b}]", "api.tokens.tenant-a.accounts: an account id must be a string"},
+		"unknown token field":  {"      accounts: all\n", "      accounts: all\n      scope: all\n", `api.tokens.ops.scope: unknown field "scope" of a token (its fields are token and accounts)`},
+		"no secret":            {`      token: "ops-token-0123456789"` + "\n", "", "api.tokens.ops.token is missing"},
+		"same token twice":     {`"tenant-a-token-0123456789"`, `"ops-token-0123456789"`, "api.tokens.tenant-a: the token of ops is given again"},
+		"both forms":           {"frontdoor-id: fd-1", "frontdoor-id: fd-1\napi.tokens.tenant-a: \"legacy-token-0123456789\"", "api.tokens.tenant-a is given both as a token and with fields; write api.tokens.tenant-a.token and api.tokens.tenant-a.accounts"},
+		"list elsewhere":       {"frontdoor-id: fd-1", "frontdoor-id: [fd-1]", "frontdoor-id: a list is not a setting"},
+		"no tokens": {"  tokens:\n    ops:\n      token: \"ops-token-0123456789\"\n      accounts: all\n    tenant-a:\n      token: \"tenant-a-token-0123456789\"\n      accounts: [acct-1, acct-3]\n", "  tokens:\n",
+			"api.tokens needs at least one token: api.tokens.<principal>.token and .accounts"},
 		"no ziti credential": {"  username: admin\n  password: secret\n", "", "give either ziti.username and ziti.password, or ziti.cert-file and ziti.key-file"},
 		"no amqp":            {"amqp.url: amqp://guest:guest@127.0.0.1:5672/\n", "", "amqp.url is missing"},
 	}
@@ -202,6 +226,13 @@ func TestServe(t *testing.T) {
 		t.Fatalf("create: %d %s", st, body)
 	}
 	id := regexp.MustCompile(`"id":"([0-9a-f-]{36})"`).FindStringSubmatch(body)[1]
+	// tenant-a's token acts on acct-1 and acct-3 only: acct's share is not there.
+	if st, body := do("GET", base+"/"+id, "", "tenant-a-token-0123456789"); st != 404 || !strings.Contains(body, "share "+id+" does not exist") {
+		t.Fatalf("tenant-a reads acct's share: %d %s", st, body)
+	}
+	if strings.Contains(logs.String(), "warning") {
+		t.Fatalf("a warning with scoped tokens: %s", logs.String())
+	}
 	// The agent service deletes a1 and says so on the bus.
 	if _, err := pool.Exec(ctx, "UPDATE agent SET deleted_at = now() WHERE id = 'a1'"); err != nil {
 		t.Fatal(err)
@@ -298,5 +329,39 @@ func TestDemoShowsTheFailover(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Fatalf("output lacks %q:\n%s", want, s)
 		}
+	}
+}
+
+// A token written in the older form, without accounts, acts on every
+// account; Serve says so once, at start, naming the principals and never
+// the secrets.
+func TestUnscopedTokensWarn(t *testing.T) {
+	cfg := strings.Replace(good, "    tenant-a:\n      token: \"tenant-a-token-0123456789\"\n      accounts: [acct-1, acct-3]\n",
+		"    tenant-a: \"tenant-a-token-0123456789\"\n    tenant-b: \"tenant-b-token-0123456789\"\n", 1)
+	c, err := sharehosts.ParseConfig([]byte(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Tokens) != 3 || !slices.Equal(c.Unscoped, []string{"tenant-a", "tenant-b"}) {
+		t.Fatalf("tokens %v, unscoped %v", c.Tokens, c.Unscoped)
+	}
+	for _, tok := range c.Tokens {
+		if !tok.Scope.All() {
+			t.Fatalf("%v is not scoped to all accounts", tok)
+		}
+	}
+	// No database listens on port 1: Serve stops after its start-up
+	// warning, at the first connection.
+	c.PostgresDSN = "host=127.0.0.1 port=1 connect_timeout=5"
+	var logs bytes.Buffer
+	if err := sharehosts.Serve(t.Context(), c, nil, &logs); err == nil {
+		t.Fatal("Serve without a database succeeded")
+	}
+	want := `warning: the tokens of tenant-a, tenant-b have no accounts and act on every account; write api.tokens.<principal>.token and .accounts ("all" or a list)`
+	if n := strings.Count(logs.String(), "warning"); n != 1 || !strings.Contains(logs.String(), want) {
+		t.Fatalf("%d warnings in %q", n, logs.String())
+	}
+	if strings.Contains(logs.String(), "-token-0123456789") {
+		t.Fatalf("a secret in the log: %q", logs.String())
 	}
 }

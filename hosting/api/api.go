@@ -32,9 +32,16 @@
 // not sortable), and limit (1 to 1000, default 100) and offset, with a
 // next link while more remain.
 //
+// A request acts on the accounts of its Scope (WithScope; Bearer sets the
+// token's). Out of scope, an account answers as one that holds nothing: a
+// share of it answers the 404 of a missing share, its listing is empty,
+// and a create is refused as for an account that does not exist. A
+// request without a scope acts on every account.
+//
 // Errors are problem+json (RFC 9457): 400 for a body or query that cannot
 // be read, 401 without valid credentials (Bearer), 404 for a share that is
-// not there (or not in the path's account or kind), 405, 409 for a
+// not there (or not in the path's account or kind, or of an account out of
+// scope), 405, 409 for a
 // conflict with the state (an id in use, a passive's agent without a Ziti
 // identity, a share whose ingress is still up), 413 for a body over the
 // limit, 415 for a body that is not JSON, 422 with the validator's pinned
@@ -337,6 +344,10 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 		s.TargetPort = *p
 	}
 	u := hosting.Update{Active: req.Update.Active, Passive: req.Update.Passive}
+	if !allows(r, s.AccountID) {
+		h.createOutOfScope(w, r, req, s, u)
+		return
+	}
 	if dryRun(r) {
 		if err := portViolation(req, h.svc.DryRunCreate(r.Context(), s, u)); err != nil {
 			h.fail(w, r, err)
@@ -359,6 +370,42 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, v)
 }
 
+// createOutOfScope answers a create (or its dry run) for an account out
+// of the request's scope exactly as for an account that does not exist:
+// the service validates the share under an account that none of its
+// agents is in, so every rule, message and limit is the service's own.
+// Such a create always fails validation (at least one active host is
+// required, and none is in that account); it writes nothing.
+func (h *Handler) createOutOfScope(w http.ResponseWriter, r *http.Request, req Request, s hosting.Share, u hosting.Update) {
+	ids := append(slices.Clone(u.Active.IDs), u.Passive.IDs...)
+	found, err := h.svc.Store().Agents(r.Context(), ids)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	s.AccountID = noAgentsAccount(s.AccountID, found)
+	err = portViolation(req, h.svc.DryRunCreate(r.Context(), s, u))
+	if err == nil { // cannot happen (see above); refuse all the same
+		err = &hosting.ValidationError{Violations: []hosting.Violation{{Field: "activeAgentIds", Message: hosting.MsgNoActive}}}
+	}
+	h.fail(w, r, err)
+}
+
+// noAgentsAccount returns an account id that none of the found agents is
+// in: base, extended with NUL bytes until it differs from all of them.
+// It ends after at most len(found)+1 tries.
+func noAgentsAccount(base string, found map[string]hosting.Agent) string {
+	in := make(map[string]bool, len(found))
+	for _, a := range found {
+		in[a.AccountID] = true
+	}
+	acc := base + "\x00"
+	for in[acc] {
+		acc += "\x00"
+	}
+	return acc
+}
+
 // MsgID is the message of a create whose id is not a UUID.
 const MsgID = "id must be a lowercase UUID"
 
@@ -375,7 +422,7 @@ func (h *Handler) owned(w http.ResponseWriter, r *http.Request, kind hosting.Kin
 	} else {
 		v.Share, err = h.svc.Store().Get(r.Context(), id)
 	}
-	if err == nil && (v.AccountID != r.PathValue("account") || v.Kind != kind || !v.Live()) {
+	if err == nil && (v.AccountID != r.PathValue("account") || v.Kind != kind || !v.Live() || !allows(r, v.AccountID)) {
 		err = fmt.Errorf("%w: %s", hosting.ErrNotFound, id)
 	}
 	if err != nil {

@@ -39,9 +39,14 @@ func with(m map[string]any, k string, v any) map[string]any {
 
 // TestContract: every route × success, validation failure, not found and
 // conflict, with the status and the message pinned. Where a route cannot
-// meet a class, the row says why and pins what it answers instead.
+// meet a class, the row says why and pins what it answers instead. The
+// API runs behind bearer tokens; a row sends tenant-a's token (scope
+// acct-1) unless it says otherwise, and every route has rows for a token
+// in scope, out of scope, scoped to all accounts, no token and a wrong
+// one.
 func TestContract(t *testing.T) {
 	e := newEnv(t, nil)
+	e.withBearer()
 	e.agents(acct, "a1", "a2", "p1", "p2")
 	e.agents(other, "elsewhere")
 	// A live agent that has no Ziti identity yet.
@@ -63,6 +68,53 @@ func TestContract(t *testing.T) {
 	e.ing.stuck[sStuck.ID] = true
 	e.ing.mu.Unlock()
 	sIP := mk(hosting.KindIPsec, []string{"a1"}, nil)
+	// Scope fixtures: sIn and sInDel in acct-1, sOut and sOutDel in acct-2.
+	mkIn := func(account, agent string) hosting.Share {
+		s, err := e.svc.Create(t.Context(), hosting.Share{AccountID: account, Name: "scoped", Kind: hosting.KindTCP, TargetAddress: "10.0.0.9", TargetPort: 80},
+			hosting.Update{Active: hosting.Of(agent)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	sIn, sInDel := mkIn(acct, "a1"), mkIn(acct, "a1")
+	sOut, sOutDel := mkIn(other, "elsewhere"), mkIn(other, "elsewhere")
+	ocol := "/v1/accounts/" + other + "/tcp-shares"
+	oitem := func(id string) string { return ocol + "/" + id }
+	ops := map[string]string{"Authorization": "Bearer " + opsToken}
+	none := map[string]string{"Authorization": ""}
+	wrong := map[string]string{"Authorization": "Bearer wrong-token-0123456789"}
+	const unauth = "a valid bearer token is required"
+	listed := func(account string, want ...string) func(t *testing.T, a answer) {
+		return func(t *testing.T, a answer) {
+			var l api.ListView
+			if err := json.Unmarshal(a.body, &l); err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, s := range l.Embedded.Shares {
+				if s.AccountID != account {
+					t.Fatalf("listed %+v of another account", s)
+				}
+				ids = append(ids, s.ID)
+			}
+			for _, id := range want {
+				if !slices.Contains(ids, id) {
+					t.Fatalf("%s not listed in %v", id, ids)
+				}
+			}
+			if want == nil && l.Count != 0 {
+				t.Fatalf("out of scope lists %+v", l)
+			}
+		}
+	}
+	live := func(id string) func(t *testing.T, a answer) {
+		return func(t *testing.T, a answer) {
+			if s, err := e.store.Get(t.Context(), id); err != nil || !s.Live() || s.Name != "scoped" {
+				t.Fatalf("%s after a refused write: %+v %v", id, s, err)
+			}
+		}
+	}
 	const col = "/v1/accounts/" + acct + "/tcp-shares"
 	item := func(id string) string { return col + "/" + id }
 	missing := hosting.NewID()
@@ -86,7 +138,7 @@ func TestContract(t *testing.T) {
 			if a.header.Get("Location") != v.Links.Self.Href || v.Links.Self.Href != item(v.ID) || a.header.Get("Content-Type") != api.MediaHAL {
 				t.Fatalf("location %q self %q ct %q", a.header.Get("Location"), v.Links.Self.Href, a.header.Get("Content-Type"))
 			}
-			if v.Kind != hosting.KindTCP || !slices.Equal(v.ActiveAgentIDs, []string{"a1"}) || !slices.Equal(v.PassiveAgentIDs, []string{"p1"}) || v.Hosting != nil || v.CreatedBy != hosting.SystemPrincipal {
+			if v.Kind != hosting.KindTCP || !slices.Equal(v.ActiveAgentIDs, []string{"a1"}) || !slices.Equal(v.PassiveAgentIDs, []string{"p1"}) || v.Hosting != nil || v.CreatedBy != "tenant-a" {
 				t.Fatalf("view %+v", v)
 			}
 			want := []api.Link{{Href: "/v1/accounts/acct-1/agents/a1", Name: "a1"}, {Href: "/v1/accounts/acct-1/agents/p1", Name: "p1"}}
@@ -215,6 +267,58 @@ func TestContract(t *testing.T) {
 		{"delete", "not found", "DELETE", item(missing), "", nil, 404, api.TypeNotFound, "share " + missing + " does not exist", nil, nil},
 		{"delete", "conflict: ingress still up", "DELETE", item(sStuck.ID), "", nil, 409, api.TypeConflict, "the share's ingress is still up; retry", nil, nil},
 	}
+	rows = append(rows, []row{
+		// scopes: create
+		{"create", "scope: in scope", "POST", col, body(full([]string{"a1"}, nil)), nil, 201, "", "", nil, nil},
+		{"create", "scope: out of scope answers as an unknown account", "POST", ocol, body(full([]string{"elsewhere"}, nil)), nil, 422, api.TypeValidation,
+			"activeAgentIds: agent elsewhere does not exist", []hosting.Violation{{Field: "activeAgentIds", Message: "agent elsewhere does not exist"}}, nil},
+		{"create", "scope: all accounts", "POST", ocol, body(full([]string{"elsewhere"}, nil)), ops, 201, "", "", nil, func(t *testing.T, a answer) {
+			if v := a.share(t); v.AccountID != other || v.CreatedBy != "ops" {
+				t.Fatalf("view %+v", v)
+			}
+		}},
+		{"create", "scope: no token", "POST", col, body(full([]string{"a1"}, nil)), none, 401, api.TypeUnauth, unauth, nil, nil},
+		{"create", "scope: wrong token", "POST", col, body(full([]string{"a1"}, nil)), wrong, 401, api.TypeUnauth, unauth, nil, nil},
+		// scopes: list
+		{"list", "scope: in scope", "GET", col, "", nil, 200, "", "", nil, listed(acct, sIn.ID)},
+		{"list", "scope: out of scope lists nothing", "GET", ocol, "", nil, 200, "", "", nil, listed(other)},
+		{"list", "scope: all accounts", "GET", ocol, "", ops, 200, "", "", nil, listed(other, sOut.ID)},
+		{"list", "scope: no token", "GET", col, "", none, 401, api.TypeUnauth, unauth, nil, nil},
+		{"list", "scope: wrong token", "GET", col, "", wrong, 401, api.TypeUnauth, unauth, nil, nil},
+		// scopes: get
+		{"get", "scope: in scope", "GET", item(sIn.ID), "", nil, 200, "", "", nil, nil},
+		{"get", "scope: out of scope is not found", "GET", oitem(sOut.ID), "", nil, 404, api.TypeNotFound, "share " + sOut.ID + " does not exist", nil, nil},
+		{"get", "scope: all accounts", "GET", oitem(sOut.ID), "", ops, 200, "", "", nil, nil},
+		{"get", "scope: no token", "GET", item(sIn.ID), "", none, 401, api.TypeUnauth, unauth, nil, nil},
+		{"get", "scope: wrong token", "GET", item(sIn.ID), "", wrong, 401, api.TypeUnauth, unauth, nil, nil},
+		// scopes: put (the out-of-scope row first: it must leave sOut as it is)
+		{"put", "scope: out of scope is not found", "PUT", oitem(sOut.ID), body(full([]string{"elsewhere"}, nil)), nil, 404, api.TypeNotFound, "share " + sOut.ID + " does not exist", nil, live(sOut.ID)},
+		{"put", "scope: no token", "PUT", item(sIn.ID), body(full([]string{"a1"}, nil)), none, 401, api.TypeUnauth, unauth, nil, live(sIn.ID)},
+		{"put", "scope: wrong token", "PUT", item(sIn.ID), body(full([]string{"a1"}, nil)), wrong, 401, api.TypeUnauth, unauth, nil, live(sIn.ID)},
+		// scopes: patch
+		{"patch", "scope: out of scope is not found", "PATCH", oitem(sOut.ID), `{"name":"mine"}`, nil, 404, api.TypeNotFound, "share " + sOut.ID + " does not exist", nil, live(sOut.ID)},
+		{"patch", "scope: no token", "PATCH", item(sIn.ID), `{"name":"mine"}`, none, 401, api.TypeUnauth, unauth, nil, live(sIn.ID)},
+		{"patch", "scope: wrong token", "PATCH", item(sIn.ID), `{"name":"mine"}`, wrong, 401, api.TypeUnauth, unauth, nil, live(sIn.ID)},
+		// scopes: delete
+		{"delete", "scope: out of scope is not found", "DELETE", oitem(sOut.ID), "", nil, 404, api.TypeNotFound, "share " + sOut.ID + " does not exist", nil, live(sOut.ID)},
+		{"delete", "scope: no token", "DELETE", item(sIn.ID), "", none, 401, api.TypeUnauth, unauth, nil, live(sIn.ID)},
+		{"delete", "scope: wrong token", "DELETE", item(sIn.ID), "", wrong, 401, api.TypeUnauth, unauth, nil, live(sIn.ID)},
+		// scopes: the writes that succeed, last
+		{"put", "scope: in scope", "PUT", item(sIn.ID), body(full([]string{"a1"}, nil)), nil, 200, "", "", nil, nil},
+		{"put", "scope: all accounts", "PUT", oitem(sOut.ID), body(full([]string{"elsewhere"}, nil)), ops, 200, "", "", nil, nil},
+		{"patch", "scope: in scope", "PATCH", item(sIn.ID), `{"name":"mine"}`, nil, 200, "", "", nil, nil},
+		{"patch", "scope: all accounts", "PATCH", oitem(sOut.ID), `{"name":"theirs"}`, ops, 200, "", "", nil, func(t *testing.T, a answer) {
+			if v := a.share(t); v.Name != "theirs" || v.UpdatedBy != "ops" {
+				t.Fatalf("view %+v", v)
+			}
+		}},
+		{"delete", "scope: in scope", "DELETE", item(sInDel.ID), "", nil, 204, "", "", nil, nil},
+		{"delete", "scope: all accounts", "DELETE", oitem(sOutDel.ID), "", ops, 204, "", "", nil, func(t *testing.T, a answer) {
+			if s, _ := e.store.Get(t.Context(), sOutDel.ID); s.Live() {
+				t.Fatalf("still live: %+v", s)
+			}
+		}},
+	}...)
 	for _, r := range rows {
 		t.Run(r.route+"/"+r.class, func(t *testing.T) {
 			hdr := r.hdr

@@ -49,8 +49,36 @@ type env struct {
 	svc   *hosting.Service
 	store hosting.Store
 	srv   *httptest.Server
+	h     *api.Handler
 	ing   *stuckIngress
 	ident map[string]string
+	// auth is the Authorization header of every request whose hdr does
+	// not set one ("" for none).
+	auth string
+}
+
+// Tokens of withBearer: tenant-a acts on acct-1, ops on every account.
+const (
+	tenantA  = "tenant-a-token-0123456789"
+	opsToken = "ops-token-0123456789abcd"
+)
+
+// withBearer serves e's handler behind tenant-a's and ops's tokens and
+// sends tenant-a's by default.
+func (e *env) withBearer() {
+	e.t.Helper()
+	sa, err := api.AccountScope(acct)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	b, err := api.NewBearer([]api.Token{{Secret: tenantA, Principal: "tenant-a", Scope: sa}, {Secret: opsToken, Principal: "ops", Scope: api.AllAccounts()}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.srv.Close()
+	e.srv = httptest.NewServer(b.Wrap(e.h))
+	e.t.Cleanup(e.srv.Close)
+	e.auth = "Bearer " + tenantA
 }
 
 func newEnv(t testing.TB, st hosting.Store) *env {
@@ -74,7 +102,7 @@ func newEnv(t testing.TB, st hosting.Store) *env {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return &env{t: t, fake: f, svc: svc, store: st, srv: srv, ing: ing, ident: map[string]string{}}
+	return &env{t: t, fake: f, svc: svc, store: st, srv: srv, h: h, ing: ing, ident: map[string]string{}}
 }
 
 func (e *env) agents(account string, ids ...string) {
@@ -126,6 +154,9 @@ func (e *env) do(method, path, body string, hdr map[string]string) answer {
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if e.auth != "" {
+		req.Header.Set("Authorization", e.auth)
 	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)

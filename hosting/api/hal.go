@@ -215,10 +215,12 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f := hosting.Filter{AccountID: r.PathValue("account"), Kind: kind, AgentID: q.Get("agentId"), ActiveAgentID: q.Get("activeAgentId"), PassiveAgentID: q.Get("passiveAgentId")}
-	vs, err := h.svc.List(r.Context(), f)
-	if err != nil {
-		h.fail(w, r, err)
-		return
+	var vs []hosting.View
+	if allows(r, f.AccountID) { // out of scope lists as an account without shares
+		if vs, err = h.svc.List(r.Context(), f); err != nil {
+			h.fail(w, r, err)
+			return
+		}
 	}
 	slices.SortStableFunc(vs, order)
 	var out ListView

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"reflect"
@@ -21,7 +22,7 @@ func TestBearerAuthentication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := api.NewBearer(map[string]string{"secret-token-0123456789": "alice"})
+	b, err := api.NewBearer([]api.Token{{Secret: "secret-token-0123456789", Principal: "alice", Scope: api.AllAccounts()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,10 +46,27 @@ func TestBearerAuthentication(t *testing.T) {
 	if v := a.share(t); v.CreatedBy != "alice" || v.UpdatedBy != "alice" {
 		t.Fatalf("audit %q %q", v.CreatedBy, v.UpdatedBy)
 	}
-	for _, bad := range []map[string]string{{}, {"short": "p"}, {"long-enough-token-000": ""}} {
-		if _, err := api.NewBearer(bad); err == nil {
-			t.Fatalf("%v accepted", bad)
+	all := api.AllAccounts()
+	for name, tc := range map[string]struct {
+		toks []api.Token
+		want string
+	}{
+		"none":         {nil, "api: bad bearer token: no token"},
+		"short":        {[]api.Token{{Secret: "short", Principal: "p", Scope: all}}, "api: bad bearer token: p: a token needs at least 16 characters"},
+		"one under":    {[]api.Token{{Secret: "0123456789abcde", Principal: "p", Scope: all}}, "api: bad bearer token: p: a token needs at least 16 characters"},
+		"no principal": {[]api.Token{{Secret: "long-enough-token-000", Scope: all}}, "api: bad bearer token: a token without a principal"},
+		"empty scope":  {[]api.Token{{Secret: "long-enough-token-000", Principal: "p"}}, "api: bad bearer token: p: an empty scope; give accounts or AllAccounts"},
+		"twice": {[]api.Token{{Secret: "long-enough-token-000", Principal: "p", Scope: all}, {Secret: "long-enough-token-000", Principal: "q", Scope: all}},
+			"api: bad bearer token: q: a token is given twice"},
+	} {
+		_, err := api.NewBearer(tc.toks)
+		if !errors.Is(err, api.ErrToken) || err.Error() != tc.want {
+			t.Fatalf("%s: %v, want %q", name, err, tc.want)
 		}
+	}
+	// Exactly MinTokenLength characters is enough.
+	if _, err := api.NewBearer([]api.Token{{Secret: "0123456789abcdef", Principal: "p", Scope: all}}); err != nil {
+		t.Fatal(err)
 	}
 }
 

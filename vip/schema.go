@@ -33,6 +33,15 @@ import (
 // removed listener never reappear when its port is added again: the new
 // generation has new keys.
 //
+// Removing a backend also moves its listener to the port's next
+// generation, with only the live backends (and cfg) written at it: every
+// field of the old generation, the removed backend's included, is then
+// obsolete and dropped, and a replay of it stays obsolete. So backend
+// churn holds only the live backends' fields. The cost: an edit another
+// member makes concurrently at the old generation (adding, draining or
+// removing a backend, changing cfg, removing the listener) is lost once
+// it meets the new generation; the members converge on the new one.
+//
 // Concurrent edits of different backends are different registers, so they
 // merge; concurrent edits of one register resolve by crdt's order, with
 // the listener register ranked first by generation and removal (Rank): a
@@ -566,7 +575,7 @@ func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
 		switch {
 		case inCur && !inDraft:
 			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(c.Generation, true)})
-		case inDraft && (!inCur || d.Generation != c.Generation):
+		case inDraft && (!inCur || d.Generation != c.Generation || removesBackend(c, d)):
 			gen, err := cur.nextGeneration(k)
 			if err != nil {
 				return nil, err
@@ -617,4 +626,14 @@ func sameCheck(a, b Check) bool {
 		return false
 	}
 	return a.Interval == b.Interval && a.Timeout == b.Timeout && a.Failures == b.Failures && a.Successes == b.Successes
+}
+
+// removesBackend reports whether draft d drops a backend of held c.
+func removesBackend(c, d Listener) bool {
+	for _, b := range c.Backends {
+		if !slices.Contains(d.Backends, b) {
+			return true
+		}
+	}
+	return false
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	keelvip "github.com/vipkit/vipkit/examples/keel-vip"
+	"github.com/vipkit/vipkit/internal/clihelp"
 )
 
 // helpCommands are keel-vip's commands; TestHelpWidth also checks that
@@ -30,7 +31,7 @@ func TestHelpWidth(t *testing.T) {
 			continue
 		}
 		for n, line := range strings.Split(out.String(), "\n") {
-			if w := columns(line); w > 80 {
+			if w := clihelp.Columns(line); w > 80 {
 				t.Errorf("%v: line %d is %d columns:\n%s", args, n+1, w, line)
 			}
 		}
@@ -42,16 +43,4 @@ func TestHelpWidth(t *testing.T) {
 			}
 		}
 	}
-}
-
-func columns(line string) int {
-	n := 0
-	for _, r := range line {
-		if r == '\t' {
-			n += 8 - n%8
-		} else {
-			n++
-		}
-	}
-	return n
 }

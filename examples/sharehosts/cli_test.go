@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vipkit/vipkit/examples/sharehosts"
+	"github.com/vipkit/vipkit/internal/clihelp"
 )
 
 // sharehostsCommands are sharehosts' commands; TestHelp also checks that
@@ -30,7 +31,7 @@ func TestHelp(t *testing.T) {
 			continue
 		}
 		for n, line := range strings.Split(out.String(), "\n") {
-			if w := columns(line); w > 80 {
+			if w := clihelp.Columns(line); w > 80 {
 				t.Errorf("%v: line %d is %d columns:\n%s", args, n+1, w, line)
 			}
 		}
@@ -73,16 +74,4 @@ func TestREADMEDocumentsCheckConfig(t *testing.T) {
 	if !strings.Contains(string(b), "sharehosts check-config -config") {
 		t.Error("README.md does not show `sharehosts check-config -config FILE`")
 	}
-}
-
-func columns(line string) int {
-	n := 0
-	for _, r := range line {
-		if r == '\t' {
-			n += 8 - n%8
-		} else {
-			n++
-		}
-	}
-	return n
 }

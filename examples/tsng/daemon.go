@@ -288,12 +288,16 @@ func (d *Daemon) Down(name string) error {
 // Close stops every network and server and closes the stores. It waits
 // for a reload in progress.
 func (d *Daemon) Close() error {
+	// Taking opMu waits for a reload in progress; once closed is set, no
+	// reload starts. The components are closed after it is released, so
+	// no Close of theirs runs under the daemon's lock.
 	d.opMu.Lock()
-	defer d.opMu.Unlock()
-	if d.closed {
+	closed := d.closed
+	d.closed = true
+	d.opMu.Unlock()
+	if closed {
 		return nil
 	}
-	d.closed = true
 	if d.apiSrv != nil {
 		d.apiSrv.Close()
 	}

@@ -400,6 +400,7 @@ func rootCommand() *command {
 		}}
 	root.sub = append(root.sub, overviewCommand())
 	root.sub = append(root.sub, keysCommands()...)
+	root.sub = append(root.sub, peerCommands()...)
 	root.sub = append(root.sub, opsCommands()...)
 	for _, c := range root.sub {
 		if c.name == "vip" {

@@ -119,8 +119,18 @@ func runKeygen(_ context.Context, c *cliCtx, o *opts, _ []string) error {
 
 // initOpts are the flags of `tsng init`.
 type initOpts struct {
-	network, overlay, address, name, dataDir, socket, mode string
-	listenPort                                             uint
+	network    string
+	overlay    string
+	address    string
+	name       string
+	dataDir    string
+	socket     string
+	mode       string
+	endpoint   string
+	entry      string
+	httpProxy  string
+	socks5     string
+	listenPort uint
 }
 
 func initFlags(in *initOpts) func(fs *flag.FlagSet, o *opts) {
@@ -134,6 +144,10 @@ func initFlags(in *initOpts) func(fs *flag.FlagSet, o *opts) {
 		fs.StringVar(&in.mode, "mode", "netstack", "netstack (userspace, no root) or tun (a kernel TUN, CAP_NET_ADMIN)")
 		fs.UintVar(&in.listenPort, "listen-port", 51820, "WireGuard's UDP `port` (0: any free port)")
 		fs.StringVar(&o.config, "config", "", "the config `file` to write, never overwritten (default: the global --config, else "+DefaultConfig+")")
+		fs.StringVar(&in.endpoint, "endpoint", "", "the `IP:PORT` other members reach this node's WireGuard at, for its peer entry")
+		fs.StringVar(&in.entry, "entry", "", "also write this node's peer entry to `file` (public keys only; never overwritten), for `tsng peer add` on the others")
+		fs.StringVar(&in.httpProxy, "http-proxy", "", "netstack mode: serve an HTTP proxy into the overlay on this loopback `IP:PORT`")
+		fs.StringVar(&in.socks5, "socks5", "", "netstack mode: serve a SOCKS5 proxy into the overlay on this loopback `IP:PORT`")
 	}
 }
 
@@ -147,6 +161,11 @@ func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error
 		}
 		if in.listenPort > 65535 {
 			return usageError{fmt.Sprintf("--listen-port %d: want 0-65535", in.listenPort)}
+		}
+		if in.endpoint != "" {
+			if _, err := netip.ParseAddrPort(in.endpoint); err != nil {
+				return usageError{fmt.Sprintf("--endpoint %q: want IP:PORT", in.endpoint)}
+			}
 		}
 		name := in.name
 		if name == "" {
@@ -167,7 +186,7 @@ func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error
 			}
 		}
 		cfg := Config{DataDir: in.dataDir, Socket: in.socket, Networks: []NetworkConfig{{
-			Name: in.network, Overlay: in.overlay, Mode: in.mode, Peers: []PeerConfig{},
+			Name: in.network, Overlay: in.overlay, Mode: in.mode, Peers: []PeerConfig{}, HTTPProxy: in.httpProxy, SOCKS5: in.socks5,
 			Node: NodeConfig{Name: name, Address: in.address, IdentityKey: k.IdentityKey, WireGuardKey: k.WireGuardKey, ListenPort: uint16(in.listenPort)},
 		}}}
 		if err := cfg.Validate(); err != nil {
@@ -180,28 +199,56 @@ func runInit(in *initOpts) func(context.Context, *cliCtx, *opts, []string) error
 		if err := os.MkdirAll(filepath.Dir(o.config), 0o755); err != nil {
 			return err
 		}
-		fh, err := os.OpenFile(o.config, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%s exists; not overwriting it (remove it or give another --config)", o.config)
+		if in.entry != "" {
+			if _, err := os.Lstat(in.entry); err == nil {
+				return fmt.Errorf("%s exists; not overwriting it (remove it or give another --entry)", in.entry)
+			}
 		}
-		if err != nil {
+		if err := writeNewFile(o.config, append(b, '\n'), 0o600); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("%s exists; not overwriting it (remove it or give another --config)", o.config)
+			}
 			return err
 		}
-		_, err = fh.Write(append(b, '\n'))
-		if cerr := fh.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(o.config)
-			return err
-		}
-		entry, _ := json.MarshalIndent(PeerConfig{Name: name, Address: in.address, Identity: k.Identity, WireGuardKey: k.WireGuardPublicKey}, "", "  ")
+		entry, _ := json.MarshalIndent(PeerConfig{Name: name, Address: in.address, Identity: k.Identity, WireGuardKey: k.WireGuardPublicKey, Endpoint: in.endpoint}, "", "  ")
 		if chosen != "" {
 			fmt.Fprintf(c.env.Stdout, "%s\n\n", chosen)
 		}
-		fmt.Fprintf(c.env.Stdout, "wrote %s (mode 0600)\n\nThis node's entry for the other members' \"peers\" lists (add \"endpoint\", the IP:port they reach it at):\n%s\n", o.config, entry)
+		if in.entry != "" {
+			if err := writeNewFile(in.entry, append(entry, '\n'), 0o644); err != nil {
+				return fmt.Errorf("wrote %s, but not the entry: %w", o.config, err)
+			}
+			fmt.Fprintf(c.env.Stdout, "wrote %s (mode 0600)\nwrote %s: this node's peer entry; on every other member run `tsng peer add %s %s`\n", o.config, in.entry, in.network, in.entry)
+			return nil
+		}
+		hint := `(add "endpoint", the IP:port they reach it at)`
+		if in.endpoint != "" {
+			hint = "(`--entry FILE` writes it to a file for `tsng peer add`)"
+		}
+		fmt.Fprintf(c.env.Stdout, "wrote %s (mode 0600)\n\nThis node's entry for the other members' \"peers\" lists %s:\n%s\n", o.config, hint, entry)
 		return nil
 	}
+}
+
+// writeNewFile creates path (never an existing file or a symlink's
+// target) with mode perm and writes b to it; on a failure it removes what
+// it created.
+func writeNewFile(path string, b []byte, perm os.FileMode) error {
+	fh, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	_, err = fh.Write(b)
+	if err == nil {
+		err = fh.Sync()
+	}
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
 }
 
 // chooseAddress picks `init`'s node address when --address is not given:

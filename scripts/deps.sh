@@ -4,8 +4,9 @@
 # (hosting's event tests start their own broker), Chromium (the web editor's
 # tests), iproute2 (network namespaces), systemd (systemd-analyze verifies
 # keel-vip's and tsng's units), wireguard-tools (`wg show` reads tsng's UAPI
-# socket), dnsutils (`dig +tcp` queries tsng's DNS) and curl
-# (`curl --socks5-hostname` through tsng's proxy). Needs root and apt;
+# socket), dnsutils (`dig +tcp` queries tsng's DNS), curl
+# (`curl --socks5-hostname` through tsng's proxy) and python3 (the web
+# server of the README's quick start). Needs root and apt;
 # elsewhere it only says what
 # is missing, and the tests that need it skip (or fail under
 # VIPKIT_REQUIRE_ALL=1).
@@ -20,6 +21,7 @@ command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 command -v wg >/dev/null 2>&1 || missing+=(wireguard-tools)
 command -v dig >/dev/null 2>&1 || missing+=(dnsutils)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -38,6 +38,7 @@ var commands = []clihelp.Command{
 		Desc: "write appliance.vip into the mesh file: a free /128 of this node's /112 (the primary), or the VIP of the primary's emitted spec"},
 	{Synopsis: "render --mesh FILE [--holder ADDR] [--out FILE]",
 		Desc: "write the wg-quick config, the VIP routed to its holder"},
+	{Synopsis: "reload --mesh FILE", Desc: "have the running helper read etcd's TLS files now and hand new ones to the controller (ExecReload)"},
 	{Synopsis: "drop-all --mesh FILE", Desc: "drop every VIP from the interface (ExecStopPost)"},
 }
 
@@ -236,7 +237,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fromSpec = fs.String("from-spec", "", "take appliance.vip from the spec `FILE` the primary emitted (keel-vip inspect --spec)")
 		reserve = fs.String("reserve", "", "keep the VIPs of other pairs clear (`ADDR,...`, comma-separated)")
 		pairFile = fs.String("pair-file", "", "the appliance.pair_file `FILE` to write when the mesh file names none (default: pair.rec beside it)")
-	case "drop-all", "check":
+	case "drop-all", "check", "reload":
 	case "promote":
 		gone = fs.Bool("old-primary-gone", false, "the old primary is gone: wait for its lease instead of its release")
 	case "pair propose":
@@ -317,6 +318,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitOf(fail, runHelper(ctx, HelperOptions{Mesh: m, MeshRaw: raw, Exe: *exe, Setpriv: *setprivPath, Log: stderr, Units: units}))
 	case "drop-all":
 		return exitOf(fail, dropAll(ctx, m))
+	case "reload":
+		if err := callJSON(ctx, adminHTTP(m), http.MethodPost, "http://admin"+reloadPath, struct{}{}, nil, nil); err != nil {
+			return fail(notRunning(err))
+		}
+		fmt.Fprintln(stdout, "the helper reads etcd's TLS files now; its log says what the controller took")
+		return ExitOK
 	case "status", "inspect":
 		s, err := adminStatus(ctx, m)
 		if err != nil {

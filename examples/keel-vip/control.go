@@ -104,11 +104,18 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	}
 	log := newLog(logw, m.Self.ID, "controller")
 	warnTimings(log, m)
-	// etcd's TLS is checked before anything starts.
-	tlsCfg, err := m.EtcdTLSConfig(wallNow())
+	// etcd's TLS is checked before anything starts; later contents come
+	// from the helper (etcdTLSPath) and apply to new connections.
+	tlsIn, err := m.EtcdTLS.load()
 	if err != nil {
 		return err
 	}
+	rot, err := newEtcdTLSRotator(tlsIn, wallNow())
+	if err != nil {
+		return err
+	}
+	tlsCfg := rot.config()
+	go watchCertExpiry(ctx, rot, log, certLogEvery)
 	if !m.Tended().IsValid() {
 		<-ctx.Done() // no VIP declared or observed: nothing to tend
 		return nil
@@ -182,6 +189,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		return err
 	}
 	promotes := new(promoteCounts)
+	reloads := new(tlsReloads)
 	var hooks *hookRunner
 	if len(m.Hooks.Command) > 0 {
 		hooks = newHookRunner(m.Hooks, m.ID, m.Self.ID, m.Tended().String(), log.With("part", "hooks"))
@@ -205,7 +213,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(controllerCollector{vip: m.Tended().String(), node: m.Self.ID, observer: key == nil, ttl: ttl,
-			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks})
+			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks, tls: rot, tlsReloads: reloads})
 		ml, err := net.Listen("tcp", m.Metrics.String())
 		if err != nil {
 			ctl.Close()
@@ -220,10 +228,14 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	srv.PeerAddr = func(r *http.Request) (netip.Addr, error) { return netip.ParseAddr(r.Header.Get(fromHeader)) }
 	mux := http.NewServeMux()
 	mux.Handle(claim.MembersPath, srv)
+	mux.HandleFunc(etcdTLSPath, serveEtcdTLS(rot, reloads, log))
 	mux.HandleFunc(statusPath, func(w http.ResponseWriter, r *http.Request) {
 		s := ctl.Status()
 		cs := controlStatus{Role: s.Role.String(), Epoch: s.Epoch, Holder: addrString(s.Holder), Fenced: s.Fenced, Released: s.Released,
 			RenewalAgeMs: -1, Carried: s.Carried, RoutedTo: addrString(s.RoutedTo)}
+		if subject, notAfter := rot.current(); !notAfter.IsZero() {
+			cs.EtcdCert = &CertStatus{Subject: subject, NotAfter: notAfter.UTC().Format(time.RFC3339), State: certState(notAfter, wallNow())}
+		}
 		if s.Lease != 0 {
 			cs.Lease = strconv.FormatInt(int64(s.Lease), 16)
 		}

@@ -1,12 +1,15 @@
 package keelvip
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -70,13 +73,52 @@ func (e EtcdTLS) load() (EtcdTLS, error) {
 // now (wall-clock time): each file is readable PEM, the certificate is
 // within its validity, the key matches it, and it chains to the CA bundle
 // for client authentication. Each failure is ErrEtcdTLS naming the field.
-// It returns nil, nil for plain http.
+// It returns nil, nil for plain http. The configuration is fixed; the
+// controller uses a rotating one (etcdTLSRotator) built from the same
+// checks.
 func (m *Mesh) EtcdTLSConfig(now time.Time) (*tls.Config, error) {
 	e, err := m.EtcdTLS.load()
 	if err != nil || !e.Enabled() {
 		return nil, err
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.ServerName}
+	mt, err := buildTLSMaterial(e, now)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.ServerName, RootCAs: mt.roots}
+	if mt.pair != nil {
+		cfg.Certificates = []tls.Certificate{*mt.pair}
+	}
+	return cfg, nil
+}
+
+// tlsMaterial is one checked set of etcd TLS contents.
+type tlsMaterial struct {
+	roots    *x509.CertPool   // nil: the system's roots
+	pair     *tls.Certificate // nil: no client certificate
+	notAfter time.Time        // the client certificate's; zero without one
+	subject  string           // the client certificate's common name
+	sum      [32]byte         // of the PEM contents, to tell a change
+}
+
+// pemSum hashes the three PEM contents of e.
+func pemSum(e EtcdTLS) [32]byte {
+	h := sha256.New()
+	for _, b := range [][]byte{e.CAPEM, e.CertPEM, e.KeyPEM} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	var s [32]byte
+	h.Sum(s[:0])
+	return s
+}
+
+// buildTLSMaterial checks e's PEM contents as of now, as EtcdTLSConfig
+// documents.
+func buildTLSMaterial(e EtcdTLS, now time.Time) (*tlsMaterial, error) {
+	mt := &tlsMaterial{sum: pemSum(e)}
 	if len(e.CAPEM) > 0 {
 		pool := x509.NewCertPool()
 		n := 0
@@ -98,10 +140,10 @@ func (m *Mesh) EtcdTLSConfig(now time.Time) (*tls.Config, error) {
 		if n == 0 {
 			return nil, fmt.Errorf("%w: etcd.ca_file: no PEM certificate in it", ErrEtcdTLS)
 		}
-		cfg.RootCAs = pool
+		mt.roots = pool
 	}
 	if len(e.CertPEM) == 0 {
-		return cfg, nil
+		return mt, nil
 	}
 	pair, err := tls.X509KeyPair(e.CertPEM, e.KeyPEM)
 	if err != nil {
@@ -120,21 +162,115 @@ func (m *Mesh) EtcdTLSConfig(now time.Time) (*tls.Config, error) {
 	if now.Before(leaf.NotBefore) {
 		return nil, fmt.Errorf("%w: etcd.cert_file: certificate %q is valid only from %v", ErrEtcdTLS, leaf.Subject.CommonName, leaf.NotBefore.UTC())
 	}
-	if cfg.RootCAs != nil {
+	if mt.roots != nil {
 		inter := x509.NewCertPool()
 		for _, raw := range pair.Certificate[1:] {
 			if c, err := x509.ParseCertificate(raw); err == nil {
 				inter.AddCert(c)
 			}
 		}
-		if _, err := leaf.Verify(x509.VerifyOptions{Roots: cfg.RootCAs, Intermediates: inter, CurrentTime: now,
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: mt.roots, Intermediates: inter, CurrentTime: now,
 			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 			return nil, fmt.Errorf("%w: etcd.cert_file does not chain to etcd.ca_file for client authentication: %w", ErrEtcdTLS, err)
 		}
 	}
 	pair.Leaf = leaf
-	cfg.Certificates = []tls.Certificate{pair}
-	return cfg, nil
+	mt.pair, mt.notAfter, mt.subject = &pair, leaf.NotAfter, leaf.Subject.CommonName
+	return mt, nil
+}
+
+// etcdTLSRotator is the controller's etcd TLS: every new connection
+// (etcd's client dials again after any break) takes the client
+// certificate and the CA bundle current at its handshake, so new
+// contents apply without a restart and without closing a connection
+// that works. Connections already open keep the certificate they were
+// made with, which etcd checked once, at their handshake.
+type etcdTLSRotator struct {
+	serverName string
+	cur        atomic.Pointer[tlsMaterial]
+}
+
+// newEtcdTLSRotator checks e as of now; nil, nil for plain http.
+func newEtcdTLSRotator(e EtcdTLS, now time.Time) (*etcdTLSRotator, error) {
+	if !e.Enabled() {
+		return nil, nil
+	}
+	mt, err := buildTLSMaterial(e, now)
+	if err != nil {
+		return nil, err
+	}
+	r := &etcdTLSRotator{serverName: e.ServerName}
+	r.cur.Store(mt)
+	return r, nil
+}
+
+// config is the client's tls.Config; nil for a nil r.
+func (r *etcdTLSRotator) config() *tls.Config {
+	if r == nil {
+		return nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.serverName,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if mt := r.cur.Load(); mt.pair != nil {
+				return mt.pair, nil
+			}
+			return &tls.Certificate{}, nil // none: the server decides
+		}}
+	if r.cur.Load().roots == nil {
+		return cfg // the system's roots, verified as usual
+	}
+	// The server is verified against the bundle current at the handshake:
+	// crypto/tls's own check would keep the bundle of the config.
+	cfg.InsecureSkipVerify = true
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return fmt.Errorf("%w: etcd sent no certificate", ErrEtcdTLS)
+		}
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		name := r.serverName
+		if name == "" {
+			name = cs.ServerName
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: r.cur.Load().roots, Intermediates: inter, DNSName: name})
+		return err
+	}
+	return cfg
+}
+
+// update checks e as of now and makes it current. A refused e leaves the
+// current contents in use. changed is false when e is what is current.
+// A change from a CA bundle to none, or the reverse, is refused: it
+// changes how the server is verified, which takes a restart.
+func (r *etcdTLSRotator) update(e EtcdTLS, now time.Time) (changed bool, err error) {
+	cur := r.cur.Load()
+	if pemSum(e) == cur.sum {
+		return false, nil
+	}
+	mt, err := buildTLSMaterial(e, now)
+	if err != nil {
+		return false, err
+	}
+	if (mt.roots == nil) != (cur.roots == nil) {
+		return false, fmt.Errorf("%w: etcd.ca_file: adding or removing the CA bundle needs a restart", ErrEtcdTLS)
+	}
+	if (mt.pair == nil) != (cur.pair == nil) {
+		return false, fmt.Errorf("%w: etcd.cert_file: adding or removing the client certificate needs a restart", ErrEtcdTLS)
+	}
+	r.cur.Store(mt)
+	return true, nil
+}
+
+// current returns the client certificate's subject and expiry (zero
+// without one).
+func (r *etcdTLSRotator) current() (subject string, notAfter time.Time) {
+	if r == nil {
+		return "", time.Time{}
+	}
+	mt := r.cur.Load()
+	return mt.subject, mt.notAfter
 }
 
 func firstCert(b []byte) (*x509.Certificate, error) {

@@ -90,6 +90,13 @@ func writeFile(t *testing.T, dir, name string, b []byte) string {
 // client certificates signed by ca.
 func startTLSEtcd(t *testing.T, dir string, ca *testCA) string {
 	t.Helper()
+	return startTLSEtcdTrusting(t, dir, ca, ca.pem)
+}
+
+// startTLSEtcdTrusting is startTLSEtcd with etcd's certificate from ca
+// and the client CAs it trusts in trusted (PEM).
+func startTLSEtcdTrusting(t *testing.T, dir string, ca *testCA, trusted []byte) string {
+	t.Helper()
 	now := time.Now()
 	sc, sk := ca.issue(t, "etcd", x509.ExtKeyUsageServerAuth, now.Add(-time.Hour), now.Add(time.Hour))
 	free := func() int {
@@ -112,7 +119,7 @@ func startTLSEtcd(t *testing.T, dir string, ca *testCA) string {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.ClientTLSInfo.CertFile = writeFile(t, dir, "server.pem", sc)
 	cfg.ClientTLSInfo.KeyFile = writeFile(t, dir, "server-key.pem", sk)
-	cfg.ClientTLSInfo.TrustedCAFile = writeFile(t, dir, "server-ca.pem", ca.pem)
+	cfg.ClientTLSInfo.TrustedCAFile = writeFile(t, dir, "server-ca.pem", trusted)
 	cfg.ClientTLSInfo.ClientCertAuth = true
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -369,6 +370,9 @@ type helper struct {
 	log     *slog.Logger
 
 	ctx context.Context // the helper's life
+	// reload asks the etcd TLS watch for a read now (SIGHUP, or the
+	// admin socket's reload); set before the admin socket serves.
+	reload chan os.Signal
 
 	// mu guards the fields below it.
 	mu syncx.Mutex
@@ -508,6 +512,19 @@ func RunHelper(ctx context.Context, o HelperOptions) (err error) {
 		go func() { defer wg.Done(); <-srvCtx.Done(); _ = s.Close() }()
 	}
 	bad := func(err error) { h.log.Warn("refused connection", "err", err) }
+	// New etcd certificates reach the running controller: read every
+	// tlsPollInterval, or at once on SIGHUP.
+	hup := make(chan os.Signal, 1)
+	h.reload = hup
+	signal.Notify(hup, unix.SIGHUP)
+	defer signal.Stop(hup)
+	tctx, tcancel := context.WithCancel(ctx)
+	tlsDone := make(chan struct{})
+	go func() {
+		defer close(tlsDone)
+		watchEtcdTLS(tctx, m.EtcdTLS, tlsPollInterval, hup, h.pushEtcdTLS, h.log)
+	}()
+	defer func() { tcancel(); <-tlsDone }()
 	al, err := listenUnix(m, AdminSocket(m), 0o600)
 	if err != nil {
 		return err
@@ -984,6 +1001,15 @@ func (h *helper) checkMembers(body []byte, from netip.Addr) error {
 	return fmt.Errorf("%w: op %q", claim.ErrMalformed, req.Op)
 }
 
+// pushEtcdTLS hands new etcd TLS contents to the controller.
+func (h *helper) pushEtcdTLS(ctx context.Context, req etcdTLSRequest) (etcdTLSReply, error) {
+	hc := h.controller()
+	if hc == nil {
+		return etcdTLSReply{}, errors.New("keelvip: the controller is not started")
+	}
+	return pushTLS(ctx, hc, "http://control", req)
+}
+
 func (h *helper) controller() *http.Client {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -1039,6 +1065,7 @@ func (h *helper) status(ctx context.Context) (Status, error) {
 		s.Role = cs.Role
 	}
 	s.Epoch, s.Holder, s.Fenced, s.Released, s.Lease, s.RenewalAgeMs = cs.Epoch, cs.Holder, cs.Fenced, cs.Released, cs.Lease, cs.RenewalAgeMs
+	s.EtcdCert = cs.EtcdCert
 	if id, ok := h.nodeID(s.Holder); ok {
 		s.Holder = id
 	}
@@ -1083,6 +1110,12 @@ func (h *helper) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		jsonx.Write(w, http.StatusOK, s)
+	case r.URL.Path == reloadPath && r.Method == http.MethodPost:
+		select {
+		case h.reload <- unix.SIGHUP:
+		default: // a read is already due
+		}
+		jsonx.Write(w, http.StatusOK, struct{}{})
 	case r.URL.Path == promotePath && r.Method == http.MethodPost:
 		body, ok := readBody(w, r, maxPrivateBody)
 		if !ok {

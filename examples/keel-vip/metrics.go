@@ -39,6 +39,10 @@ var (
 		"Times the node fenced itself.", []string{"vip", "node"}, nil)
 	metricPromotes = prometheus.NewDesc("keel_vip_promotes_total",
 		"Promotes run on this node, by result (ok: it holds the VIP after it; error).", []string{"vip", "node", "result"}, nil)
+	metricCertExpiry = prometheus.NewDesc("keel_vip_etcd_cert_expiry_timestamp_seconds",
+		"Expiry of the etcd client certificate in use, in Unix seconds. Absent without a client certificate.", []string{"vip", "node"}, nil)
+	metricTLSReloads = prometheus.NewDesc("keel_vip_etcd_tls_reloads_total",
+		"New etcd TLS files the controller was handed, by result: ok (in use for new connections), refused (the current ones stay).", []string{"vip", "node", "result"}, nil)
 	metricHooks = prometheus.NewDesc("keel_vip_hook_runs_total",
 		"Role-change hook runs, by result: ok, failed (a non-zero exit or no start), timeout (killed at its timeout), dropped (a role change that a full queue dropped before its run).", []string{"vip", "node", "result"}, nil)
 )
@@ -58,6 +62,10 @@ type controllerCollector struct {
 	stats     func() claim.Stats
 	promotes  *promoteCounts
 	hooks     *hookRunner // nil: no hook configured, no series
+	// tls is the etcd TLS in use (nil: plain http, no series) and
+	// tlsReloads counts its updates.
+	tls        *etcdTLSRotator
+	tlsReloads *tlsReloads
 }
 
 var _ prometheus.Collector = controllerCollector{}
@@ -65,7 +73,7 @@ var _ prometheus.Collector = controllerCollector{}
 // Describe implements prometheus.Collector.
 func (c controllerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{metricRole, metricEpoch, metricFenced, metricUnchecked, metricCarried,
-		metricLeaseLeft, metricRenewalAge, metricRenewals, metricRenewErrors, metricFences, metricPromotes, metricHooks} {
+		metricLeaseLeft, metricRenewalAge, metricRenewals, metricRenewErrors, metricFences, metricPromotes, metricHooks, metricCertExpiry, metricTLSReloads} {
 		ch <- d
 	}
 }
@@ -108,6 +116,15 @@ func (c controllerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(metricFences, st.Fences)
 	counter(metricPromotes, c.promotes.ok.Load(), "ok")
 	counter(metricPromotes, c.promotes.failed.Load(), "error")
+	if c.tls != nil {
+		if _, na := c.tls.current(); !na.IsZero() {
+			gauge(metricCertExpiry, float64(na.Unix()))
+		}
+		if c.tlsReloads != nil {
+			counter(metricTLSReloads, c.tlsReloads.ok.Load(), "ok")
+			counter(metricTLSReloads, c.tlsReloads.refused.Load(), "refused")
+		}
+	}
 	if c.hooks != nil {
 		hs := c.hooks.Stats()
 		counter(metricHooks, hs.OK, "ok")

@@ -99,3 +99,55 @@ func collectOne(c prometheus.Collector, name string) chan prometheus.Metric {
 	close(out)
 	return out
 }
+
+// TestCertMetricsAndState: the etcd client certificate's expiry is a
+// gauge in Unix seconds with the reloads by result, and its state turns
+// expiring exactly certWarnBefore before the expiry and expired at it.
+func TestCertMetricsAndState(t *testing.T) {
+	na := time.Date(2027, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		now  time.Time
+		want string
+	}{
+		{na.Add(-certWarnBefore - time.Nanosecond), "ok"},
+		{na.Add(-certWarnBefore), "expiring"},
+		{na.Add(-time.Nanosecond), "expiring"},
+		{na, "expired"},
+		{na.Add(time.Hour), "expired"},
+	} {
+		if got := certState(na, c.now); got != c.want {
+			t.Errorf("certState at %v before expiry: %q, want %q", na.Sub(c.now), got, c.want)
+		}
+	}
+	if got := certState(time.Time{}, na); got != "" {
+		t.Errorf("certState without a certificate: %q", got)
+	}
+	rot := &etcdTLSRotator{}
+	rot.cur.Store(&tlsMaterial{notAfter: na, subject: "member-a"})
+	rl := new(tlsReloads)
+	rl.ok.Add(2)
+	rl.refused.Add(1)
+	c := controllerCollector{vip: "fd00::1:100", node: "a", ttl: 20 * time.Second,
+		status: func() claim.Status { return claim.Status{} }, stats: func() claim.Stats { return claim.Stats{} },
+		promotes: new(promoteCounts), tls: rot, tlsReloads: rl}
+	if probs, err := testutil.CollectAndLint(c); err != nil || len(probs) != 0 {
+		t.Fatalf("lint: %v %v", probs, err)
+	}
+	want := `
+# HELP keel_vip_etcd_cert_expiry_timestamp_seconds Expiry of the etcd client certificate in use, in Unix seconds. Absent without a client certificate.
+# TYPE keel_vip_etcd_cert_expiry_timestamp_seconds gauge
+keel_vip_etcd_cert_expiry_timestamp_seconds{node="a",vip="fd00::1:100"} 1.8039024e+09
+# HELP keel_vip_etcd_tls_reloads_total New etcd TLS files the controller was handed, by result: ok (in use for new connections), refused (the current ones stay).
+# TYPE keel_vip_etcd_tls_reloads_total counter
+keel_vip_etcd_tls_reloads_total{node="a",result="ok",vip="fd00::1:100"} 2
+keel_vip_etcd_tls_reloads_total{node="a",result="refused",vip="fd00::1:100"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "keel_vip_etcd_cert_expiry_timestamp_seconds", "keel_vip_etcd_tls_reloads_total"); err != nil {
+		t.Fatal(err)
+	}
+	// Plain http: no series.
+	c.tls, c.tlsReloads = nil, nil
+	if n := testutil.CollectAndCount(c, "keel_vip_etcd_cert_expiry_timestamp_seconds", "keel_vip_etcd_tls_reloads_total"); n != 0 {
+		t.Errorf("plain http: %d TLS series, want none", n)
+	}
+}

@@ -29,6 +29,9 @@ type Status struct {
 	Carried      bool     `json:"carried"`   // the interface carries the VIP (live)
 	RoutedTo     string   `json:"routed_to"` // peer id the VIP /128 is routed to (live); "" when none
 	Drift        []string `json:"drift"`
+	// EtcdCert is the etcd client certificate the controller uses; absent
+	// without one.
+	EtcdCert *CertStatus `json:"etcd_cert,omitempty"`
 }
 
 // WriteText writes s as `keel-vip status` prints it.
@@ -51,6 +54,9 @@ func (s Status) WriteText(w io.Writer) error {
 	}
 	_, err := fmt.Fprintf(w, "vip %s (mesh %s, node %s)\n  role:      %s\n  epoch:     %d\n  holder:    %s\n  fenced:    %s\n  lease:     %s (renewed %s)\n  carried:   %v\n  routed to: %s\n  drift:     %s\n",
 		s.VIP, s.Mesh, s.Node, s.Role, s.Epoch, holder, fence, lease, renew, yesNo(s.Carried), routed, drift)
+	if err == nil && s.EtcdCert != nil {
+		_, err = fmt.Fprintf(w, "  etcd cert: %s, valid until %s (%s)\n", s.EtcdCert.Subject, s.EtcdCert.NotAfter, s.EtcdCert.State)
+	}
 	return err
 }
 

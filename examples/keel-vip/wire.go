@@ -35,6 +35,7 @@ const (
 	carrierPath    = "/carrier"
 	statusPath     = "/status"
 	promotePath    = "/promote"
+	reloadPath     = "/reload"
 	maxPrivateBody = 64 << 10
 )
 
@@ -176,12 +177,23 @@ func callJSON(ctx context.Context, hc *http.Client, method, url string, in, out 
 		if e.Error == "" {
 			e.Error = strings.TrimSpace(string(data))
 		}
-		return fmt.Errorf("keelvip: %s: status %d: %s", url, resp.StatusCode, e.Error)
+		return &callError{url: url, status: resp.StatusCode, msg: e.Error}
 	}
 	if out == nil {
 		return nil
 	}
 	return json.Unmarshal(data, out)
+}
+
+// callError is an answer of callJSON's other than 200 and 409.
+type callError struct {
+	url    string
+	status int
+	msg    string
+}
+
+func (e *callError) Error() string {
+	return fmt.Sprintf("keelvip: %s: status %d: %s", e.url, e.status, e.msg)
 }
 
 func b64Claim(c *claim.Claim) string {
@@ -241,4 +253,14 @@ type controlStatus struct {
 	RenewalAgeMs int64  `json:"renewal_age_ms"`
 	Carried      bool   `json:"carried"`
 	RoutedTo     string `json:"routed_to"`
+	// EtcdCert is the etcd client certificate in use; nil without one.
+	EtcdCert *CertStatus `json:"etcd_cert,omitempty"`
+}
+
+// CertStatus is the etcd client certificate in use, as status shows it.
+type CertStatus struct {
+	Subject  string `json:"subject"`
+	NotAfter string `json:"not_after"` // RFC 3339, UTC
+	// State is ok, expiring (within 14 days) or expired.
+	State string `json:"state"`
 }

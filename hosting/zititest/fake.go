@@ -701,9 +701,10 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.detail(w, id, func() (any, bool) { p, ok := f.policies[id]; return policyJSON(p), ok })
 	case "patchServicePolicy":
 		var p struct {
-			Name          *string   `json:"name"`
-			IdentityRoles *[]string `json:"identityRoles"`
-			ServiceRoles  *[]string `json:"serviceRoles"`
+			Name          *string         `json:"name"`
+			IdentityRoles *[]string       `json:"identityRoles"`
+			ServiceRoles  *[]string       `json:"serviceRoles"`
+			Tags          *map[string]any `json:"tags"`
 		}
 		if !f.decode(w, body, &p) {
 			return
@@ -729,6 +730,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		}
 		if p.ServiceRoles != nil {
 			pol.ServiceRoles = nonNil(*p.ServiceRoles)
+		}
+		if p.Tags != nil {
+			pol.Tags = *p.Tags
 		}
 		f.policies[id] = pol
 		empty(w)

@@ -10,6 +10,11 @@
 //	PATCH  /accounts/{account}/{kind}-shares/{id}   merge               200
 //	DELETE /accounts/{account}/{kind}-shares/{id}   delete              204
 //
+// With Options.Reconciler, the reconciler's dry run, for a request whose
+// scope is every account (any other answers 404):
+//
+//	GET    /reconciler/drift                         dry run: drift listed, nothing repaired 200
+//
 // A POST, PUT or PATCH with the header "nf-validate: true" is the dry run:
 // it validates the share the request would make, with the same rules and
 // messages, writes nothing, and answers 204 or 422.
@@ -112,6 +117,9 @@ type Options struct {
 	// AgentHref is the href of an agent's link; nil means
 	// BasePath + "/accounts/{account}/agents/{agent}".
 	AgentHref func(account, agent string) string
+	// Reconciler, when set, serves GET /reconciler/drift: a dry run of
+	// one pass (hosting.Report as JSON).
+	Reconciler *hosting.Reconciler
 }
 
 // Handler serves the API. It is safe for concurrent use.
@@ -145,6 +153,9 @@ func New(o Options) (*Handler, error) {
 	h.mux.HandleFunc("PATCH /accounts/{account}/{kind}/{id}", h.update(hosting.Patch))
 	h.mux.HandleFunc("DELETE /accounts/{account}/{kind}/{id}", h.delete)
 	h.mux.HandleFunc("/accounts/{account}/{kind}/{id}", h.notAllowed("GET, PUT, PATCH, DELETE"))
+	if o.Reconciler != nil {
+		h.mux.HandleFunc("GET /reconciler/drift", h.drift(o.Reconciler))
+	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no resource at " + r.URL.Path})
 	})
@@ -493,6 +504,22 @@ func (h *Handler) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// drift answers the reconciler's dry run.
+func (h *Handler) drift(rec *hosting.Reconciler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s, ok := ScopeOf(r.Context()); ok && !s.All() {
+			writeProblem(w, r, Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no resource at " + r.URL.Path})
+			return
+		}
+		rep, err := rec.Pass(r.Context(), true)
+		if err != nil && len(rep.Errors) == 0 {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	}
 }
 
 // fail answers err as a problem.

@@ -8,6 +8,7 @@
 //
 //	sharehosts serve -config sharehosts.yaml   run the daemon
 //	sharehosts check-config -config FILE       parse and check a config
+//	sharehosts reconcile -config FILE [-dry-run] one reconciler pass
 //	sharehosts demo                            everything in one process
 //	sharehosts --help | --version
 //
@@ -65,6 +66,8 @@ var commands = []clihelp.Command{
 		Desc: "run the daemon: the hosting REST API, the events on RabbitMQ and the Ziti projection, on PostgreSQL; SIGTERM or SIGINT shuts it down gracefully"},
 	{Synopsis: "check-config [-config FILE]",
 		Desc: "parse and check a config file and print a summary of it; exit 1 with the reason when it is not valid"},
+	{Synopsis: "reconcile [-config FILE] [-dry-run]",
+		Desc: "make one reconciler pass: compare every share's Ziti objects with the database and repair the drift; -dry-run lists it and repairs nothing"},
 	{Synopsis: "demo",
 		Desc: "run everything in one process (PostgreSQL as the tests start it, the model Ziti controller, two simulated tunnelers) and show a failover and the failback"},
 }
@@ -126,6 +129,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if args[0] != "demo" {
 		cfgPath = fs.String("config", "sharehosts.yaml", "the config `FILE` (YAML)")
 	}
+	var dry *bool
+	if args[0] == "reconcile" {
+		dry = fs.Bool("dry-run", false, "list the drift and repair nothing")
+	}
 	// The flag package prints the usage itself on an error and on -h:
 	// the help goes to stdout, an error and the usage to stderr.
 	var msg strings.Builder
@@ -143,6 +150,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "reconcile":
+		c, err := LoadConfig(*cfgPath)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		if _, err := Reconcile(ctx, c, *dry, stdout); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
 	case "serve", "check-config":
 		c, err := LoadConfig(*cfgPath)
 		if err != nil {

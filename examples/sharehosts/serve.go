@@ -53,9 +53,81 @@ func zitiClient(c Config) (*ziti.Client, error) {
 	return ziti.New(c.ZitiURL, ziti.Options{HTTPClient: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Login: login})
 }
 
+// newReconciler makes the daemon's reconciler on the store (whose
+// advisory lock lets one replica reconcile at a time), logging every drift
+// it finds.
+func newReconciler(c Config, st *pgstore.Store, proj *hosting.Projection, logf func(string, ...any)) (*hosting.Reconciler, error) {
+	return hosting.NewReconciler(hosting.ReconcilerOptions{Store: st, Projection: proj, Outbox: st,
+		Interval: c.Reconcile.Interval, Grace: c.Reconcile.Grace, MinGap: c.Reconcile.MinGap, MaxRepairs: c.Reconcile.MaxRepairs,
+		OnDrift: func(d hosting.Drift) { logf("reconciler: %s", FormatDrift(d)) },
+		OnError: func(err error) { logf("reconciler: %v", err) }})
+}
+
+// FormatDrift is a drift on one line, as the log and the reconcile
+// command print it.
+func FormatDrift(d hosting.Drift) string {
+	state := "repaired"
+	switch {
+	case d.Kind == hosting.DriftBroken:
+		state = "not repairable"
+	case d.Held != "":
+		state = "held: " + d.Held
+	case !d.Repaired:
+		state = "repair failed"
+	}
+	s := "share " + d.ShareID + ": " + string(d.Kind)
+	if d.AgentID != "" {
+		s += " agent " + d.AgentID
+	}
+	if d.Object != "" {
+		s += " object " + d.Object
+	}
+	return s + ": " + d.Detail + " (" + state + ")"
+}
+
+// Reconcile makes one reconciler pass against the config's database and
+// controller, printing each drift to out on one line; dry lists the drift
+// and repairs nothing. A pass that finds another reconciler holding the
+// lock returns ErrLocked.
+func Reconcile(ctx context.Context, c Config, dry bool, out io.Writer) (hosting.Report, error) {
+	pool, err := pgxpool.New(ctx, c.PostgresDSN)
+	if err != nil {
+		return hosting.Report{}, fmt.Errorf("sharehosts: postgres: %w", err)
+	}
+	defer pool.Close()
+	zc, err := zitiClient(c)
+	if err != nil {
+		return hosting.Report{}, err
+	}
+	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck, DeploymentID: c.DeploymentID})
+	if err != nil {
+		return hosting.Report{}, err
+	}
+	st := pgstore.New(pool, pgstore.Options{})
+	rec, err := newReconciler(c, st, proj, func(string, ...any) {})
+	if err != nil {
+		return hosting.Report{}, err
+	}
+	rep, err := rec.Pass(ctx, dry)
+	for _, d := range rep.Drifts {
+		fmt.Fprintln(out, FormatDrift(d))
+	}
+	if err == nil && !rep.Locked {
+		err = ErrLocked
+	}
+	if err == nil {
+		fmt.Fprintf(out, "%d drift(s) on %d share(s), %d repair(s), %d held\n", len(rep.Drifts), rep.Shares, rep.Repairs, rep.Held)
+	}
+	return rep, err
+}
+
+// ErrLocked means another reconciler of the deployment holds the lock.
+var ErrLocked = errors.New("sharehosts: another reconciler holds the lock; try again later")
+
 // Serve runs the daemon until ctx is done: it migrates the database,
 // serves the API on c.Listen (or on l, when not nil), consumes agent
-// DELETED events and relays the outbox; then it shuts down gracefully
+// DELETED events, relays the outbox and runs the reconciler (a pass on
+// start, then every reconcile.interval and after a failed compensation); then it shuts down gracefully
 // (the API drains its requests, a cascade in progress commits and is
 // acked). Log lines go to logw.
 func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error {
@@ -81,21 +153,29 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck})
+	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck, DeploymentID: c.DeploymentID})
 	if err != nil {
 		return err
 	}
 	st := pgstore.New(pool, pgstore.Options{})
 	onErr := func(err error) { logf("%v", err) }
+	if c.DeploymentID == "" {
+		logf("warning: no %s: the reconciler deletes no orphaned Ziti object", KeyDeploymentID)
+	}
+	rec, err := newReconciler(c, st, proj, logf)
+	if err != nil {
+		return err
+	}
 	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
 	if err != nil {
 		return err
 	}
-	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
+	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, OnDrift: rec.Kick,
+		Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
 	if err != nil {
 		return err
 	}
-	h, err := api.New(api.Options{Service: svc})
+	h, err := api.New(api.Options{Service: svc, Reconciler: rec})
 	if err != nil {
 		return err
 	}
@@ -112,9 +192,10 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); _ = cons.Run(bg) }()
 	go func() { defer wg.Done(); _ = relay.Run(bg) }()
+	go func() { defer wg.Done(); _ = rec.Run(bg) }()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	logf("serving the API on %s", l.Addr())

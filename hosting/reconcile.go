@@ -74,6 +74,21 @@ type ReconcilerOptions struct {
 	OnDrift func(Drift)
 	// OnError, when set, is told of a pass's failures. It must not block.
 	OnError func(error)
+	// WatchStates makes every pass (not a dry run) read each share's
+	// hosting state after its repairs (Projection.Status), count the
+	// shares per state (Report.States) and, when a share's state differs
+	// from the one the previous pass saw, write a
+	// HOSTING_STATE_CHANGED event into the outbox in the share's
+	// transaction (when the store's Tx is an OutboxTx) and tell
+	// OnStateChange. The first pass after start sees each state for the
+	// first time and announces none.
+	WatchStates bool
+	// OnStateChange, when set, is told of each state change after its
+	// transaction committed. It must not block.
+	OnStateChange func(StateChange)
+	// OnPass, when set, is told of each pass's report (not a dry run's).
+	// It must not block.
+	OnPass func(Report)
 }
 
 // Report is what one pass found and did.
@@ -87,7 +102,14 @@ type Report struct {
 	Repairs int      `json:"repairs"` // writes made
 	Held    int      `json:"held"`
 	Errors  []string `json:"errors,omitempty"`
+	// States counts the live shares by hosting state, with WatchStates;
+	// StateUnknown counts those whose state could not be read.
+	States map[State]int `json:"states,omitempty"`
 }
+
+// StateUnknown is the Report.States key of the shares whose hosting
+// state could not be read (the controller failed).
+const StateUnknown State = "UNKNOWN"
 
 // ReconcileStats are a reconciler's counters since it was made.
 type ReconcileStats struct {
@@ -124,6 +146,9 @@ type Reconciler struct {
 	max    int
 	onD    func(Drift)
 	onE    func(error)
+	watch  bool
+	onS    func(StateChange)
+	onP    func(Report)
 	kick   chan struct{}
 	passes atomic.Uint64
 	skips  atomic.Uint64
@@ -137,6 +162,10 @@ type Reconciler struct {
 	// it; entries go when the object is no longer an orphan.
 	// +checklocks:mu
 	seen map[string]time.Time
+	// states maps a live share to the hosting state the last pass saw;
+	// shares no pass lists any more are dropped.
+	// +checklocks:mu
+	states map[string]State
 }
 
 // NewReconciler checks the options and returns a reconciler.
@@ -149,7 +178,8 @@ func NewReconciler(o ReconcilerOptions) (*Reconciler, error) {
 	}
 	r := &Reconciler{st: o.Store, pr: o.Projection, box: o.Outbox, lk: o.Locker, clk: transport.Or(o.Clock),
 		every: o.Interval, gap: o.MinGap, grace: o.Grace, max: o.MaxRepairs, onD: o.OnDrift, onE: o.OnError,
-		kick: make(chan struct{}, 1), seen: map[string]time.Time{}}
+		watch: o.WatchStates, onS: o.OnStateChange, onP: o.OnPass,
+		kick: make(chan struct{}, 1), seen: map[string]time.Time{}, states: map[string]State{}}
 	if r.lk == nil {
 		if l, ok := o.Store.(ReconcileLocker); ok {
 			r.lk = l
@@ -272,13 +302,24 @@ func (r *Reconciler) Pass(ctx context.Context, dry bool) (Report, error) {
 	}
 	live := map[string]bool{}
 	budget := r.max
+	watch := r.watch && !dry
+	if watch {
+		rep.States = map[State]int{}
+	}
+	var changes []StateChange
 	for _, s := range shares {
 		live[s.ID] = true
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
 		held := !dry && budget <= 0
-		ds, n, err := r.share(ctx, s.ID, dry || held)
+		ds, n, ch, err := r.share(ctx, s.ID, dry || held, watch)
+		if watch && ds != nil {
+			rep.States[ch.To]++
+			if ch.ID != "" {
+				changes = append(changes, ch)
+			}
+		}
 		if held {
 			for i := range ds {
 				if ds[i].Kind != DriftBroken {
@@ -322,14 +363,33 @@ func (r *Reconciler) Pass(ctx context.Context, dry bool) (Report, error) {
 	if len(errs) > 0 {
 		r.errs.Add(uint64(len(errs)))
 	}
+	if watch {
+		r.mu.Lock()
+		for id := range r.states {
+			if !live[id] {
+				delete(r.states, id)
+			}
+		}
+		r.mu.Unlock()
+		if r.onS != nil {
+			for _, c := range changes {
+				r.onS(c)
+			}
+		}
+	}
+	if !dry && r.onP != nil {
+		r.onP(rep)
+	}
 	return rep, errors.Join(errs...)
 }
 
 // share reconciles one share under its row lock. ds is nil when the share
-// is gone or deleted since the listing.
-func (r *Reconciler) share(ctx context.Context, id string, dry bool) (ds []Drift, writes int, err error) {
+// is gone or deleted since the listing. With watch, ch.To is the share's
+// hosting state after the repairs, and ch.ID is set when that state
+// differs from the last pass's (the change is then in the outbox).
+func (r *Reconciler) share(ctx context.Context, id string, dry, watch bool) (ds []Drift, writes int, ch StateChange, err error) {
 	err = r.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
-		ds, writes = nil, 0
+		ds, writes, ch = nil, 0, StateChange{}
 		locked, err := tx.Lock(ctx, id)
 		if errors.Is(err, ErrNotFound) {
 			return nil
@@ -346,14 +406,53 @@ func (r *Reconciler) share(ctx context.Context, id string, dry bool) (ds []Drift
 			return err
 		}
 		d := &driftRun{share: s.ID, dry: dry}
-		err = r.pr.reconcileInto(ctx, d, s, deleted)
+		rerr := r.pr.reconcileInto(ctx, d, s, deleted)
 		ds, writes = d.out, d.writes
 		if ds == nil {
 			ds = []Drift{}
 		}
-		return err
+		if !watch {
+			return rerr
+		}
+		ch = StateChange{Share: s, To: StateUnknown, At: r.clk.Now()}
+		h, serr := r.pr.Status(ctx, s)
+		if serr != nil {
+			return rerr // not known: no change announced, the last state kept
+		}
+		ch.To, ch.Hosting = h.State, *h
+		r.mu.Lock()
+		prev, seen := r.states[s.ID]
+		r.mu.Unlock()
+		if !seen || prev == h.State {
+			r.setState(s.ID, h.State)
+			return rerr
+		}
+		ch.ID, ch.From = NewID(), prev
+		if ob, ok := tx.(OutboxTx); ok {
+			m, err := ch.Message()
+			if err != nil {
+				return errors.Join(rerr, err)
+			}
+			if err := ob.AddEvents(ctx, []EventMessage{m}); err != nil {
+				return errors.Join(rerr, err)
+			}
+		}
+		return rerr
 	})
-	return ds, writes, err
+	if err != nil {
+		ch.ID = "" // rolled back: not announced, seen again next pass
+		return ds, writes, ch, err
+	}
+	if ch.ID != "" {
+		r.setState(id, ch.To)
+	}
+	return ds, writes, ch, nil
+}
+
+func (r *Reconciler) setState(id string, s State) {
+	r.mu.Lock()
+	r.states[id] = s
+	r.mu.Unlock()
 }
 
 // pendingShares returns the share ids the pending outbox names, and

@@ -2,6 +2,7 @@ package hosting_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -452,5 +453,72 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in a minute")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// With WatchStates, a pass counts the shares per hosting state, and a
+// state that changed since the last pass is written into the outbox as a
+// HOSTING_STATE_CHANGED event and told to OnStateChange; the first pass
+// only learns the states.
+func TestReconcilerAnnouncesHostingStateChanges(t *testing.T) {
+	var seen []hosting.StateChange
+	var reports []hosting.Report
+	e := newReconEnv(t, func(o *hosting.ReconcilerOptions) {
+		o.WatchStates = true
+		o.OnStateChange = func(c hosting.StateChange) { seen = append(seen, c) }
+		o.OnPass = func(r hosting.Report) { reports = append(reports, r) }
+	})
+	e.agents(account, "a1", "p1")
+	s := e.create("db", []string{"a1"}, []string{"p1"})
+	z := e.zitiOf(s.ID)
+	ta := e.fake.AddTerminator(z.service.ID, e.ident["a1"], ziti.PrecedenceRequired)
+	e.fake.AddTerminator(z.service.ID, e.ident["p1"], ziti.PrecedenceDefault)
+	ob := e.store.(hosting.Outbox)
+	pending := func() []hosting.OutboxEntry {
+		es, err := ob.Pending(e.ctx, 100)
+		must(t, err)
+		return es
+	}
+	rep := e.pass(false)
+	if rep.States[hosting.Healthy] != 1 || len(seen) != 0 || len(pending()) != 0 {
+		t.Fatalf("first pass: states %v, changes %v, outbox %v", rep.States, seen, pending())
+	}
+	e.fake.RemoveTerminator(ta)
+	rep = e.pass(false)
+	if rep.States[hosting.FailedOver] != 1 || len(seen) != 1 || seen[0].From != hosting.Healthy || seen[0].To != hosting.FailedOver || seen[0].Share.ID != s.ID {
+		t.Fatalf("failover: states %v, changes %+v", rep.States, seen)
+	}
+	es := pending()
+	if len(es) != 1 || es[0].RoutingKey != "share.HOSTING_STATE_CHANGED" || es[0].ID != seen[0].ID {
+		t.Fatalf("outbox %+v", es)
+	}
+	var body struct {
+		Type string `json:"type"`
+		Data struct {
+			ID    string `json:"id"`
+			From  string `json:"from"`
+			To    string `json:"to"`
+			Hosts []struct {
+				AgentID    string `json:"agentId"`
+				Precedence string `json:"precedence"`
+			} `json:"hosts"`
+		} `json:"data"`
+	}
+	must(t, json.Unmarshal(es[0].Body, &body))
+	if body.Type != "HOSTING_STATE_CHANGED" || body.Data.ID != s.ID || body.Data.From != "HEALTHY" || body.Data.To != "FAILED_OVER" ||
+		len(body.Data.Hosts) != 2 || body.Data.Hosts[1].AgentID != "p1" || body.Data.Hosts[1].Precedence != "default" {
+		t.Fatalf("body %s", es[0].Body)
+	}
+	// No change, no event.
+	if e.pass(false); len(seen) != 1 || len(pending()) != 1 {
+		t.Fatalf("unchanged: %v", seen)
+	}
+	e.fake.AddTerminator(z.service.ID, e.ident["a1"], ziti.PrecedenceRequired)
+	if e.pass(false); len(seen) != 2 || seen[1].From != hosting.FailedOver || seen[1].To != hosting.Healthy {
+		t.Fatalf("failback: %+v", seen)
+	}
+	// A dry run neither counts states nor reports to OnPass.
+	if rep := e.pass(true); rep.States != nil || len(reports) != 4 {
+		t.Fatalf("dry run: %v, %d reports", rep.States, len(reports))
 	}
 }

@@ -258,6 +258,14 @@ func (f *Fake) AddTerminator(serviceID, hostID, precedence string) string {
 	return id
 }
 
+// RemoveTerminator removes a terminator that AddTerminator added (a host
+// that stopped, for a test of the hosting state).
+func (f *Fake) RemoveTerminator(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.terms, id)
+}
+
 // FailNext makes the next calls of operationID answer the statuses, in
 // order, with an error envelope (for fault injection); a 0 lets that call
 // through.

@@ -3,6 +3,7 @@ package sharehosts
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"sort"
@@ -42,6 +43,9 @@ const (
 	KeyReconcileGrace      = "reconcile.orphan-grace"
 	KeyReconcileMaxRepairs = "reconcile.max-repairs"
 	KeyReconcileMinGap     = "reconcile.min-gap"
+	// KeyMetricsListen is the loopback address of the Prometheus
+	// metrics (GET /metrics); absent serves none.
+	KeyMetricsListen = "metrics.listen"
 )
 
 // ErrConfig means the config file is missing a setting, has one out of range,
@@ -75,6 +79,9 @@ type Config struct {
 	// DeploymentID is hosting.ProjectionOptions.DeploymentID ("" turns
 	// the orphan clean-up off).
 	DeploymentID string
+	// MetricsListen is the loopback address of GET /metrics ("" for
+	// none).
+	MetricsListen string
 	// Reconcile holds the reconciler's interval, orphan grace, minimum
 	// gap and repair bound (0: the hosting defaults).
 	Reconcile ReconcileConfig
@@ -88,7 +95,7 @@ type ReconcileConfig struct {
 	MaxRepairs int
 }
 
-var known = []string{KeyDeploymentID, KeyReconcileInterval, KeyReconcileGrace, KeyReconcileMaxRepairs, KeyReconcileMinGap, KeyFrontdoorID, KeyListen, KeyPostgresDSN, KeyAMQPURL, KeyZitiURL, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey, KeyZitiCA,
+var known = []string{KeyMetricsListen, KeyDeploymentID, KeyReconcileInterval, KeyReconcileGrace, KeyReconcileMaxRepairs, KeyReconcileMinGap, KeyFrontdoorID, KeyListen, KeyPostgresDSN, KeyAMQPURL, KeyZitiURL, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey, KeyZitiCA,
 	hosting.SettingInterval, hosting.SettingTimeout, hosting.SettingFailures, hosting.SettingMaxHosts}
 
 // LoadConfig reads and checks a YAML config file.
@@ -232,6 +239,14 @@ func ParseConfig(b []byte) (Config, error) {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
 	}
 	c.DeploymentID, _ = get(KeyDeploymentID)
+	if v, _ := get(KeyMetricsListen); v != "" {
+		host, _, err := net.SplitHostPort(v)
+		ip := net.ParseIP(host)
+		if err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+			errs = append(errs, fmt.Errorf("%w: %s is %q, want a loopback host:port", ErrConfig, KeyMetricsListen, v))
+		}
+		c.MetricsListen = v
+	}
 	dur := func(k string, least time.Duration) time.Duration {
 		v, ok := get(k)
 		if !ok || v == "" {

@@ -164,7 +164,7 @@ func TestReconcilerRepairsAfterSIGKILL(t *testing.T) {
 	if err := os.WriteFile(slow, []byte(cfgText+"reconcile:\n  interval: 1h\n  orphan-grace: 1h\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(cfg, []byte(cfgText+"reconcile:\n  interval: 2s\n  orphan-grace: 1s\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(cfgText+"reconcile:\n  interval: 2s\n  orphan-grace: 1s\nmetrics.listen: 127.0.0.1:0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	pool, err := pgxpool.New(ctx, dsn)
@@ -273,6 +273,24 @@ func TestReconcilerRepairsAfterSIGKILL(t *testing.T) {
 	}
 	if st, body, err := d.do(t, "GET", base+"/"+id, ""); err != nil || st != 200 || !strings.Contains(body, `"activeAgentIds":["a1"]`) || strings.Contains(body, `"problem"`) {
 		t.Fatalf("get: %d %s %v", st, body, err)
+	}
+	// Its metrics count the repairs.
+	ma := regexp.MustCompile(`serving metrics on (\S+)`).FindStringSubmatch(d.logs.String())
+	if ma == nil {
+		t.Fatalf("no metrics: %s", d.logs.String())
+	}
+	resp, err := http.Get("http://" + ma[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mb bytes.Buffer
+	_, _ = mb.ReadFrom(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`hosting_reconciler_repairs_total{kind="OVERRIDE_STRAY"} 1`, `hosting_reconciler_repairs_total{kind="OVERRIDE_MISSING"} 1`,
+		`hosting_reconciler_repairs_total{kind="ORPHAN"} 3`, `hosting_api_requests_total{code="200",route="GET /accounts/{account}/{kind}/{id}"} 1`} {
+		if !strings.Contains(mb.String(), want) {
+			t.Fatalf("metrics lack %s:\n%s", want, mb.String())
+		}
 	}
 	d.stop(t)
 	logs := d.logs.String()

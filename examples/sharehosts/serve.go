@@ -15,10 +15,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/events"
+	"github.com/vipkit/vipkit/hosting/hostingmetrics"
 	"github.com/vipkit/vipkit/hosting/pgstore"
 	"github.com/vipkit/vipkit/hosting/ziti"
 )
@@ -27,7 +30,7 @@ import (
 const ShutdownTimeout = 15 * time.Second
 
 // zitiClient builds the controller client with the configured login.
-func zitiClient(c Config) (*ziti.Client, error) {
+func zitiClient(c Config, onErr func(op string, err error)) (*ziti.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.ZitiCA != "" {
@@ -50,17 +53,27 @@ func zitiClient(c Config) (*ziti.Client, error) {
 		tr.TLSClientConfig.Certificates = []tls.Certificate{cert}
 		login = ziti.CertLogin()
 	}
-	return ziti.New(c.ZitiURL, ziti.Options{HTTPClient: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Login: login})
+	return ziti.New(c.ZitiURL, ziti.Options{HTTPClient: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Login: login, OnError: onErr})
 }
 
 // newReconciler makes the daemon's reconciler on the store (whose
 // advisory lock lets one replica reconcile at a time), logging every drift
 // it finds.
-func newReconciler(c Config, st *pgstore.Store, proj *hosting.Projection, logf func(string, ...any)) (*hosting.Reconciler, error) {
-	return hosting.NewReconciler(hosting.ReconcilerOptions{Store: st, Projection: proj, Outbox: st,
+// With m (the daemon's metrics), it also counts repairs and shares per
+// hosting state, and announces state changes.
+func newReconciler(c Config, st *pgstore.Store, proj *hosting.Projection, logf func(string, ...any), m *hostingmetrics.Metrics) (*hosting.Reconciler, error) {
+	o := hosting.ReconcilerOptions{Store: st, Projection: proj, Outbox: st,
 		Interval: c.Reconcile.Interval, Grace: c.Reconcile.Grace, MinGap: c.Reconcile.MinGap, MaxRepairs: c.Reconcile.MaxRepairs,
 		OnDrift: func(d hosting.Drift) { logf("reconciler: %s", FormatDrift(d)) },
-		OnError: func(err error) { logf("reconciler: %v", err) }})
+		OnError: func(err error) { logf("reconciler: %v", err) }}
+	if m != nil {
+		o.OnDrift = func(d hosting.Drift) { logf("reconciler: %s", FormatDrift(d)); m.Drift(d) }
+		o.OnPass, o.WatchStates = m.Pass, true
+		o.OnStateChange = func(sc hosting.StateChange) {
+			logf("share %s: hosting state %s -> %s", sc.Share.ID, sc.From, sc.To)
+		}
+	}
+	return hosting.NewReconciler(o)
 }
 
 // FormatDrift is a drift on one line, as the log and the reconcile
@@ -95,7 +108,7 @@ func Reconcile(ctx context.Context, c Config, dry bool, out io.Writer) (hosting.
 		return hosting.Report{}, fmt.Errorf("sharehosts: postgres: %w", err)
 	}
 	defer pool.Close()
-	zc, err := zitiClient(c)
+	zc, err := zitiClient(c, nil)
 	if err != nil {
 		return hosting.Report{}, err
 	}
@@ -104,7 +117,7 @@ func Reconcile(ctx context.Context, c Config, dry bool, out io.Writer) (hosting.
 		return hosting.Report{}, err
 	}
 	st := pgstore.New(pool, pgstore.Options{})
-	rec, err := newReconciler(c, st, proj, func(string, ...any) {})
+	rec, err := newReconciler(c, st, proj, func(string, ...any) {}, nil)
 	if err != nil {
 		return hosting.Report{}, err
 	}
@@ -149,7 +162,15 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		return fmt.Errorf("sharehosts: migrate: %w", err)
 	}
 	logf("database migrated")
-	zc, err := zitiClient(c)
+	var cons *events.Consumer
+	st := pgstore.New(pool, pgstore.Options{})
+	met := hostingmetrics.New(hostingmetrics.Options{Outbox: st, DeadLettered: func() int64 {
+		if cons == nil {
+			return 0
+		}
+		return cons.Stats().DeadLettered
+	}})
+	zc, err := zitiClient(c, met.ZitiError)
 	if err != nil {
 		return err
 	}
@@ -157,12 +178,11 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	st := pgstore.New(pool, pgstore.Options{})
 	onErr := func(err error) { logf("%v", err) }
 	if c.DeploymentID == "" {
 		logf("warning: no %s: the reconciler deletes no orphaned Ziti object", KeyDeploymentID)
 	}
-	rec, err := newReconciler(c, st, proj, logf)
+	rec, err := newReconciler(c, st, proj, logf, met)
 	if err != nil {
 		return err
 	}
@@ -175,11 +195,11 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	h, err := api.New(api.Options{Service: svc, Reconciler: rec})
+	h, err := api.New(api.Options{Service: svc, Reconciler: rec, Observe: met.Request})
 	if err != nil {
 		return err
 	}
-	cons, err := events.NewConsumer(events.ConsumerOptions{URL: c.AMQPURL, Handler: svc, OnError: onErr})
+	cons, err = events.NewConsumer(events.ConsumerOptions{URL: c.AMQPURL, Handler: svc, OnError: onErr})
 	if err != nil {
 		return err
 	}
@@ -197,6 +217,22 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	go func() { defer wg.Done(); _ = relay.Run(bg) }()
 	go func() { defer wg.Done(); _ = rec.Run(bg) }()
 	served := make(chan error, 1)
+	var msrv *http.Server
+	if c.MetricsListen != "" {
+		ml, err := net.Listen("tcp", c.MetricsListen)
+		if err != nil {
+			stopBG()
+			wg.Wait()
+			return fmt.Errorf("sharehosts: metrics listen: %w", err)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(met)
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(ml) }()
+		logf("serving metrics on %s", ml.Addr())
+	}
 	go func() { served <- srv.Serve(l) }()
 	logf("serving the API on %s", l.Addr())
 	var serr error
@@ -208,6 +244,9 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	if msrv != nil {
+		err = errors.Join(err, msrv.Shutdown(sctx))
+	}
 	stopBG()
 	wg.Wait()
 	if errors.Is(serr, http.ErrServerClosed) {

@@ -110,11 +110,12 @@ func TestConfig(t *testing.T) {
 		"list elsewhere":       {"frontdoor-id: fd-1", "frontdoor-id: [fd-1]", "frontdoor-id: a list is not a setting"},
 		"no tokens": {"  tokens:\n    ops:\n      token: \"ops-token-0123456789\"\n      accounts: all\n    tenant-a:\n      token: \"tenant-a-token-0123456789\"\n      accounts: [acct-1, acct-3]\n", "  tokens:\n",
 			"api.tokens needs at least one token: api.tokens.<principal>.token and .accounts"},
-		"no ziti credential":  {"  username: admin\n  password: secret\n", "", "give either ziti.username and ziti.password, or ziti.cert-file and ziti.key-file"},
-		"no amqp":             {"amqp.url: amqp://guest:guest@127.0.0.1:5672/\n", "", "amqp.url is missing"},
-		"reconcile interval":  {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.interval: 10ms", "reconcile.interval is 10ms, under 1s"},
-		"reconcile grace bad": {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.orphan-grace: soon", `reconcile.orphan-grace: time: invalid duration "soon"`},
-		"max repairs 0":       {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.max-repairs: 0", `reconcile.max-repairs is "0", want an integer of at least 1`},
+		"no ziti credential":   {"  username: admin\n  password: secret\n", "", "give either ziti.username and ziti.password, or ziti.cert-file and ziti.key-file"},
+		"no amqp":              {"amqp.url: amqp://guest:guest@127.0.0.1:5672/\n", "", "amqp.url is missing"},
+		"reconcile interval":   {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.interval: 10ms", "reconcile.interval is 10ms, under 1s"},
+		"reconcile grace bad":  {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.orphan-grace: soon", `reconcile.orphan-grace: time: invalid duration "soon"`},
+		"metrics not loopback": {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nmetrics.listen: 0.0.0.0:9000", `metrics.listen is "0.0.0.0:9000", want a loopback host:port`},
+		"max repairs 0":        {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.max-repairs: 0", `reconcile.max-repairs is "0", want an integer of at least 1`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -20,10 +20,10 @@ const (
 	// DefaultMinReconcileGap is the least time between two passes that
 	// Kick starts, so that a burst of failed compensations makes one pass.
 	DefaultMinReconcileGap = 10 * time.Second
-	// MaxTrackedOrphans bounds the orphans whose first sighting the
-	// reconciler remembers; one over it is held (HeldTracking) until the
-	// others are gone.
-	MaxTrackedOrphans = 10000
+	// DefaultMaxTrackedOrphans bounds the orphans whose first sighting
+	// the reconciler remembers; one over it is held (HeldTracking) until
+	// the others are gone.
+	DefaultMaxTrackedOrphans = 10000
 	// outboxScan is how many pending outbox entries a pass reads to learn
 	// which shares they name; a full page holds every orphan (the outbox
 	// may name more).
@@ -69,6 +69,11 @@ type ReconcilerOptions struct {
 	// shares left is listed and held (HeldRateLimit) until the next
 	// pass. 0 means DefaultMaxRepairs.
 	MaxRepairs int
+	// MaxTracked bounds the orphans whose first sighting is remembered
+	// (the memory of the grace period); an orphan over it is held
+	// (HeldTracking) until others are gone. 0 means
+	// DefaultMaxTrackedOrphans.
+	MaxTracked int
 	// OnDrift, when set, is told of every drift a pass found (repaired,
 	// held or broken), for logs and metrics. It must not block.
 	OnDrift func(Drift)
@@ -144,6 +149,7 @@ type Reconciler struct {
 	gap    time.Duration
 	grace  time.Duration
 	max    int
+	track  int
 	onD    func(Drift)
 	onE    func(error)
 	watch  bool
@@ -173,11 +179,11 @@ func NewReconciler(o ReconcilerOptions) (*Reconciler, error) {
 	if o.Store == nil || o.Projection == nil {
 		return nil, fmt.Errorf("%w: a reconciler needs a store and a projection", ErrInvalidOptions)
 	}
-	if o.Interval < 0 || o.Grace < 0 || o.MinGap < 0 || o.MaxRepairs < 0 {
-		return nil, fmt.Errorf("%w: negative reconciler interval, gap, grace or repair bound", ErrInvalidOptions)
+	if o.Interval < 0 || o.Grace < 0 || o.MinGap < 0 || o.MaxRepairs < 0 || o.MaxTracked < 0 {
+		return nil, fmt.Errorf("%w: negative reconciler interval, gap, grace, repair or tracking bound", ErrInvalidOptions)
 	}
 	r := &Reconciler{st: o.Store, pr: o.Projection, box: o.Outbox, lk: o.Locker, clk: transport.Or(o.Clock),
-		every: o.Interval, gap: o.MinGap, grace: o.Grace, max: o.MaxRepairs, onD: o.OnDrift, onE: o.OnError,
+		every: o.Interval, gap: o.MinGap, grace: o.Grace, max: o.MaxRepairs, track: o.MaxTracked, onD: o.OnDrift, onE: o.OnError,
 		watch: o.WatchStates, onS: o.OnStateChange, onP: o.OnPass,
 		kick: make(chan struct{}, 1), seen: map[string]time.Time{}, states: map[string]State{}}
 	if r.lk == nil {
@@ -198,6 +204,9 @@ func NewReconciler(o ReconcilerOptions) (*Reconciler, error) {
 	}
 	if r.max == 0 {
 		r.max = DefaultMaxRepairs
+	}
+	if r.track == 0 {
+		r.track = DefaultMaxTrackedOrphans
 	}
 	return r, nil
 }
@@ -492,10 +501,28 @@ func (r *Reconciler) orphans(ctx context.Context, live map[string]bool, dry bool
 	if err != nil {
 		return nil, 0, err
 	}
-	now, grace := r.clk.Now(), r.grace
+	now, grace, track := r.clk.Now(), r.grace, r.track
 	var out []Drift
 	writes := 0
+	// Forget the orphans that are gone first, so that they free their
+	// place in the tracking bound for this pass.
 	current := map[string]bool{}
+	for _, sh := range dp.shares() {
+		if !live[sh] {
+			for _, o := range dp.orphanIDs(sh) {
+				current[o.id] = true
+			}
+		}
+	}
+	if !dry {
+		r.mu.Lock()
+		for id := range r.seen {
+			if !current[id] {
+				delete(r.seen, id)
+			}
+		}
+		r.mu.Unlock()
+	}
 	var errs []error
 	for _, sh := range dp.shares() {
 		if live[sh] {
@@ -510,10 +537,9 @@ func (r *Reconciler) orphans(ctx context.Context, live map[string]bool, dry bool
 		var cands []cand
 		r.mu.Lock()
 		for _, o := range objs {
-			current[o.id] = true
 			first, ok := r.seen[o.id]
 			if !ok && !dry {
-				if len(r.seen) >= MaxTrackedOrphans {
+				if len(r.seen) >= track {
 					cands = append(cands, cand{o, HeldTracking})
 					continue
 				}
@@ -567,6 +593,9 @@ func (r *Reconciler) orphans(ctx context.Context, live map[string]bool, dry bool
 					d.Repaired = true
 					writes++
 					*budget--
+					r.mu.Lock()
+					delete(r.seen, c.o.id)
+					r.mu.Unlock()
 				}
 				out = append(out, d)
 			}
@@ -575,15 +604,6 @@ func (r *Reconciler) orphans(ctx context.Context, live map[string]bool, dry bool
 		if err != nil {
 			errs = append(errs, err)
 		}
-	}
-	if !dry {
-		r.mu.Lock()
-		for id := range r.seen {
-			if !current[id] {
-				delete(r.seen, id)
-			}
-		}
-		r.mu.Unlock()
 	}
 	return out, writes, errors.Join(errs...)
 }

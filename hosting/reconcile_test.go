@@ -522,3 +522,49 @@ func TestReconcilerAnnouncesHostingStateChanges(t *testing.T) {
 		t.Fatalf("dry run: %v, %d reports", rep.States, len(reports))
 	}
 }
+
+// The memory of first sightings is bounded: with MaxTracked 4 and six
+// orphaned objects, four are tracked and two held until the first four
+// are gone; then those two are tracked and go after their own grace.
+// (With MaxTracked at 4 the fourth object is tracked and the fifth is
+// held: the bound is reached, not passed.)
+func TestReconcilerTracksAtMostMaxTrackedOrphans(t *testing.T) {
+	e := newReconEnv(t, func(o *hosting.ReconcilerOptions) { o.MaxTracked = 4 })
+	e.agents(account, "a1")
+	for _, n := range []string{"g1", "g2"} {
+		s := hosting.Share{ID: hosting.NewID(), AccountID: account, Name: n, Kind: hosting.KindTCP, TargetAddress: "10.0.0.5", TargetPort: 5432,
+			Hosts: hosting.NewHosts([]string{"a1"}, nil)}
+		must(t, e.proj.Project(e.ctx, s)) // host.v1, service, bind policy
+	}
+	objects := func() int {
+		st := e.fake.Snapshot()
+		return len(st.Services) + len(st.Configs) + len(st.Policies)
+	}
+	count := func(rep hosting.Report, held string) int {
+		n := 0
+		for _, d := range rep.Drifts {
+			if d.Held == held {
+				n++
+			}
+		}
+		return n
+	}
+	rep := e.pass(false)
+	if count(rep, hosting.HeldGrace) != 4 || count(rep, hosting.HeldTracking) != 2 {
+		t.Fatalf("first pass: %+v", rep.Drifts)
+	}
+	e.clk.Advance(time.Minute)
+	// The four go, which frees their places: the last two are tracked
+	// in the same pass.
+	rep = e.pass(false)
+	if rep.Repairs != 4 || count(rep, hosting.HeldGrace) != 2 || count(rep, hosting.HeldTracking) != 0 || objects() != 2 {
+		t.Fatalf("at grace: %+v, %d objects", rep, objects())
+	}
+	e.clk.Advance(time.Minute)
+	if rep := e.pass(false); rep.Repairs != 2 || objects() != 0 {
+		t.Fatalf("last pass: %+v, %d objects", rep, objects())
+	}
+	if _, err := hosting.NewReconciler(hosting.ReconcilerOptions{Store: e.store, Projection: e.proj, MaxTracked: -1}); !errors.Is(err, hosting.ErrInvalidOptions) {
+		t.Fatalf("negative bound: %v", err)
+	}
+}

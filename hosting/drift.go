@@ -171,6 +171,9 @@ func (p *Projection) reconcileInto(ctx context.Context, d *driftRun, s Share, de
 		if err != nil {
 			return err
 		}
+		if len(ids) == 0 {
+			d.broken(a, fmt.Sprintf("active %s: %s; it cannot bind", a, ProblemNoIdentity))
+		}
 		activeIDs[a] = ids
 	}
 	passiveID := map[string]string{}

@@ -232,18 +232,21 @@ func TestReconcilerRemovesAStrayStandbyConfig(t *testing.T) {
 }
 
 // A passive whose agent has no identity is reported and kept off the bind
-// policy; nothing is written for it.
+// policy; nothing is written for it. An active with none is reported and
+// stays on the policy, as an update leaves it.
 func TestReconcilerReportsABrokenHost(t *testing.T) {
 	e := newReconEnv(t, nil)
 	e.agents(account, "a1", "p1", "p2")
 	s := e.create("db", []string{"a1"}, []string{"p1", "p2"})
 	e.fake.DeleteIdentity(e.ident["p2"])
+	e.fake.DeleteIdentity(e.ident["a1"])
 	rep := e.pass(false)
-	if got := kinds(rep.Drifts); !slices.Equal(got, []string{"BIND_POLICY", "BROKEN"}) {
+	if got := kinds(rep.Drifts); !slices.Equal(got, []string{"BIND_POLICY", "BROKEN", "BROKEN"}) {
 		t.Fatalf("report %+v", rep)
 	}
 	z := e.zitiOf(s.ID)
-	if slices.Contains(z.policy.IdentityRoles, hosting.AgentRole("p2")) || !slices.Contains(z.policy.IdentityRoles, hosting.AgentRole("p1")) {
+	if slices.Contains(z.policy.IdentityRoles, hosting.AgentRole("p2")) || !slices.Contains(z.policy.IdentityRoles, hosting.AgentRole("p1")) ||
+		!slices.Contains(z.policy.IdentityRoles, hosting.AgentRole("a1")) {
 		t.Fatalf("policy %v", z.policy.IdentityRoles)
 	}
 	if e.rec.Stats().Broken == 0 {

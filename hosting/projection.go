@@ -430,6 +430,10 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 	return o, nil
 }
 
+// errCompensation marks the failure of a clean-up that undoes Ziti
+// writes: Ziti may then hold objects the store does not.
+var errCompensation = errors.New("hosting: Ziti clean-up failed")
+
 // Project creates a new share's objects: host.v1, service, the standby
 // config when it has passives, each passive's override, then the bind
 // policy. Identities are looked up first, so a failed lookup leaves nothing
@@ -445,7 +449,9 @@ func (p *Projection) Project(ctx context.Context, s Share) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, p.DeProject(context.WithoutCancel(ctx), s))
+			if derr := p.DeProject(context.WithoutCancel(ctx), s); derr != nil {
+				err = errors.Join(err, fmt.Errorf("%w: %w", errCompensation, derr))
+			}
 		}
 	}()
 	hc, err := p.z.CreateConfig(ctx, ziti.ConfigCreate{Name: p.hostConfigName(s), ConfigTypeID: ct, Data: p.HostConfigData(s, ziti.PrecedenceRequired), Tags: p.tags(s)})

@@ -571,3 +571,38 @@ func TestReconcilerTracksAtMostMaxTrackedOrphans(t *testing.T) {
 		t.Fatalf("negative bound: %v", err)
 	}
 }
+
+// A create whose projection fails and whose own clean-up fails too
+// leaves objects in Ziti: it kicks the reconciler as well.
+func TestFailedProjectCleanupKicksTheReconciler(t *testing.T) {
+	e := newReconEnv(t, nil)
+	kicked := 0
+	svc, err := hosting.NewService(hosting.Options{Store: e.store, Projection: e.proj, Clock: e.clk, OnDrift: func() { kicked++ }})
+	must(t, err)
+	e.svc = svc
+	e.agents(account, "a1")
+	// The bind policy fails, then the clean-up's service delete.
+	e.fake.FailNext("createServicePolicy", 503)
+	e.fake.FailNext("deleteService", 503)
+	if _, err := e.svc.Create(e.ctx, hosting.Share{AccountID: account, Name: "db", Kind: hosting.KindTCP, TargetAddress: "10.0.0.5", TargetPort: 5432},
+		hosting.Update{Active: hosting.Of("a1")}); err == nil {
+		t.Fatal("create succeeded")
+	}
+	if kicked != 1 {
+		t.Fatalf("OnDrift called %d times", kicked)
+	}
+	// A create refused before any write does not kick.
+	if _, err := e.svc.Create(e.ctx, hosting.Share{AccountID: account, Name: "db", Kind: hosting.KindTCP, TargetAddress: "10.0.0.5", TargetPort: 5432},
+		hosting.Update{Active: hosting.Of("nobody")}); err == nil || kicked != 1 {
+		t.Fatalf("refused create: %v, kicked %d", err, kicked)
+	}
+	// The pass removes what the failed create left, after the grace.
+	e.pass(false)
+	e.clk.Advance(time.Minute)
+	if rep := e.pass(false); rep.Repairs != 2 {
+		t.Fatalf("orphans: %+v", rep)
+	}
+	if st := e.fake.Snapshot(); len(st.Services)+len(st.Configs)+len(st.Policies) != 0 {
+		t.Fatalf("left: %+v", st)
+	}
+}

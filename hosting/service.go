@@ -161,6 +161,8 @@ func (sv *Service) Create(ctx context.Context, s Share, u Update) (Share, error)
 			cerr := sv.pr.DeProject(context.WithoutCancel(ctx), next)
 			sv.drifted(cerr)
 			err = errors.Join(err, cerr)
+		} else if errors.Is(err, errCompensation) {
+			sv.drifted(err) // Project's own clean-up failed
 		}
 		return Share{}, err
 	}

@@ -166,6 +166,10 @@ func New(o Options) (*Handler, error) {
 	h.handle("/accounts/{account}/{kind}/{id}", h.notAllowed("GET, PUT, PATCH, DELETE"))
 	if o.Reconciler != nil {
 		h.handle("GET /reconciler/drift", h.drift(o.Reconciler))
+		h.handle("/reconciler/drift", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", "GET")
+			writeProblem(w, r, Problem{Type: TypeMethod, Title: "Method not allowed", Status: http.StatusMethodNotAllowed, Detail: r.Method + " is not allowed here; allowed: GET"})
+		})
 	}
 	h.handle("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no resource at " + r.URL.Path})

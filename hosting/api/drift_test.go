@@ -74,7 +74,7 @@ func TestReconcilerDriftDryRun(t *testing.T) {
 	if a := e.do("GET", "/v1/reconciler/drift", "", nil); a.status != http.StatusNotFound || a.problem(t).Type != api.TypeNotFound {
 		t.Fatalf("tenant-a: %d %s", a.status, a.body)
 	}
-	if a := e.do("POST", "/v1/reconciler/drift", "", map[string]string{"Authorization": "Bearer " + opsToken}); a.status != http.StatusMethodNotAllowed && a.status != http.StatusNotFound {
+	if a := e.do("POST", "/v1/reconciler/drift", "", map[string]string{"Authorization": "Bearer " + opsToken}); a.status != http.StatusMethodNotAllowed || a.problem(t).Type != api.TypeMethod || a.header.Get("Allow") != "GET" {
 		t.Fatalf("POST: %d %s", a.status, a.body)
 	}
 }

@@ -20,6 +20,12 @@
 // and the cap on hosts are under frontdoor's property names:
 //
 //	frontdoor-id: fd-1
+//	deployment-id: fd-1-prod               # tags Ziti objects; orphans are removed only with it
+//	metrics.listen: 127.0.0.1:9446         # optional: GET /metrics (loopback only)
+//	reconcile:                             # optional, the defaults shown
+//	  interval: 5m
+//	  orphan-grace: 10m
+//	  max-repairs: 100
 //	api:
 //	  listen: 127.0.0.1:8080
 //	  tokens:
@@ -41,7 +47,9 @@
 //	    failures: 3
 //
 // serve runs the migrations on start and shuts down gracefully on SIGTERM
-// or SIGINT. demo needs no external Ziti and no broker: PostgreSQL started
+// or SIGINT. It runs the reconciler (docs/hosting-reconciler.md): on
+// start, every reconcile.interval and after a failed compensation;
+// reconcile makes one pass, and with -dry-run only lists the drift. demo needs no external Ziti and no broker: PostgreSQL started
 // as the tests start it, the model controller (hosting/zititest) in
 // process, and two simulated agents; its output shows a failover from the
 // active to the passive. The model controller is the stand-in for a real

@@ -118,7 +118,7 @@ const StateUnknown State = "UNKNOWN"
 
 // ReconcileStats are a reconciler's counters since it was made.
 type ReconcileStats struct {
-	Passes  uint64
+	Passes  uint64 // passes made, dry runs not counted
 	Skipped uint64 // passes that found the lock held elsewhere
 	Repairs uint64
 	Held    uint64
@@ -299,7 +299,9 @@ func (r *Reconciler) Pass(ctx context.Context, dry bool) (Report, error) {
 		defer unlock()
 	}
 	rep.Locked = true
-	r.passes.Add(1)
+	if !dry {
+		r.passes.Add(1)
+	}
 	var errs []error
 	fail := func(err error) {
 		errs = append(errs, err)

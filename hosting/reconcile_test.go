@@ -400,8 +400,8 @@ func TestReconcilerLock(t *testing.T) {
 	if err != nil || rep.Locked || len(rep.Drifts) != 0 || len(e.fake.Calls()) != 0 || e.rec.Stats().Skipped != 1 {
 		t.Fatalf("locked elsewhere: %+v %v, calls %v", rep, err, e.fake.Calls())
 	}
-	if rep := e.pass(true); len(rep.Drifts) != 1 {
-		t.Fatalf("dry run: %+v", rep)
+	if rep := e.pass(true); len(rep.Drifts) != 1 || e.rec.Stats().Passes != 0 {
+		t.Fatalf("dry run: %+v, stats %+v", rep, e.rec.Stats())
 	}
 }
 

@@ -480,7 +480,8 @@ var _ hosting.ReconcileLocker = (*Store)(nil)
 // pool and kept until unlock. A replica that dies ends its session, and
 // the server releases the lock with it. unlock releases the lock and
 // returns the connection; when the release fails, it closes the
-// connection, which releases the lock too.
+// connection, which releases the lock too. The pass holds that connection
+// while its transactions take others: the pool needs at least two.
 func (s *Store) TryLockReconciler(ctx context.Context) (func(), bool, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {

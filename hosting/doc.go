@@ -32,6 +32,14 @@
 //   - the event wire format (Event.Message, DecodeAgentDeleted) of
 //     docs/hosting-events.md; settings (HealthCheckFromSettings,
 //     MaxHostsFromSettings) under frontdoor's property names;
+//   - Reconciler: on start, periodically and after a failed compensation
+//     (Options.OnDrift), under one lock per deployment (ReconcileLocker)
+//     and each share's row lock, it compares the share's Ziti objects
+//     with the projection and repairs the drift (Drift, DriftKind); it
+//     deletes only orphans tagged with this deployment
+//     (ProjectionOptions.DeploymentID), older than a grace period and not
+//     named in the outbox; a dry run lists the drift
+//     (docs/hosting-reconciler.md);
 //   - DeriveStatus and Classify: the precedence × role table and the
 //     states; Projection.Status adds each host's Problem (no identity,
 //     several, no override, not on the bind policy).

@@ -64,6 +64,43 @@ func (e Event) Message() (EventMessage, error) {
 	return encode(e.ID, e.Type, EntityShare, e.At, d)
 }
 
+// EventHostingStateChanged is the type of the event of a share whose
+// hosting state changed (docs/hosting-events.md).
+const EventHostingStateChanged EventType = "HOSTING_STATE_CHANGED"
+
+// StateChange is a share's hosting state as the reconciler saw it change
+// between two of its passes.
+type StateChange struct {
+	ID      string // a UUID, the message id on the bus
+	Share   Share
+	From    State
+	To      State
+	Hosting Hosting // the hosting block that shows To
+	At      time.Time
+}
+
+// HostingStateData is the data of a HOSTING_STATE_CHANGED event: the
+// share, the state before and after, and the hosts as Ziti has them.
+type HostingStateData struct {
+	ShareData
+	From  State        `json:"from"`
+	To    State        `json:"to"`
+	Hosts []HostStatus `json:"hosts"`
+}
+
+// Message encodes a state change for the bus (routing key
+// share.HOSTING_STATE_CHANGED).
+func (c StateChange) Message() (EventMessage, error) {
+	h := c.Share.Hosts.Clone()
+	d := HostingStateData{ShareData: ShareData{ID: c.Share.ID, AccountID: c.Share.AccountID, Kind: c.Share.Kind, Name: c.Share.Name,
+		TargetAddress: c.Share.TargetAddress, TargetPort: c.Share.TargetPort, ActiveAgentIDs: h.Active, PassiveAgentIDs: h.Passive},
+		From: c.From, To: c.To, Hosts: c.Hosting.Hosts}
+	if d.Hosts == nil {
+		d.Hosts = []HostStatus{}
+	}
+	return encode(c.ID, EventHostingStateChanged, EntityShare, c.At, d)
+}
+
 // AgentDeletedMessage encodes an agent DELETED event (what the agent
 // service publishes).
 func AgentDeletedMessage(id string, d AgentDeleted, at time.Time) (EventMessage, error) {

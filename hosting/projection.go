@@ -51,9 +51,10 @@ var _ Ziti = (*ziti.Client)(nil)
 // or digit in an identifier. TagObject and TagAgentID are never filtered
 // on: they are checked on the objects a filter returned.
 const (
-	TagFrontdoor   = "frontdoorId"      // the frontdoor id
-	TagShare       = "frontdoorShareId" // the share id
-	TagObject      = "frontdoor-object" // TagStandbyHost on the standby config
+	TagFrontdoor   = "frontdoorId"           // the frontdoor id
+	TagDeployment  = "frontdoorDeploymentId" // the deployment id (ProjectionOptions.DeploymentID)
+	TagShare       = "frontdoorShareId"      // the share id
+	TagObject      = "frontdoor-object"      // TagStandbyHost on the standby config
 	TagStandbyHost = "standby-host"
 	TagAgentID     = "agent-id" // on an agent's identity: the agent id
 	HostConfigType = "host.v1"
@@ -150,6 +151,13 @@ func (h HealthCheck) Validate() error {
 type ProjectionOptions struct {
 	FrontdoorID string      // required: this frontdoor's id, in names and tags
 	HealthCheck HealthCheck // required: see HealthCheck.Validate
+	// DeploymentID names this deployment (one database and its
+	// replicas). Every object the projection writes carries it under
+	// TagDeployment, and the reconciler deletes an orphan only when it
+	// carries this id: objects without it, or with another deployment's,
+	// are never deleted. Empty writes no such tag and turns the orphan
+	// clean-up off.
+	DeploymentID string
 }
 
 // Projection writes a share's hosts to Ziti: the share's host.v1 at
@@ -200,7 +208,11 @@ func (p *Projection) bindPolicyName(s Share) string {
 }
 
 func (p *Projection) tags(s Share) ziti.Tags {
-	return ziti.Tags{TagFrontdoor: p.o.FrontdoorID, TagShare: s.ID}
+	t := ziti.Tags{TagFrontdoor: p.o.FrontdoorID, TagShare: s.ID}
+	if p.o.DeploymentID != "" {
+		t[TagDeployment] = p.o.DeploymentID
+	}
+	return t
 }
 
 func (p *Projection) standbyTags(s Share) ziti.Tags {
@@ -356,6 +368,7 @@ func problemError(agent string, pr Problem) error {
 type objects struct {
 	service     string
 	serviceName string
+	svc         ziti.Service
 	hostConfig  *ziti.Config
 	standby     *ziti.Config
 	policy      *ziti.ServicePolicy
@@ -377,7 +390,7 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 		return o, fmt.Errorf("%w: share %s has %d services", ErrZitiState, s.ID, len(svcs))
 	}
 	if len(svcs) == 1 {
-		o.service, o.serviceName = svcs[0].ID, svcs[0].Name
+		o.service, o.serviceName, o.svc = svcs[0].ID, svcs[0].Name, svcs[0]
 	}
 	ct, err := p.hostConfigType(ctx)
 	if err != nil {
@@ -417,6 +430,10 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 	return o, nil
 }
 
+// errCompensation marks the failure of a clean-up that undoes Ziti
+// writes: Ziti may then hold objects the store does not.
+var errCompensation = errors.New("hosting: Ziti clean-up failed")
+
 // Project creates a new share's objects: host.v1, service, the standby
 // config when it has passives, each passive's override, then the bind
 // policy. Identities are looked up first, so a failed lookup leaves nothing
@@ -432,7 +449,9 @@ func (p *Projection) Project(ctx context.Context, s Share) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, p.DeProject(context.WithoutCancel(ctx), s))
+			if derr := p.DeProject(context.WithoutCancel(ctx), s); derr != nil {
+				err = errors.Join(err, fmt.Errorf("%w: %w", errCompensation, derr))
+			}
 		}
 	}()
 	hc, err := p.z.CreateConfig(ctx, ziti.ConfigCreate{Name: p.hostConfigName(s), ConfigTypeID: ct, Data: p.HostConfigData(s, ziti.PrecedenceRequired), Tags: p.tags(s)})

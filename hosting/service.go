@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vipkit/vipkit/hosting/internal/failpoint"
 	"github.com/vipkit/vipkit/transport"
 )
 
@@ -66,6 +67,10 @@ type Options struct {
 	// events (events.Relay.Kick, so that the relay publishes at once
 	// rather than at its next poll). It must not block.
 	OnOutbox func()
+	// OnDrift, when set, is called when a compensation in Ziti failed,
+	// so that Ziti may hold what the store does not (Reconciler.Kick).
+	// It must not block.
+	OnDrift func()
 }
 
 // Service holds the share-host logic: validated create, update (PUT and
@@ -86,6 +91,7 @@ type Service struct {
 	ing  Ingress
 	box  bool
 	kick func()
+	drft func()
 }
 
 // NewService returns a service. It fails when Store or Projection is nil.
@@ -93,7 +99,7 @@ func NewService(o Options) (*Service, error) {
 	if o.Store == nil || o.Projection == nil {
 		return nil, fmt.Errorf("%w: a service needs a store and a projection", ErrInvalidOptions)
 	}
-	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox, kick: o.OnOutbox}, nil
+	return &Service{st: o.Store, pr: o.Projection, pub: o.Publisher, clk: transport.Or(o.Clock), val: o.Validator, net: o.Network, ing: o.Ingress, box: o.Outbox, kick: o.OnOutbox, drft: o.OnDrift}, nil
 }
 
 // NewID returns a random (version 4) UUID.
@@ -148,11 +154,15 @@ func (sv *Service) Create(ctx context.Context, s Share, u Update) (Share, error)
 			return err
 		}
 		projected = true
-		return nil
+		return failpoint.Eval(failpoint.BeforeCommit)
 	})
 	if err != nil {
 		if projected {
-			err = errors.Join(err, sv.pr.DeProject(context.WithoutCancel(ctx), next))
+			cerr := sv.pr.DeProject(context.WithoutCancel(ctx), next)
+			sv.drifted(cerr)
+			err = errors.Join(err, cerr)
+		} else if errors.Is(err, errCompensation) {
+			sv.drifted(err) // Project's own clean-up failed
 		}
 		return Share{}, err
 	}
@@ -221,6 +231,13 @@ type change struct {
 	skipped    bool // ... and its Ziti objects left alone (network gone)
 }
 
+// drifted tells OnDrift of a failed compensation.
+func (sv *Service) drifted(cerr error) {
+	if cerr != nil && sv.drft != nil {
+		sv.drft()
+	}
+}
+
 // compensate reverts the Ziti side of changes, newest first.
 func (sv *Service) compensate(ctx context.Context, done []change) error {
 	ctx = context.WithoutCancel(ctx)
@@ -255,6 +272,7 @@ func (sv *Service) update(ctx context.Context, tx Tx, cur, next Share, skipBroke
 	o := UpdateOptions{Deleted: deleted, SkipBroken: skipBroken}
 	if _, err := sv.pr.UpdateWith(ctx, cur, next, o); err != nil {
 		_, cerr := sv.pr.UpdateWith(context.WithoutCancel(ctx), next, cur, o)
+		sv.drifted(cerr)
 		return errors.Join(err, cerr)
 	}
 	*done = append(*done, change{prev: cur, next: next, deleted: deleted, skipBroken: skipBroken})
@@ -326,7 +344,7 @@ func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, 
 		}
 		evs = sv.eventsOf(done)
 		if !sv.box || len(evs) == 0 {
-			return nil
+			return failpoint.Eval(failpoint.BeforeCommit)
 		}
 		ob, ok := tx.(OutboxTx)
 		if !ok {
@@ -340,10 +358,15 @@ func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, 
 			}
 			msgs = append(msgs, m)
 		}
-		return ob.AddEvents(ctx, msgs)
+		if err := ob.AddEvents(ctx, msgs); err != nil {
+			return err
+		}
+		return failpoint.Eval(failpoint.BeforeCommit)
 	})
 	if err != nil {
-		return nil, errors.Join(err, sv.compensate(ctx, done))
+		cerr := sv.compensate(ctx, done)
+		sv.drifted(cerr)
+		return nil, errors.Join(err, cerr)
 	}
 	if sv.box {
 		if sv.kick != nil && len(evs) > 0 {

@@ -8,6 +8,7 @@
 //
 //	sharehosts serve -config sharehosts.yaml   run the daemon
 //	sharehosts check-config -config FILE       parse and check a config
+//	sharehosts reconcile -config FILE [-dry-run] one reconciler pass
 //	sharehosts demo                            everything in one process
 //	sharehosts --help | --version
 //
@@ -19,6 +20,12 @@
 // and the cap on hosts are under frontdoor's property names:
 //
 //	frontdoor-id: fd-1
+//	deployment-id: fd-1-prod               # tags Ziti objects; orphans are removed only with it
+//	metrics.listen: 127.0.0.1:9446         # optional: GET /metrics (loopback only)
+//	reconcile:                             # optional, the defaults shown
+//	  interval: 5m
+//	  orphan-grace: 10m
+//	  max-repairs: 100
 //	api:
 //	  listen: 127.0.0.1:8080
 //	  tokens:
@@ -40,7 +47,9 @@
 //	    failures: 3
 //
 // serve runs the migrations on start and shuts down gracefully on SIGTERM
-// or SIGINT. demo needs no external Ziti and no broker: PostgreSQL started
+// or SIGINT. It runs the reconciler (docs/hosting-reconciler.md): on
+// start, every reconcile.interval and after a failed compensation;
+// reconcile makes one pass, and with -dry-run only lists the drift. demo needs no external Ziti and no broker: PostgreSQL started
 // as the tests start it, the model controller (hosting/zititest) in
 // process, and two simulated agents; its output shows a failover from the
 // active to the passive. The model controller is the stand-in for a real
@@ -65,6 +74,8 @@ var commands = []clihelp.Command{
 		Desc: "run the daemon: the hosting REST API, the events on RabbitMQ and the Ziti projection, on PostgreSQL; SIGTERM or SIGINT shuts it down gracefully"},
 	{Synopsis: "check-config [-config FILE]",
 		Desc: "parse and check a config file and print a summary of it; exit 1 with the reason when it is not valid"},
+	{Synopsis: "reconcile [-config FILE] [-dry-run]",
+		Desc: "make one reconciler pass: compare every share's Ziti objects with the database and repair the drift; -dry-run lists it and repairs nothing"},
 	{Synopsis: "demo",
 		Desc: "run everything in one process (PostgreSQL as the tests start it, the model Ziti controller, two simulated tunnelers) and show a failover and the failback"},
 }
@@ -126,6 +137,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if args[0] != "demo" {
 		cfgPath = fs.String("config", "sharehosts.yaml", "the config `FILE` (YAML)")
 	}
+	var dry *bool
+	if args[0] == "reconcile" {
+		dry = fs.Bool("dry-run", false, "list the drift and repair nothing")
+	}
 	// The flag package prints the usage itself on an error and on -h:
 	// the help goes to stdout, an error and the usage to stderr.
 	var msg strings.Builder
@@ -143,6 +158,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "reconcile":
+		c, err := LoadConfig(*cfgPath)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		if _, err := Reconcile(ctx, c, *dry, stdout); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		return 0
 	case "serve", "check-config":
 		c, err := LoadConfig(*cfgPath)
 		if err != nil {

@@ -3,10 +3,13 @@ package sharehosts
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v4"
 
@@ -30,6 +33,19 @@ const (
 	KeyZitiCert    = "ziti.cert-file" // PEM client certificate, for cert login
 	KeyZitiKey     = "ziti.key-file"
 	KeyZitiCA      = "ziti.ca-file" // PEM CA bundle of the controller
+	// KeyDeploymentID names this deployment on every Ziti object it
+	// writes (hosting.TagDeployment); without it the reconciler deletes
+	// no orphan.
+	KeyDeploymentID = "deployment-id"
+	// The reconciler's settings (hosting.ReconcilerOptions); absent means
+	// the hosting default.
+	KeyReconcileInterval   = "reconcile.interval"
+	KeyReconcileGrace      = "reconcile.orphan-grace"
+	KeyReconcileMaxRepairs = "reconcile.max-repairs"
+	KeyReconcileMinGap     = "reconcile.min-gap"
+	// KeyMetricsListen is the loopback address of the Prometheus
+	// metrics (GET /metrics); absent serves none.
+	KeyMetricsListen = "metrics.listen"
 )
 
 // ErrConfig means the config file is missing a setting, has one out of range,
@@ -60,9 +76,26 @@ type Config struct {
 	ZitiCA      string
 	HealthCheck hosting.HealthCheck
 	MaxHosts    int
+	// DeploymentID is hosting.ProjectionOptions.DeploymentID ("" turns
+	// the orphan clean-up off).
+	DeploymentID string
+	// MetricsListen is the loopback address of GET /metrics ("" for
+	// none).
+	MetricsListen string
+	// Reconcile holds the reconciler's interval, orphan grace, minimum
+	// gap and repair bound (0: the hosting defaults).
+	Reconcile ReconcileConfig
 }
 
-var known = []string{KeyFrontdoorID, KeyListen, KeyPostgresDSN, KeyAMQPURL, KeyZitiURL, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey, KeyZitiCA,
+// ReconcileConfig is the reconciler's part of the config.
+type ReconcileConfig struct {
+	Interval   time.Duration
+	Grace      time.Duration
+	MinGap     time.Duration
+	MaxRepairs int
+}
+
+var known = []string{KeyMetricsListen, KeyDeploymentID, KeyReconcileInterval, KeyReconcileGrace, KeyReconcileMaxRepairs, KeyReconcileMinGap, KeyFrontdoorID, KeyListen, KeyPostgresDSN, KeyAMQPURL, KeyZitiURL, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey, KeyZitiCA,
 	hosting.SettingInterval, hosting.SettingTimeout, hosting.SettingFailures, hosting.SettingMaxHosts}
 
 // LoadConfig reads and checks a YAML config file.
@@ -204,6 +237,39 @@ func ParseConfig(b []byte) (Config, error) {
 	c.HealthCheck = hc
 	if c.MaxHosts, err = hosting.MaxHostsFromSettings(get); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrConfig, err))
+	}
+	c.DeploymentID, _ = get(KeyDeploymentID)
+	if v, _ := get(KeyMetricsListen); v != "" {
+		host, _, err := net.SplitHostPort(v)
+		ip := net.ParseIP(host)
+		if err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+			errs = append(errs, fmt.Errorf("%w: %s is %q, want a loopback host:port", ErrConfig, KeyMetricsListen, v))
+		}
+		c.MetricsListen = v
+	}
+	dur := func(k string, least time.Duration) time.Duration {
+		v, ok := get(k)
+		if !ok || v == "" {
+			return 0
+		}
+		d, err := time.ParseDuration(v)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrConfig, k, err))
+		case d < least:
+			errs = append(errs, fmt.Errorf("%w: %s is %v, under %v", ErrConfig, k, d, least))
+		}
+		return d
+	}
+	c.Reconcile.Interval = dur(KeyReconcileInterval, time.Second)
+	c.Reconcile.Grace = dur(KeyReconcileGrace, time.Second)
+	c.Reconcile.MinGap = dur(KeyReconcileMinGap, 100*time.Millisecond)
+	if v, ok := get(KeyReconcileMaxRepairs); ok && v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			errs = append(errs, fmt.Errorf("%w: %s is %q, want an integer of at least 1", ErrConfig, KeyReconcileMaxRepairs, v))
+		}
+		c.Reconcile.MaxRepairs = n
 	}
 	if len(errs) > 0 {
 		sort.Slice(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })

@@ -15,10 +15,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/api"
 	"github.com/vipkit/vipkit/hosting/events"
+	"github.com/vipkit/vipkit/hosting/hostingmetrics"
 	"github.com/vipkit/vipkit/hosting/pgstore"
 	"github.com/vipkit/vipkit/hosting/ziti"
 )
@@ -27,7 +30,7 @@ import (
 const ShutdownTimeout = 15 * time.Second
 
 // zitiClient builds the controller client with the configured login.
-func zitiClient(c Config) (*ziti.Client, error) {
+func zitiClient(c Config, onErr func(op string, err error)) (*ziti.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.ZitiCA != "" {
@@ -50,12 +53,94 @@ func zitiClient(c Config) (*ziti.Client, error) {
 		tr.TLSClientConfig.Certificates = []tls.Certificate{cert}
 		login = ziti.CertLogin()
 	}
-	return ziti.New(c.ZitiURL, ziti.Options{HTTPClient: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Login: login})
+	return ziti.New(c.ZitiURL, ziti.Options{HTTPClient: &http.Client{Transport: tr, Timeout: 30 * time.Second}, Login: login, OnError: onErr})
 }
+
+// newReconciler makes the daemon's reconciler on the store (whose
+// advisory lock lets one replica reconcile at a time), logging every drift
+// it finds.
+// With m (the daemon's metrics), it also counts repairs and shares per
+// hosting state, and announces state changes.
+func newReconciler(c Config, st *pgstore.Store, proj *hosting.Projection, logf func(string, ...any), m *hostingmetrics.Metrics) (*hosting.Reconciler, error) {
+	o := hosting.ReconcilerOptions{Store: st, Projection: proj, Outbox: st,
+		Interval: c.Reconcile.Interval, Grace: c.Reconcile.Grace, MinGap: c.Reconcile.MinGap, MaxRepairs: c.Reconcile.MaxRepairs,
+		OnDrift: func(d hosting.Drift) { logf("reconciler: %s", FormatDrift(d)) },
+		OnError: func(err error) { logf("reconciler: %v", err) }}
+	if m != nil {
+		o.OnDrift = func(d hosting.Drift) { logf("reconciler: %s", FormatDrift(d)); m.Drift(d) }
+		o.OnPass, o.WatchStates = m.Pass, true
+		o.OnStateChange = func(sc hosting.StateChange) {
+			logf("share %s: hosting state %s -> %s", sc.Share.ID, sc.From, sc.To)
+		}
+	}
+	return hosting.NewReconciler(o)
+}
+
+// FormatDrift is a drift on one line, as the log and the reconcile
+// command print it.
+func FormatDrift(d hosting.Drift) string {
+	state := "repaired"
+	switch {
+	case d.Kind == hosting.DriftBroken:
+		state = "not repairable"
+	case d.Held != "":
+		state = "held: " + d.Held
+	case !d.Repaired:
+		state = "repair failed"
+	}
+	s := "share " + d.ShareID + ": " + string(d.Kind)
+	if d.AgentID != "" {
+		s += " agent " + d.AgentID
+	}
+	if d.Object != "" {
+		s += " object " + d.Object
+	}
+	return s + ": " + d.Detail + " (" + state + ")"
+}
+
+// Reconcile makes one reconciler pass against the config's database and
+// controller, printing each drift to out on one line; dry lists the drift
+// and repairs nothing. A pass that finds another reconciler holding the
+// lock returns ErrLocked.
+func Reconcile(ctx context.Context, c Config, dry bool, out io.Writer) (hosting.Report, error) {
+	pool, err := pgxpool.New(ctx, c.PostgresDSN)
+	if err != nil {
+		return hosting.Report{}, fmt.Errorf("sharehosts: postgres: %w", err)
+	}
+	defer pool.Close()
+	zc, err := zitiClient(c, nil)
+	if err != nil {
+		return hosting.Report{}, err
+	}
+	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck, DeploymentID: c.DeploymentID})
+	if err != nil {
+		return hosting.Report{}, err
+	}
+	st := pgstore.New(pool, pgstore.Options{})
+	rec, err := newReconciler(c, st, proj, func(string, ...any) {}, nil)
+	if err != nil {
+		return hosting.Report{}, err
+	}
+	rep, err := rec.Pass(ctx, dry)
+	for _, d := range rep.Drifts {
+		fmt.Fprintln(out, FormatDrift(d))
+	}
+	if err == nil && !rep.Locked {
+		err = ErrLocked
+	}
+	if err == nil {
+		fmt.Fprintf(out, "%d drift(s) on %d share(s), %d repair(s), %d held\n", len(rep.Drifts), rep.Shares, rep.Repairs, rep.Held)
+	}
+	return rep, err
+}
+
+// ErrLocked means another reconciler of the deployment holds the lock.
+var ErrLocked = errors.New("sharehosts: another reconciler holds the lock; try again later")
 
 // Serve runs the daemon until ctx is done: it migrates the database,
 // serves the API on c.Listen (or on l, when not nil), consumes agent
-// DELETED events and relays the outbox; then it shuts down gracefully
+// DELETED events, relays the outbox and runs the reconciler (a pass on
+// start, then every reconcile.interval and after a failed compensation); then it shuts down gracefully
 // (the API drains its requests, a cascade in progress commits and is
 // acked). Log lines go to logw.
 func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error {
@@ -77,29 +162,44 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		return fmt.Errorf("sharehosts: migrate: %w", err)
 	}
 	logf("database migrated")
-	zc, err := zitiClient(c)
-	if err != nil {
-		return err
-	}
-	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck})
-	if err != nil {
-		return err
-	}
+	var cons *events.Consumer
 	st := pgstore.New(pool, pgstore.Options{})
+	met := hostingmetrics.New(hostingmetrics.Options{Outbox: st, DeadLettered: func() int64 {
+		if cons == nil {
+			return 0
+		}
+		return cons.Stats().DeadLettered
+	}})
+	zc, err := zitiClient(c, met.ZitiError)
+	if err != nil {
+		return err
+	}
+	proj, err := hosting.NewProjection(zc, hosting.ProjectionOptions{FrontdoorID: c.FrontdoorID, HealthCheck: c.HealthCheck, DeploymentID: c.DeploymentID})
+	if err != nil {
+		return err
+	}
 	onErr := func(err error) { logf("%v", err) }
+	if c.DeploymentID == "" {
+		logf("warning: no %s: the reconciler deletes no orphaned Ziti object", KeyDeploymentID)
+	}
+	rec, err := newReconciler(c, st, proj, logf, met)
+	if err != nil {
+		return err
+	}
 	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
 	if err != nil {
 		return err
 	}
-	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
+	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, OnDrift: rec.Kick,
+		Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
 	if err != nil {
 		return err
 	}
-	h, err := api.New(api.Options{Service: svc})
+	h, err := api.New(api.Options{Service: svc, Reconciler: rec, Observe: met.Request})
 	if err != nil {
 		return err
 	}
-	cons, err := events.NewConsumer(events.ConsumerOptions{URL: c.AMQPURL, Handler: svc, OnError: onErr})
+	cons, err = events.NewConsumer(events.ConsumerOptions{URL: c.AMQPURL, Handler: svc, OnError: onErr})
 	if err != nil {
 		return err
 	}
@@ -112,10 +212,27 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); _ = cons.Run(bg) }()
 	go func() { defer wg.Done(); _ = relay.Run(bg) }()
+	go func() { defer wg.Done(); _ = rec.Run(bg) }()
 	served := make(chan error, 1)
+	var msrv *http.Server
+	if c.MetricsListen != "" {
+		ml, err := net.Listen("tcp", c.MetricsListen)
+		if err != nil {
+			stopBG()
+			wg.Wait()
+			return fmt.Errorf("sharehosts: metrics listen: %w", err)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(met)
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(ml) }()
+		logf("serving metrics on %s", ml.Addr())
+	}
 	go func() { served <- srv.Serve(l) }()
 	logf("serving the API on %s", l.Addr())
 	var serr error
@@ -127,6 +244,9 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
 	defer cancel()
 	err = srv.Shutdown(sctx)
+	if msrv != nil {
+		err = errors.Join(err, msrv.Shutdown(sctx))
+	}
 	stopBG()
 	wg.Wait()
 	if errors.Is(serr, http.ErrServerClosed) {

@@ -31,6 +31,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if cfg := os.Getenv(daemonEnv); cfg != "" {
+		os.Exit(runDaemon(cfg)) // a daemon that a test starts as a process
+	}
 	goleak.VerifyTestMain(m, testenv.IdleHTTP()...)
 }
 
@@ -68,6 +71,14 @@ func TestConfig(t *testing.T) {
 	if c.HealthCheck != (hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}) || c.MaxHosts != 4 || c.AMQPURL == "" || len(c.Unscoped) != 0 {
 		t.Fatalf("config %+v", c)
 	}
+	if c.DeploymentID != "" || c.Reconcile != (sharehosts.ReconcileConfig{}) {
+		t.Fatalf("reconcile defaults %q %+v", c.DeploymentID, c.Reconcile)
+	}
+	withRec := good + "deployment-id: dep-1\nreconcile:\n  interval: 1m\n  orphan-grace: 20m\n  min-gap: 5s\n  max-repairs: 7\n"
+	if c2, err := sharehosts.ParseConfig([]byte(withRec)); err != nil || c2.DeploymentID != "dep-1" ||
+		c2.Reconcile != (sharehosts.ReconcileConfig{Interval: time.Minute, Grace: 20 * time.Minute, MinGap: 5 * time.Second, MaxRepairs: 7}) {
+		t.Fatalf("reconcile settings: %+v %v", c2.Reconcile, err)
+	}
 	if len(c.Tokens) != 2 || c.Tokens[0].Principal != "ops" || c.Tokens[0].Secret != "ops-token-0123456789" || !c.Tokens[0].Scope.All() ||
 		c.Tokens[1].Principal != "tenant-a" || c.Tokens[1].Scope.String() != "acct-1,acct-3" {
 		t.Fatalf("tokens %v", c.Tokens)
@@ -99,8 +110,12 @@ func TestConfig(t *testing.T) {
 		"list elsewhere":       {"frontdoor-id: fd-1", "frontdoor-id: [fd-1]", "frontdoor-id: a list is not a setting"},
 		"no tokens": {"  tokens:\n    ops:\n      token: \"ops-token-0123456789\"\n      accounts: all\n    tenant-a:\n      token: \"tenant-a-token-0123456789\"\n      accounts: [acct-1, acct-3]\n", "  tokens:\n",
 			"api.tokens needs at least one token: api.tokens.<principal>.token and .accounts"},
-		"no ziti credential": {"  username: admin\n  password: secret\n", "", "give either ziti.username and ziti.password, or ziti.cert-file and ziti.key-file"},
-		"no amqp":            {"amqp.url: amqp://guest:guest@127.0.0.1:5672/\n", "", "amqp.url is missing"},
+		"no ziti credential":   {"  username: admin\n  password: secret\n", "", "give either ziti.username and ziti.password, or ziti.cert-file and ziti.key-file"},
+		"no amqp":              {"amqp.url: amqp://guest:guest@127.0.0.1:5672/\n", "", "amqp.url is missing"},
+		"reconcile interval":   {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.interval: 10ms", "reconcile.interval is 10ms, under 1s"},
+		"reconcile grace bad":  {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.orphan-grace: soon", `reconcile.orphan-grace: time: invalid duration "soon"`},
+		"metrics not loopback": {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nmetrics.listen: 0.0.0.0:9000", `metrics.listen is "0.0.0.0:9000", want a loopback host:port`},
+		"max repairs 0":        {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.max-repairs: 0", `reconcile.max-repairs is "0", want an integer of at least 1`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

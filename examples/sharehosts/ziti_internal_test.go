@@ -45,7 +45,7 @@ func TestZitiCertLoginFromTheConfig(t *testing.T) {
 		ZitiCert: write("c.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
 		ZitiKey:  write("k.pem", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})),
 		ZitiCA:   write("ca.pem", f.CertificatePEM())}
-	zc, err := zitiClient(c)
+	zc, err := zitiClient(c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,12 +57,12 @@ func TestZitiCertLoginFromTheConfig(t *testing.T) {
 	}
 	// Without the CA file the controller is not trusted.
 	c.ZitiCA = ""
-	zc, _ = zitiClient(c)
+	zc, _ = zitiClient(c, nil)
 	if _, err := zc.ListConfigTypes(context.Background(), ""); err == nil {
 		t.Fatal("an untrusted controller was accepted")
 	}
 	c.ZitiCA = write("bad.pem", []byte("not a certificate"))
-	if _, err := zitiClient(c); !errors.Is(err, ErrConfig) {
+	if _, err := zitiClient(c, nil); !errors.Is(err, ErrConfig) {
 		t.Fatalf("bad CA file: %v", err)
 	}
 }

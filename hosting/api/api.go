@@ -10,6 +10,11 @@
 //	PATCH  /accounts/{account}/{kind}-shares/{id}   merge               200
 //	DELETE /accounts/{account}/{kind}-shares/{id}   delete              204
 //
+// With Options.Reconciler, the reconciler's dry run, for a request whose
+// scope is every account (any other answers 404):
+//
+//	GET    /reconciler/drift                         dry run: drift listed, nothing repaired 200
+//
 // A POST, PUT or PATCH with the header "nf-validate: true" is the dry run:
 // it validates the share the request would make, with the same rules and
 // messages, writes nothing, and answers 204 or 422.
@@ -57,10 +62,12 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/internal/jsonx"
+	"github.com/vipkit/vipkit/transport"
 )
 
 // DefaultMaxBodyBytes is the default limit of a request body.
@@ -112,6 +119,16 @@ type Options struct {
 	// AgentHref is the href of an agent's link; nil means
 	// BasePath + "/accounts/{account}/agents/{agent}".
 	AgentHref func(account, agent string) string
+	// Reconciler, when set, serves GET /reconciler/drift: a dry run of
+	// one pass (hosting.Report as JSON).
+	Reconciler *hosting.Reconciler
+	// Observe, when set, is told of every request answered: its route
+	// (the pattern it matched, such as "GET /accounts/{account}/{kind}/{id}",
+	// or "/" for no resource), status code and latency, for metrics. It
+	// must not block.
+	Observe func(route string, code int, d time.Duration)
+	// Clock times the requests for Observe; nil means the real clock.
+	Clock transport.Clock
 }
 
 // Handler serves the API. It is safe for concurrent use.
@@ -121,6 +138,8 @@ type Handler struct {
 	max   int64
 	agent func(account, agent string) string
 	mux   *http.ServeMux
+	obs   func(route string, code int, d time.Duration)
+	clk   transport.Clock
 }
 
 // New returns the API handler.
@@ -128,7 +147,7 @@ func New(o Options) (*Handler, error) {
 	if o.Service == nil {
 		return nil, fmt.Errorf("%w: no service", ErrInvalidOptions)
 	}
-	h := &Handler{svc: o.Service, base: strings.TrimSuffix(o.BasePath, "/"), max: o.MaxBodyBytes, agent: o.AgentHref, mux: http.NewServeMux()}
+	h := &Handler{svc: o.Service, base: strings.TrimSuffix(o.BasePath, "/"), max: o.MaxBodyBytes, agent: o.AgentHref, mux: http.NewServeMux(), obs: o.Observe, clk: transport.Or(o.Clock)}
 	if h.max <= 0 {
 		h.max = DefaultMaxBodyBytes
 	}
@@ -137,19 +156,62 @@ func New(o Options) (*Handler, error) {
 			return h.base + "/accounts/" + pathEscape(account) + "/agents/" + pathEscape(agent)
 		}
 	}
-	h.mux.HandleFunc("POST /accounts/{account}/{kind}", h.create)
-	h.mux.HandleFunc("GET /accounts/{account}/{kind}", h.list)
-	h.mux.HandleFunc("/accounts/{account}/{kind}", h.notAllowed("GET, POST"))
-	h.mux.HandleFunc("GET /accounts/{account}/{kind}/{id}", h.get)
-	h.mux.HandleFunc("PUT /accounts/{account}/{kind}/{id}", h.update(hosting.Put))
-	h.mux.HandleFunc("PATCH /accounts/{account}/{kind}/{id}", h.update(hosting.Patch))
-	h.mux.HandleFunc("DELETE /accounts/{account}/{kind}/{id}", h.delete)
-	h.mux.HandleFunc("/accounts/{account}/{kind}/{id}", h.notAllowed("GET, PUT, PATCH, DELETE"))
-	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	h.handle("POST /accounts/{account}/{kind}", h.create)
+	h.handle("GET /accounts/{account}/{kind}", h.list)
+	h.handle("/accounts/{account}/{kind}", h.notAllowed("GET, POST"))
+	h.handle("GET /accounts/{account}/{kind}/{id}", h.get)
+	h.handle("PUT /accounts/{account}/{kind}/{id}", h.update(hosting.Put))
+	h.handle("PATCH /accounts/{account}/{kind}/{id}", h.update(hosting.Patch))
+	h.handle("DELETE /accounts/{account}/{kind}/{id}", h.delete)
+	h.handle("/accounts/{account}/{kind}/{id}", h.notAllowed("GET, PUT, PATCH, DELETE"))
+	if o.Reconciler != nil {
+		h.handle("GET /reconciler/drift", h.drift(o.Reconciler))
+		h.handle("/reconciler/drift", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", "GET")
+			writeProblem(w, r, Problem{Type: TypeMethod, Title: "Method not allowed", Status: http.StatusMethodNotAllowed, Detail: r.Method + " is not allowed here; allowed: GET"})
+		})
+	}
+	h.handle("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no resource at " + r.URL.Path})
 	})
 	return h, nil
 }
+
+// handle registers fn at pattern, observed under that route.
+func (h *Handler) handle(pattern string, fn http.HandlerFunc) {
+	if h.obs == nil {
+		h.mux.HandleFunc(pattern, fn)
+		return
+	}
+	h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		start := h.clk.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		fn(sw, r)
+		h.obs(pattern, sw.code, h.clk.Now().Sub(start))
+	})
+}
+
+// statusWriter remembers the status code written.
+type statusWriter struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.code, w.wrote = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -493,6 +555,22 @@ func (h *Handler) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// drift answers the reconciler's dry run.
+func (h *Handler) drift(rec *hosting.Reconciler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s, ok := ScopeOf(r.Context()); ok && !s.All() {
+			writeProblem(w, r, Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: "no resource at " + r.URL.Path})
+			return
+		}
+		rep, err := rec.Pass(r.Context(), true)
+		if err != nil && len(rep.Errors) == 0 {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, rep)
+	}
 }
 
 // fail answers err as a problem.

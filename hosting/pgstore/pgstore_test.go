@@ -146,3 +146,52 @@ func TestMigrationChecksumMismatchRefused(t *testing.T) {
 		t.Fatalf("unknown target: %v", err)
 	}
 }
+
+// One reconciler at a time across replicas: the advisory lock is taken
+// by one store, refused to another on the same database, free again after
+// unlock, and released by the server when the holder's connections die.
+func TestReconcilerAdvisoryLock(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t, "")
+	cfg := p.Config().Copy()
+	p2, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Close()
+	a, b := pgstore.New(p, pgstore.Options{}), pgstore.New(p2, pgstore.Options{})
+	unlock, ok, err := a.TryLockReconciler(ctx)
+	if err != nil || !ok {
+		t.Fatalf("first: %v %v", ok, err)
+	}
+	if _, ok, err := b.TryLockReconciler(ctx); err != nil || ok {
+		t.Fatalf("second while held: %v %v", ok, err)
+	}
+	unlock()
+	unlockB, ok, err := b.TryLockReconciler(ctx)
+	if err != nil || !ok {
+		t.Fatalf("second after unlock: %v %v", ok, err)
+	}
+	// The holder's session dies (as with a SIGKILLed replica): the
+	// server releases the lock.
+	var n int
+	if err := p.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("terminate the holder: %d %v", n, err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		unlockA, ok, err := a.TryLockReconciler(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			unlockA()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lock outlived its holder's session")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	unlockB() // its connection is dead: unlock closes it
+}

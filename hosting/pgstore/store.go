@@ -468,3 +468,41 @@ func (s *Store) MarkPublished(ctx context.Context, seqs []int64, at time.Time) e
 	_, err := s.pool.Exec(ctx, "UPDATE outbox SET published_at = $2 WHERE seq = ANY($1) AND published_at IS NULL", seqs, at)
 	return storeErr(err)
 }
+
+// ReconcilerLockKey is the key of the PostgreSQL advisory lock that one
+// reconciler of a deployment (of a database) holds at a time.
+const ReconcilerLockKey int64 = 0x7669706b69740001 // "vipkit" and 1
+
+var _ hosting.ReconcileLocker = (*Store)(nil)
+
+// TryLockReconciler implements hosting.ReconcileLocker with a session
+// advisory lock (pg_try_advisory_lock) on a connection taken from the
+// pool and kept until unlock. A replica that dies ends its session, and
+// the server releases the lock with it. unlock releases the lock and
+// returns the connection; when the release fails, it closes the
+// connection, which releases the lock too. The pass holds that connection
+// while its transactions take others: the pool needs at least two.
+func (s *Store) TryLockReconciler(ctx context.Context) (func(), bool, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, storeErr(err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", ReconcilerLockKey).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, false, storeErr(err)
+	}
+	if !ok {
+		conn.Release()
+		return nil, false, nil
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var released bool
+		if err := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", ReconcilerLockKey).Scan(&released); err != nil || !released {
+			_ = conn.Conn().Close(uctx)
+		}
+		conn.Release()
+	}, true, nil
+}

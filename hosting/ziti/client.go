@@ -51,6 +51,9 @@ type Options struct {
 	RefreshBefore time.Duration
 	// Clock tells the session's age; nil means the real clock.
 	Clock transport.Clock
+	// OnError, when set, is told of every call that failed, with its
+	// operationId (for metrics). It must not block.
+	OnError func(op string, err error)
 }
 
 // Client calls a controller's Edge Management API. It is safe for
@@ -68,6 +71,7 @@ type Client struct {
 	login   *Login
 	refresh time.Duration // +checklocksignore: set by New, read-only after
 	clk     transport.Clock
+	onErr   func(op string, err error)
 
 	// mu guards the session, its expiry and the login in flight. It is
 	// never held across a request (the HTTPClient's transport is the
@@ -103,7 +107,7 @@ func New(baseURL string, o Options) (*Client, error) {
 	if !strings.HasSuffix(u.Path, BasePath) {
 		u.Path += BasePath
 	}
-	c := &Client{base: u, hc: o.HTTPClient, session: o.Session, max: o.MaxResponseBytes, login: o.Login, refresh: o.RefreshBefore, clk: transport.Or(o.Clock)}
+	c := &Client{base: u, hc: o.HTTPClient, session: o.Session, max: o.MaxResponseBytes, login: o.Login, refresh: o.RefreshBefore, clk: transport.Or(o.Clock), onErr: o.OnError}
 	if c.login != nil {
 		c.session = ""
 		if err := c.login.check(); err != nil {
@@ -142,6 +146,14 @@ type meta struct {
 // request once more: the controller refused it unread, so resending is
 // safe.
 func (c *Client) do(ctx context.Context, op, method, path string, q url.Values, body any, want int, out any) (*meta, error) {
+	m, err := c.doOnce(ctx, op, method, path, q, body, want, out)
+	if err != nil && c.onErr != nil {
+		c.onErr(op, err)
+	}
+	return m, err
+}
+
+func (c *Client) doOnce(ctx context.Context, op, method, path string, q url.Values, body any, want int, out any) (*meta, error) {
 	if c.login == nil {
 		c.mu.Lock()
 		tok := c.session

@@ -130,6 +130,7 @@ type ServicePolicyPatch struct {
 	Name          *string   `json:"name,omitempty"`
 	IdentityRoles *[]string `json:"identityRoles,omitempty"`
 	ServiceRoles  *[]string `json:"serviceRoles,omitempty"`
+	Tags          Tags      `json:"tags,omitempty"`
 }
 
 // Identity is an identity resource (the fields of identityDetail that the

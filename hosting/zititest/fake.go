@@ -258,6 +258,14 @@ func (f *Fake) AddTerminator(serviceID, hostID, precedence string) string {
 	return id
 }
 
+// RemoveTerminator removes a terminator that AddTerminator added (a host
+// that stopped, for a test of the hosting state).
+func (f *Fake) RemoveTerminator(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.terms, id)
+}
+
 // FailNext makes the next calls of operationID answer the statuses, in
 // order, with an error envelope (for fault injection); a 0 lets that call
 // through.
@@ -701,9 +709,10 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		f.detail(w, id, func() (any, bool) { p, ok := f.policies[id]; return policyJSON(p), ok })
 	case "patchServicePolicy":
 		var p struct {
-			Name          *string   `json:"name"`
-			IdentityRoles *[]string `json:"identityRoles"`
-			ServiceRoles  *[]string `json:"serviceRoles"`
+			Name          *string         `json:"name"`
+			IdentityRoles *[]string       `json:"identityRoles"`
+			ServiceRoles  *[]string       `json:"serviceRoles"`
+			Tags          *map[string]any `json:"tags"`
 		}
 		if !f.decode(w, body, &p) {
 			return
@@ -729,6 +738,9 @@ func (f *Fake) dispatch(w http.ResponseWriter, r *http.Request, op string, param
 		}
 		if p.ServiceRoles != nil {
 			pol.ServiceRoles = nonNil(*p.ServiceRoles)
+		}
+		if p.Tags != nil {
+			pol.Tags = *p.Tags
 		}
 		f.policies[id] = pol
 		empty(w)

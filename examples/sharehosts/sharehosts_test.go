@@ -183,6 +183,9 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfgText := strings.NewReplacer(`"host=127.0.0.1"`, `"`+dsn+`"`, "amqp://guest:guest@127.0.0.1:5672/", rmq.URL(), "https://ctrl.example:1280", f.URL()).Replace(good)
+	// A deployment id, so that the reconciler may remove this
+	// deployment's orphans and logs no warning about it.
+	cfgText += "deployment-id: dep-serve\n"
 	c, err := sharehosts.ParseConfig([]byte(cfgText))
 	if err != nil {
 		t.Fatal(err)

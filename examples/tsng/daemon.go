@@ -138,6 +138,10 @@ type netRuntime struct {
 	// +checklocks:mu
 	uapi *wg.UAPIServer
 
+	// index is the network's place in the config in force (its
+	// networks[i]), for errors that name a config field.
+	index atomic.Int32
+
 	// collMu guards collisions, the address collisions already logged.
 	collMu syncx.Mutex
 	// +checklocks:collMu
@@ -162,12 +166,13 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		return nil, err
 	}
 	d.lock = lock
-	for _, nc := range cfg.Networks {
+	for i, nc := range cfg.Networks {
 		n, err := d.openNetwork(ctx, nc)
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, trimPrefix(err))
 		}
+		n.index.Store(int32(i))
 		d.nets = append(d.nets, n)
 		n.reportCollisions()
 	}
@@ -534,7 +539,9 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { dev.Close() })
-	n.startUAPILocked(dev)
+	if err := n.startUAPILocked(dev); err != nil {
+		return err
+	}
 	cleanup = append(cleanup, func() {
 		if n.uapi != nil {
 			n.uapi.Close()

@@ -1,10 +1,13 @@
 package tsng
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -153,7 +156,9 @@ func TestUAPIUnprivileged(t *testing.T) {
 	startUAPI := func() *wg.UAPIServer {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		n.startUAPILocked(dev)
+		if err := n.startUAPILocked(dev); err != nil {
+			t.Fatal(err)
+		}
 		return n.uapi
 	}
 	defer func(f func() int, dir string) { geteuid, uapiDir = f, dir }(geteuid, uapiDir)
@@ -178,11 +183,65 @@ func TestUAPIUnprivileged(t *testing.T) {
 	for _, c := range []NetworkConfig{{Name: "home", Mode: "tun", UAPI: &off}, {Name: "home"}} {
 		m := &netRuntime{d: d, cfg: c, tunName: "tsng-home"}
 		m.mu.Lock()
-		m.startUAPILocked(dev)
+		err := m.startUAPILocked(dev)
 		served := m.uapi != nil
 		m.mu.Unlock()
-		if served {
-			t.Fatalf("%+v: served a socket", c)
+		if served || err != nil {
+			t.Fatalf("%+v: served a socket (%v)", c, err)
 		}
+	}
+}
+
+// TestUAPINameCollision: a second agent on the host (another network
+// namespace shares /var/run/wireguard) whose TUN has the same name as a
+// running one fails to start the network, with an error naming the
+// config field to change; the first agent's socket keeps answering.
+func TestUAPINameCollision(t *testing.T) {
+	testenv.NeedRoot(t)
+	newDev := func() *wg.Device {
+		pio, _ := transporttest.NewChanPair(transporttest.ChanPairOptions{})
+		dev, err := wg.NewDevice(pio, wg.Config{PrivateKey: wg.GeneratePrivateKey()}, wg.Options{Bind: wg.NewUDPBind(wg.UDPBindOptions{})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		return dev
+	}
+	defer func(dir string) { uapiDir = dir }(uapiDir)
+	uapiDir = filepath.Join(t.TempDir(), "wireguard")
+	first, err := newDev().ServeUAPI("tsng-home", wg.UAPIOptions{Dir: uapiDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	d := &Daemon{log: slog.New(slog.DiscardHandler)}
+	n := &netRuntime{d: d, cfg: NetworkConfig{Name: "home", Mode: "tun"}, tunName: "tsng-home"}
+	n.index.Store(1)
+	n.mu.Lock()
+	err = n.startUAPILocked(newDev())
+	served := n.uapi != nil
+	n.mu.Unlock()
+	if served || err == nil || !errors.Is(err, wg.ErrUAPIInUse) || !strings.Contains(err.Error(), "networks[1] (home).tun") ||
+		!strings.Contains(err.Error(), first.Path()) {
+		t.Fatalf("second agent: served %v, err %v; want ErrUAPIInUse naming networks[1] (home).tun and %s", served, err, first.Path())
+	}
+	t.Log(err)
+	c, err := net.Dial("unix", first.Path())
+	if err != nil {
+		t.Fatalf("the first socket: %v", err)
+	}
+	defer c.Close()
+	c.Write([]byte("get=1\n\n"))
+	// The server keeps the connection open for the next operation: read
+	// up to the reply's errno line.
+	var got []string
+	for r := bufio.NewScanner(c); r.Scan(); {
+		got = append(got, r.Text())
+		if strings.HasPrefix(r.Text(), "errno=") {
+			break
+		}
+	}
+	if len(got) == 0 || got[len(got)-1] != "errno=0" {
+		t.Fatalf("the first socket answered %q", got)
 	}
 }

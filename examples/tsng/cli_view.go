@@ -83,7 +83,7 @@ func confirmRemove(ctx context.Context, c *cliCtx, network, sel string) error {
 }
 
 // printStatusTable prints a status sample as the demo does: one row per
-// backend with its health, RTT, bindings and counters, the VIP's totals,
+// backend with its health, RTT and sample age, bindings and counters, the VIP's totals,
 // and the rates since the previous sample when watching.
 func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 	w := c.env.Stdout
@@ -104,7 +104,7 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		fmt.Fprintln(w, "  counters restarted (the agent or the network restarted): rates resume from the next sample")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	hdr := "LISTENER\tBACKEND\tHEALTH\tRTT\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tNEXT"
+	hdr := "LISTENER\tBACKEND\tHEALTH\tRTT\tAGE\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tNEXT"
 	if s.Rates != nil {
 		hdr += "\tBYTES/S OUT/IN"
 	}
@@ -123,7 +123,7 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 			next = fmt.Sprintf("%s:%d", nameOr(*l.Next), l.Next.Port)
 		}
 		if len(l.Backends) == 0 {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%s", l.Listener, l.Active, l.PacketsOut, l.PacketsIn, l.BytesOut, l.BytesIn, next)
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%s", l.Listener, l.Active, l.PacketsOut, l.PacketsIn, l.BytesOut, l.BytesIn, next)
 			if s.Rates != nil {
 				fmt.Fprint(tw, rate(listenerKey(l)))
 			}
@@ -132,15 +132,15 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		rows := append(append([]vip.BackendStatus{}, l.Backends...), l.DrainingBackends...)
 		for _, b := range rows {
 			rtt := "-"
-			if b.RTTKnown {
+			if rttCurrent(b) {
 				rtt = fmt.Sprintf("%.2fms", b.RTTMillis)
 			}
 			reason := b.Reason
 			if b.Draining {
 				reason += " (draining)"
 			}
-			fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s", l.Listener, nameOr(b.BackendRef), b.Port, reason, rtt,
-				b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, next)
+			fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s", l.Listener, nameOr(b.BackendRef), b.Port, reason, rtt,
+				sampleAge(b.SampleAgeMillis), b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, next)
 			if s.Rates != nil {
 				fmt.Fprint(tw, rate(backendKey(l, b)))
 			}
@@ -148,7 +148,7 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		}
 	}
 	t := st.Totals
-	fmt.Fprintf(tw, "total\t\t\t\t\t%d/%d\t%d/%d\t", t.PacketsOut, t.PacketsIn, t.BytesOut, t.BytesIn)
+	fmt.Fprintf(tw, "total\t\t\t\t\t\t%d/%d\t%d/%d\t", t.PacketsOut, t.PacketsIn, t.BytesOut, t.BytesIn)
 	if s.Rates != nil {
 		fmt.Fprint(tw, rate("totals"))
 	}

@@ -19,29 +19,37 @@ func statusFixture(t *testing.T, st vip.ServiceStatus) *apiFixture {
 	return f
 }
 
-// backendRow is the status table's row of backend name:port.
-func backendRow(t *testing.T, table, backend string) []string {
+// tableRow is the status table's line whose LISTENER and BACKEND cells
+// are listener and backend.
+func tableRow(t *testing.T, table, listener, backend string) string {
 	t.Helper()
 	for _, ln := range strings.Split(table, "\n") {
-		if f := strings.Fields(ln); len(f) > 1 && f[1] == backend {
-			return f
+		if f := strings.Fields(ln); len(f) > 1 && f[0] == listener && f[1] == backend {
+			return ln
 		}
 	}
-	t.Fatalf("no row for %s in\n%s", backend, table)
-	return nil
+	t.Fatalf("no row for %s %s in\n%s", listener, backend, table)
+	return ""
 }
 
-// column is the value of the named column in row, by the header's words.
-func column(t *testing.T, table string, row []string, name string) string {
+// column is the cell of row under the header's column name: tabwriter
+// starts every cell of a column where its header starts.
+func column(t *testing.T, table, row, name string) string {
 	t.Helper()
-	hdr := strings.Fields(strings.Split(table, "\n")[1])
-	for i, h := range hdr {
-		if h == name && i < len(row) {
-			return row[i]
-		}
+	hdr := strings.Split(table, "\n")[1]
+	i := strings.Index(hdr+"  ", "  "+name+"  ")
+	if i < 0 && strings.HasPrefix(hdr, name+"  ") {
+		i = -2
 	}
-	t.Fatalf("no column %s in %q", name, hdr)
-	return ""
+	if i == -1 {
+		t.Fatalf("no column %s in %q", name, hdr)
+	}
+	i += 2
+	if i >= len(row) {
+		return ""
+	}
+	cell, _, _ := strings.Cut(row[i:], "  ")
+	return strings.TrimSpace(cell)
 }
 
 // TestCLIStatusSampleAge: a backend whose probes stopped answering keeps
@@ -63,7 +71,7 @@ func TestCLIStatusSampleAge(t *testing.T) {
 		{"failed:7443", "-", "4.2s"},
 		{"new:8443", "-", "-"},
 	} {
-		row := backendRow(t, table, c.backend)
+		row := tableRow(t, table, "tcp/443", c.backend)
 		if got := column(t, table, row, "RTT"); got != c.rtt {
 			t.Errorf("%s: RTT %q, want %q\n%s", c.backend, got, c.rtt, table)
 		}
@@ -87,5 +95,81 @@ func TestCLIStatusSampleAge(t *testing.T) {
 	}
 	if bs[1].RTTKnown || bs[1].RTTMillis != 0 || bs[1].SampleAgeMillis != 4200 {
 		t.Errorf("failed backend in the JSON: rtt_known %v rtt_ms %v sample_age_ms %v, want false, 0, 4200", bs[1].RTTKnown, bs[1].RTTMillis, bs[1].SampleAgeMillis)
+	}
+}
+
+// TestCLIStatusCounters: the status table shows drops and UDP failovers
+// per listener, backend and VIP, as the engine counts them, and names a
+// departed backend by its stored node id, with the name it had where this
+// agent knew one.
+func TestCLIStatusCounters(t *testing.T) {
+	n1 := vip.NodeID{0xa0, 1}
+	gone, anon := vip.NodeID{0xa0, 2, 0x55}, vip.NodeID{0xa0, 3, 0x66}
+	st := vip.ServiceStatus{Name: "api",
+		Totals: vip.Totals{Failovers: 7, Drops: map[string]uint64{"capacity": 4, "no-backend": 5}},
+		Listeners: []vip.ListenerStatus{
+			{Listener: "udp/53", Routed: true, Failovers: 6, Drops: map[string]uint64{"capacity": 3, "no-backend": 5},
+				Backends: []vip.BackendStatus{
+					{BackendRef: vip.BackendRef{Node: n1, NodeName: "server1", Port: 5353}, Reason: "ok", Eligible: true, Failovers: 2, Drops: map[string]uint64{"capacity": 3}},
+					{BackendRef: vip.BackendRef{Node: gone, NodeName: "server2", Port: 5353}, Reason: "departed", Departed: true, Failovers: 4, SampleAgeMillis: -1},
+					{BackendRef: vip.BackendRef{Node: anon, Port: 5354}, Reason: "departed", Departed: true, SampleAgeMillis: -1},
+				}},
+			{Listener: "tcp/443", Routed: true, Drops: map[string]uint64{"capacity": 1},
+				Backends: []vip.BackendStatus{
+					{BackendRef: vip.BackendRef{Node: n1, NodeName: "server1", Port: 6443}, Reason: "ok", Eligible: true, Drops: map[string]uint64{"capacity": 1}},
+				}},
+		}}
+	f := statusFixture(t, st)
+	table := f.must("vip", "status", "home", "api")
+	for _, c := range []struct{ listener, backend, drops, failovers string }{
+		{"udp/53", "-", "8", "6"},
+		{"udp/53", "server1:5353", "3", "2"},
+		{"udp/53", gone.String()[:12] + ":5353", "0", "4"},
+		{"udp/53", anon.String()[:12] + ":5354", "0", "0"},
+		{"tcp/443", "-", "1", "-"}, // TCP bindings never fail over
+		{"tcp/443", "server1:6443", "1", "-"},
+		{"total", "", "9", "7"},
+	} {
+		var row string
+		if c.listener == "total" {
+			for _, ln := range strings.Split(table, "\n") {
+				if strings.HasPrefix(ln, "total") {
+					row = ln
+				}
+			}
+		} else {
+			row = tableRow(t, table, c.listener, c.backend)
+		}
+		if got := column(t, table, row, "DROPS"); got != c.drops {
+			t.Errorf("%s %s: DROPS %q, want %q\n%s", c.listener, c.backend, got, c.drops, table)
+		}
+		if got := column(t, table, row, "FAILOVERS"); got != c.failovers {
+			t.Errorf("%s %s: FAILOVERS %q, want %q\n%s", c.listener, c.backend, got, c.failovers, table)
+		}
+	}
+	// Drops by reason, and the departed backends' full ids and names.
+	for _, want := range []string{
+		"drops: capacity 4, no-backend 5",
+		"udp/53 " + gone.String()[:12] + ":5353: departed node " + gone.String() + ", formerly server2",
+		"udp/53 " + anon.String()[:12] + ":5354: departed node " + anon.String() + " (no former name known)",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("no %q in\n%s", want, table)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	// The API's JSON carries the engine's counters as they are.
+	var s struct {
+		Status vip.ServiceStatus `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(f.must("vip", "show", "home", "api", "--json")), &s); err != nil {
+		t.Fatal(err)
+	}
+	l := s.Status.Listeners[0]
+	if s.Status.Totals.Failovers != 7 || s.Status.Totals.Drops["no-backend"] != 5 || l.Failovers != 6 || l.Drops["capacity"] != 3 ||
+		l.Backends[0].Failovers != 2 || l.Backends[0].Drops["capacity"] != 3 || l.Backends[1].Node != gone || !l.Backends[1].Departed {
+		t.Errorf("status JSON: %+v", s.Status)
 	}
 }

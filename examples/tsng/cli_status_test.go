@@ -2,9 +2,12 @@ package tsng
 
 import (
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/chromedp/chromedp"
 
 	"github.com/vipkit/vipkit/vip"
 )
@@ -171,5 +174,91 @@ func TestCLIStatusCounters(t *testing.T) {
 	if s.Status.Totals.Failovers != 7 || s.Status.Totals.Drops["no-backend"] != 5 || l.Failovers != 6 || l.Drops["capacity"] != 3 ||
 		l.Backends[0].Failovers != 2 || l.Backends[0].Drops["capacity"] != 3 || l.Backends[1].Node != gone || !l.Backends[1].Departed {
 		t.Errorf("status JSON: %+v", s.Status)
+	}
+}
+
+// TestWebEditorStatusInFull: the editor's status table shows what the
+// CLI's does: RTT only while current, each backend's sample age, drops
+// and UDP failovers per listener, backend and VIP, the drops by reason,
+// and a departed backend by its stored id with its former name.
+func TestWebEditorStatusInFull(t *testing.T) {
+	ctx := browser(t)
+	d, _ := uiDaemon(t)
+	n1 := vip.NodeID{0xa0, 1}
+	gone, anon := vip.NodeID{0xa0, 2, 0x55}, vip.NodeID{0xa0, 3, 0x66}
+	st := vip.ServiceStatus{Name: "api",
+		Totals: vip.Totals{Failovers: 7, Drops: map[string]uint64{"capacity": 4, "no-backend": 5}},
+		Listeners: []vip.ListenerStatus{
+			{Listener: "udp/53", Routed: true, Failovers: 6, Drops: map[string]uint64{"capacity": 3, "no-backend": 5},
+				Backends: []vip.BackendStatus{
+					{BackendRef: vip.BackendRef{Node: n1, NodeName: "fast", Port: 5353}, Reason: "ok", Eligible: true, RTTKnown: true, RTTMillis: 5.25, SampleAgeMillis: 400, Failovers: 2, Drops: map[string]uint64{"capacity": 3}},
+					{BackendRef: vip.BackendRef{Node: n1, NodeName: "fast", Port: 5354}, Reason: "probe-timeout", SampleAgeMillis: 4200},
+					{BackendRef: vip.BackendRef{Node: gone, NodeName: "server2", Port: 5353}, Reason: "departed", Departed: true, Failovers: 4, SampleAgeMillis: -1},
+					{BackendRef: vip.BackendRef{Node: anon, Port: 5355}, Reason: "departed", Departed: true, SampleAgeMillis: -1},
+				}},
+			{Listener: "tcp/443", Routed: true, Drops: map[string]uint64{"capacity": 1},
+				Backends: []vip.BackendStatus{
+					{BackendRef: vip.BackendRef{Node: n1, NodeName: "fast", Port: 6443}, Reason: "ok", Eligible: true, RTTKnown: true, RTTMillis: 1, SampleAgeMillis: 65000, Drops: map[string]uint64{"capacity": 1}},
+				}},
+		}}
+	stJSON, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, uiSignIn(t, d, ""), waitJS(`typeof window.tsngStatusTable === "function"`)); err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Key, Backend, Title, RTT, Age, Drops, Failovers string
+	}
+	js := fmt.Sprintf(`(() => { const box = document.createElement("div"); box.replaceChildren(...window.tsngStatusTable(%s));
+		const cell = (r, c) => { const e = r.querySelector("." + c); return e ? e.textContent : ""; };
+		const rows = [...box.querySelectorAll("tr.status-row")].map((r) => ({Key: r.dataset.backend || r.dataset.statusListener || "total",
+			Backend: r.children[1].textContent, Title: r.children[1].title || "", RTT: cell(r, "rtt"), Age: cell(r, "age"),
+			Drops: cell(r, "drops"), Failovers: cell(r, "failovers")}));
+		const reasons = box.querySelector("#drop-reasons");
+		rows.push({Key: "reasons", Backend: reasons ? reasons.textContent : ""});
+		return rows; })()`, stJSON)
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[[]row](js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast := n1.String()[:12] // data-backend names nodes as the network's node list does
+	byKey := map[string]row{}
+	for _, r := range got {
+		byKey[r.Key] = r
+	}
+	want := []row{
+		{Key: "udp/53", RTT: "", Age: "", Drops: "8", Failovers: "6"},
+		{Key: fast + ":5353", RTT: "5.25 ms", Age: "0.4s", Drops: "3", Failovers: "2"},
+		{Key: fast + ":5354", RTT: "—", Age: "4.2s", Drops: "0", Failovers: "0"},
+		{Key: gone.String()[:12] + ":5353", Title: gone.String(), RTT: "unknown", Age: "—", Drops: "0", Failovers: "4"},
+		{Key: anon.String()[:12] + ":5355", Title: anon.String(), RTT: "unknown", Age: "—", Drops: "0", Failovers: "0"},
+		{Key: "tcp/443", RTT: "", Age: "", Drops: "1", Failovers: "—"},
+		{Key: fast + ":6443", RTT: "1.00 ms", Age: "1m5s", Drops: "1", Failovers: "—"},
+		{Key: "total", RTT: "", Age: "", Drops: "9", Failovers: "7"},
+	}
+	for _, w := range want {
+		g, ok := byKey[w.Key]
+		if !ok {
+			t.Errorf("no status row %s in %+v", w.Key, got)
+			continue
+		}
+		g.Backend = "" // checked below
+		if w.Title == "" {
+			g.Title = ""
+		}
+		if g != w {
+			t.Errorf("row %s: got %+v, want %+v", w.Key, g, w)
+		}
+	}
+	if b := byKey[gone.String()[:12]+":5353"].Backend; !strings.Contains(b, "formerly server2") {
+		t.Errorf("departed backend with a known name: %q", b)
+	}
+	if b := byKey[anon.String()[:12]+":5355"].Backend; !strings.Contains(b, "departed") || strings.Contains(b, "formerly") {
+		t.Errorf("departed backend without a known name: %q", b)
+	}
+	if r := byKey["reasons"].Backend; r != "drops: capacity 4, no-backend 5" {
+		t.Errorf("drops by reason: %q", r)
 	}
 }

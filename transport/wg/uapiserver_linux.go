@@ -81,7 +81,7 @@ func (d *Device) ServeUAPI(name string, o UAPIOptions) (*UAPIServer, error) {
 	path := filepath.Join(dir, name+".sock")
 	ln, err := listenUAPI(path)
 	if err != nil {
-		lock.Close()
+		unlockUAPIName(lock)
 		return nil, err
 	}
 	log := o.Logger
@@ -101,6 +101,7 @@ func (s *UAPIServer) Path() string { return s.path }
 // connections.
 func (s *UAPIServer) Close() error {
 	s.mu.Lock()
+	first := !s.closed
 	s.closed = true
 	err := s.ln.Close()
 	for c := range s.conns {
@@ -109,28 +110,51 @@ func (s *UAPIServer) Close() error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	// After the socket is gone, so that the next holder of the lock
-	// finds the name free. The lock file itself stays: removing it would
-	// let two starts lock different files of one name.
-	s.lock.Close()
+	// finds the name free; only once, since the file may be another
+	// server's by a second Close.
+	if first {
+		unlockUAPIName(s.lock)
+	}
 	return err
 }
 
 // lockUAPIName takes dir/name.lock (flock, not waiting). wg(8) lists only
 // the directory's .sock files, so the lock file adds no device to `wg show`.
+// The holder removes the file when it lets go (unlockUAPIName), so a lock
+// taken on a file that has meanwhile left the path is worthless: it is
+// dropped and the path's current file tried again.
 func lockUAPIName(dir, name string) (*os.File, error) {
 	lp := filepath.Join(dir, name+".lock")
-	f, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("wg: UAPI lock file: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s is served by another process (its lock %s is held)", ErrUAPIInUse, filepath.Join(dir, name+".sock"), lp)
+	for range 8 {
+		f, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("wg: UAPI lock file: %w", err)
 		}
-		return nil, fmt.Errorf("wg: UAPI lock file %s: %w", lp, err)
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w: %s is served by another process (its lock %s is held)", ErrUAPIInUse, filepath.Join(dir, name+".sock"), lp)
+			}
+			return nil, fmt.Errorf("wg: UAPI lock file %s: %w", lp, err)
+		}
+		var held, now unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("wg: UAPI lock file %s: %w", lp, err)
+		}
+		if unix.Lstat(lp, &now) == nil && now.Dev == held.Dev && now.Ino == held.Ino {
+			return f, nil
+		}
+		f.Close() // its holder removed it between our open and our lock
 	}
-	return f, nil
+	return nil, fmt.Errorf("%w: %s keeps changing (another process takes and releases the name)", ErrUAPIInUse, lp)
+}
+
+// unlockUAPIName removes the lock file while still holding it, then
+// releases it.
+func unlockUAPIName(f *os.File) {
+	os.Remove(f.Name())
+	f.Close()
 }
 
 // listenUAPI listens on path, with the name's lock held. A socket that

@@ -193,4 +193,14 @@ func TestUAPINameInUse(t *testing.T) {
 	if got := uapiGet(t, s2.Path()); got != "errno=0" {
 		t.Fatalf("second server: %q", got)
 	}
+	// Closing the first again takes nothing from the second.
+	s1.Close()
+	if _, err := d1.ServeUAPI("tsng-home", UAPIOptions{Dir: dir}); !errors.Is(err, ErrUAPIInUse) {
+		t.Fatalf("a third server while the second runs: %v, want ErrUAPIInUse", err)
+	}
+	// Close leaves nothing in the directory.
+	s2.Close()
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+		t.Fatalf("after Close the directory holds %v (%v)", ents, err)
+	}
 }

@@ -35,7 +35,8 @@ func (w logWriter) Write(p []byte) (int, error) {
 // network namespace (root): dig +tcp and plain dig get the VIP's address
 // from the agent on its TUN address, a name outside the network is
 // answered by a test upstream on the namespace's loopback, and Debian's
-// wg show and wg showconf read the device through its UAPI socket.
+// wg show and wg showconf read the device through its UAPI socket, and a
+// second agent in another namespace with the same TUN name fails to start.
 func TestTunModeDNSAndWgShow(t *testing.T) {
 	testenv.NeedRoot(t)
 	gobin := testenv.NeedBinary(t, "go")
@@ -131,6 +132,37 @@ func TestTunModeDNSAndWgShow(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, wgBin, "set", tun, "listen-port", "1").CombinedOutput(); err == nil || !strings.Contains(string(out), "Operation not permitted") {
 		t.Fatalf("wg set: %v %s", err, out)
 	}
+	// A second agent in another namespace with the same TUN name: the
+	// namespace has its own interfaces, but /var/run/wireguard is the
+	// host's. Its network does not start, the error names the field to
+	// change, and wg show still shows the first agent's device.
+	h2 := netns.NewHostT(t, "tm2")
+	dir2 := t.TempDir()
+	k2, _ := GenerateKeys()
+	cfg2 := Config{DataDir: filepath.Join(dir2, "data"), Socket: filepath.Join(dir2, "api.sock"), UI: "off",
+		Networks: []NetworkConfig{{Name: "home", Overlay: "100.80.0.0/24", Mode: "tun", TUN: tun,
+			Node:  NodeConfig{Name: "server2", Address: "100.80.0.2", IdentityKey: k2.IdentityKey, WireGuardKey: k2.WireGuardKey},
+			Peers: []PeerConfig{{Name: "server1", Address: "100.80.0.1", Identity: k.Identity, WireGuardKey: k.WireGuardPublicKey}}}}}
+	b2, _ := json.Marshal(cfg2)
+	cfg2Path := filepath.Join(dir2, "tsng.json")
+	os.WriteFile(cfg2Path, b2, 0o600)
+	ctx2, cancel2 := context.WithTimeout(ctx, 30*time.Second)
+	var out2 syncBuffer
+	p2, err := h2.Start(ctx2, []string{bin, "daemon", "--config", cfg2Path}, netns.ProcOptions{Output: &out2})
+	if err == nil {
+		err = p2.Wait(ctx2)
+	}
+	timedOut := ctx2.Err() != nil
+	cancel2()
+	t.Logf("second agent: %v\n%s", err, out2.String())
+	if err == nil || timedOut || !strings.Contains(out2.String(), "networks[0] (home).tun") || !strings.Contains(out2.String(), sock) {
+		t.Fatalf("second agent on TUN name %s: %v, want a start error naming networks[0] (home).tun and %s\n%s", tun, err, sock, out2.String())
+	}
+	show, err = exec.CommandContext(ctx, wgBin, "show", tun).CombinedOutput()
+	if err != nil || !strings.Contains(string(show), "peer: "+peer.WireGuardPublicKey.String()) {
+		t.Fatalf("wg show %s after the second agent: %v\n%s", tun, err, show)
+	}
+
 	// Stopping the network removes the socket.
 	if out, err := cli("network", "down", "home"); err != nil {
 		t.Fatalf("network down: %v\n%s", err, out)

@@ -95,6 +95,9 @@ type netRuntime struct {
 	replica *crdt.Replica
 	reg     *vip.Registry
 	api     *Network
+	// index is the network's place in the config in force (its
+	// networks[i]), for errors that name a config field.
+	index atomic.Int32
 
 	// mu serializes starting and stopping the network (with up) and
 	// guards its running parts, every field below up to collMu, and uapi.
@@ -137,10 +140,6 @@ type netRuntime struct {
 	// uapi is `wg show`'s socket, when served.
 	// +checklocks:mu
 	uapi *wg.UAPIServer
-
-	// index is the network's place in the config in force (its
-	// networks[i]), for errors that name a config field.
-	index atomic.Int32
 
 	// collMu guards collisions, the address collisions already logged.
 	collMu syncx.Mutex

@@ -281,6 +281,9 @@ func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 	}
 	if n.Up() && n.Status != nil {
 		d.Status = n.Status(v.ID)
+		if st, ok := d.Status.(vip.ServiceStatus); ok {
+			d.Status = withoutFailedRTT(st)
+		}
 		if n.CountersSince != nil && d.Status != nil {
 			d.CountersSince = n.CountersSince()
 		}

@@ -479,7 +479,10 @@ func vipCommand() *command {
 				return printDoc(c, d)
 			}},
 		{name: "status", args: "NET VIP [--watch] [--interval D] [--json]", short: "Show this node's observation: selected backend, health, RTT, bindings, counters.", min: 2, max: 2,
-			long: "With --watch, print a sample every --interval, with rates derived from the cumulative counters; with --json, one JSON object per sample.",
+			long: "Each listener has a row of its own counters (BACKEND -), then one per backend. RTT is - for a backend that failed or is excluded; " +
+				"AGE is the time since its last probe answer. DROPS and FAILOVERS (UDP only) are cumulative, per listener, backend and VIP. " +
+				"A departed backend is shown by its node id, in full under the table with its former name.\n" +
+				"With --watch, print a sample every --interval, with rates derived from the cumulative counters; with --json, one JSON object per sample.",
 			flags: func(fs *flag.FlagSet, o *opts) {
 				jsonFlag(fs, o)
 				fs.BoolVar(&o.watch, "watch", false, "keep printing samples")

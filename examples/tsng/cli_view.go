@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -82,8 +86,10 @@ func confirmRemove(ctx context.Context, c *cliCtx, network, sel string) error {
 	return fmt.Errorf("%w: %s.%s", errNotRemoved, d.Name, d.Network)
 }
 
-// printStatusTable prints a status sample as the demo does: one row per
-// backend with its health, RTT, bindings and counters, the VIP's totals,
+// printStatusTable prints a status sample: per listener a row of its own
+// counters (BACKEND -) and one per backend with its health, RTT and
+// sample age, bindings, counters, drops and UDP failovers; the VIP's
+// totals and its drops by reason; the departed backends' full node ids;
 // and the rates since the previous sample when watching.
 func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 	w := c.env.Stdout
@@ -104,7 +110,7 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		fmt.Fprintln(w, "  counters restarted (the agent or the network restarted): rates resume from the next sample")
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	hdr := "LISTENER\tBACKEND\tHEALTH\tRTT\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tNEXT"
+	hdr := "LISTENER\tBACKEND\tHEALTH\tRTT\tAGE\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tDROPS\tFAILOVERS\tNEXT"
 	if s.Rates != nil {
 		hdr += "\tBYTES/S OUT/IN"
 	}
@@ -117,30 +123,50 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		}
 		return fmt.Sprintf("\t%.0f/%.0f", out, in)
 	}
+	var departed []string
 	for _, l := range st.Listeners {
 		next := "-"
 		if l.Next != nil {
 			next = fmt.Sprintf("%s:%d", nameOr(*l.Next), l.Next.Port)
 		}
-		if len(l.Backends) == 0 {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%s", l.Listener, l.Active, l.PacketsOut, l.PacketsIn, l.BytesOut, l.BytesIn, next)
-			if s.Rates != nil {
-				fmt.Fprint(tw, rate(listenerKey(l)))
+		// UDP bindings fail over; TCP ones never do.
+		failovers := func(n uint64) string {
+			if !strings.HasPrefix(l.Listener, "udp/") {
+				return "-"
 			}
-			fmt.Fprintln(tw)
+			return strconv.FormatUint(n, 10)
 		}
+		fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%d\t%s\t%s", l.Listener, l.Active, l.PacketsOut, l.PacketsIn, l.BytesOut, l.BytesIn,
+			dropCount(l.Drops), failovers(l.Failovers), next)
+		if s.Rates != nil {
+			fmt.Fprint(tw, rate(listenerKey(l)))
+		}
+		fmt.Fprintln(tw)
 		rows := append(append([]vip.BackendStatus{}, l.Backends...), l.DrainingBackends...)
 		for _, b := range rows {
 			rtt := "-"
-			if b.RTTKnown {
+			if rttCurrent(b) {
 				rtt = fmt.Sprintf("%.2fms", b.RTTMillis)
 			}
 			reason := b.Reason
 			if b.Draining {
 				reason += " (draining)"
 			}
-			fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s", l.Listener, nameOr(b.BackendRef), b.Port, reason, rtt,
-				b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, next)
+			name := nameOr(b.BackendRef)
+			if b.Departed {
+				// By the id that selects it whatever this agent knew; the
+				// full id and the former name follow the table.
+				name = b.Node.String()[:12]
+				d := fmt.Sprintf("  %s %s:%d: departed node %s", l.Listener, name, b.Port, b.Node)
+				if b.NodeName != "" {
+					d += ", formerly " + printable(b.NodeName)
+				} else {
+					d += " (no former name known)"
+				}
+				departed = append(departed, d)
+			}
+			fmt.Fprintf(tw, "%s\t%s:%d\t%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%d\t%s\t%s", l.Listener, name, b.Port, reason, rtt,
+				sampleAge(b.SampleAgeMillis), b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, dropCount(b.Drops), failovers(b.Failovers), next)
 			if s.Rates != nil {
 				fmt.Fprint(tw, rate(backendKey(l, b)))
 			}
@@ -148,10 +174,35 @@ func printStatusTable(c *cliCtx, raw map[string]any, s Sample) {
 		}
 	}
 	t := st.Totals
-	fmt.Fprintf(tw, "total\t\t\t\t\t%d/%d\t%d/%d\t", t.PacketsOut, t.PacketsIn, t.BytesOut, t.BytesIn)
+	fmt.Fprintf(tw, "total\t\t\t\t\t\t%d/%d\t%d/%d\t%d\t%d\t", t.PacketsOut, t.PacketsIn, t.BytesOut, t.BytesIn, dropCount(t.Drops), t.Failovers)
 	if s.Rates != nil {
 		fmt.Fprint(tw, rate("totals"))
 	}
 	fmt.Fprintln(tw)
 	tw.Flush()
+	if len(t.Drops) > 0 {
+		fmt.Fprintln(w, "  drops:", dropReasons(t.Drops))
+	}
+	for _, d := range departed {
+		fmt.Fprintln(w, d)
+	}
+}
+
+// dropCount is the sum of a drop counter map.
+func dropCount(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// dropReasons lists drops by reason, in reason order: "capacity 4,
+// no-backend 5".
+func dropReasons(m map[string]uint64) string {
+	var parts []string
+	for _, r := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", printable(r), m[r]))
+	}
+	return strings.Join(parts, ", ")
 }

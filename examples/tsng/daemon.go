@@ -95,6 +95,9 @@ type netRuntime struct {
 	replica *crdt.Replica
 	reg     *vip.Registry
 	api     *Network
+	// index is the network's place in the config in force (its
+	// networks[i]), for errors that name a config field.
+	index atomic.Int32
 
 	// mu serializes starting and stopping the network (with up) and
 	// guards its running parts, every field below up to collMu, and uapi.
@@ -162,12 +165,13 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		return nil, err
 	}
 	d.lock = lock
-	for _, nc := range cfg.Networks {
+	for i, nc := range cfg.Networks {
 		n, err := d.openNetwork(ctx, nc)
 		if err != nil {
 			d.Close()
 			return nil, fmt.Errorf("tsng: network %s: %w", nc.Name, trimPrefix(err))
 		}
+		n.index.Store(int32(i))
 		d.nets = append(d.nets, n)
 		n.reportCollisions()
 	}
@@ -534,7 +538,9 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { dev.Close() })
-	n.startUAPILocked(dev)
+	if err := n.startUAPILocked(dev); err != nil {
+		return err
+	}
 	cleanup = append(cleanup, func() {
 		if n.uapi != nil {
 			n.uapi.Close()

@@ -169,7 +169,7 @@ func printDemoStatus(out io.Writer, st vip.Status) {
 			}
 			for _, b := range l.Backends {
 				rtt := "-"
-				if b.RTTKnown {
+				if rttCurrent(b) {
 					rtt = fmt.Sprintf("%.2fms", b.RTTMillis)
 				}
 				fmt.Fprintf(tw, "%s.%s\t%s\t%s:%d\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\n", s.Name, st.Network, l.Listener, nameOr(b.BackendRef), b.Port, b.Reason, rtt,

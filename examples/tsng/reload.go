@@ -133,6 +133,9 @@ func (d *Daemon) ReloadConfig(ctx context.Context, cfg *Config) (ReloadResult, e
 			"members", len(p.ms.members))
 	}
 	d.running = cfg
+	for i, nc := range cfg.Networks {
+		d.Runtime(nc.Name).index.Store(int32(i)) // planReload found each
+	}
 	if !res.Changed {
 		d.log.Info("config reloaded: no change")
 	}

@@ -460,3 +460,27 @@ func devOf(n *netRuntime) *wg.Device {
 	defer n.mu.Unlock()
 	return n.dev
 }
+
+// TestReloadKeepsConfigPaths: a reload may reorder the networks; errors
+// that name a network's config field (such as a taken tun name at its
+// next start) then use its new place.
+func TestReloadKeepsConfigPaths(t *testing.T) {
+	cfg := oneNodeConfig(socketDir(t, "tsngpaths"))
+	work := cfg.Networks[0]
+	work.Name, work.Overlay, work.DNSPort, work.Node.Address = "work", "100.81.0.0/24", 5354, "100.81.0.1"
+	cfg.Networks = append(cfg.Networks, work)
+	d := startDaemon(t, cfg)
+	defer d.Close()
+	where := func() []string { return []string{d.Runtime("home").where(), d.Runtime("work").where()} }
+	if got := where(); !slices.Equal(got, []string{"networks[0] (home)", "networks[1] (work)"}) {
+		t.Fatalf("at start: %v", got)
+	}
+	c := cloneConfig(t, cfg)
+	c.Networks[0], c.Networks[1] = c.Networks[1], c.Networks[0]
+	if _, err := d.ReloadConfig(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+	if got := where(); !slices.Equal(got, []string{"networks[1] (home)", "networks[0] (work)"}) {
+		t.Fatalf("after a reordering reload: %v", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -86,6 +87,52 @@ func decodeServiceStatus(status any) (vip.ServiceStatus, bool) {
 		return st, false
 	}
 	return st, true
+}
+
+// rttCurrent reports whether b's RTT is worth showing: it is measured and
+// the backend is eligible, or drained (out of rotation on purpose) over a
+// path that answers. Any other backend has failed or is excluded, and its
+// RTT is that of its last probe answer, however old.
+func rttCurrent(b vip.BackendStatus) bool {
+	return b.RTTKnown && (b.Eligible || b.Drain && b.PathReason == "ok")
+}
+
+// withoutFailedRTT is st as the local API serves it: a backend whose RTT
+// is not current (rttCurrent) has rtt_known false and no rtt_ms, and keeps
+// its sample_age_ms, the age of its last probe answer. The engine's own
+// Status (and the metrics) keep the prober's view.
+func withoutFailedRTT(st vip.ServiceStatus) vip.ServiceStatus {
+	fix := func(bs []vip.BackendStatus) []vip.BackendStatus {
+		if bs == nil {
+			return nil
+		}
+		out := slices.Clone(bs)
+		for i := range out {
+			if !rttCurrent(out[i]) {
+				out[i].RTTKnown, out[i].RTTMillis = false, 0
+			}
+		}
+		return out
+	}
+	st.Listeners = slices.Clone(st.Listeners)
+	for i := range st.Listeners {
+		l := &st.Listeners[i]
+		l.Backends, l.DrainingBackends = fix(l.Backends), fix(l.DrainingBackends)
+	}
+	return st
+}
+
+// sampleAge formats a backend's sample age (milliseconds, negative when
+// it has none) for the status table: tenths of a second under a minute.
+func sampleAge(ms float64) string {
+	if ms < 0 {
+		return "-"
+	}
+	d := time.Duration(ms * float64(time.Millisecond))
+	if d < time.Minute {
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	}
+	return d.Round(time.Second).String()
 }
 
 // counterSample is what the rates of the next sample are derived from.

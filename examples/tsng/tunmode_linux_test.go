@@ -1,10 +1,13 @@
 package tsng
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +35,8 @@ func (w logWriter) Write(p []byte) (int, error) {
 // network namespace (root): dig +tcp and plain dig get the VIP's address
 // from the agent on its TUN address, a name outside the network is
 // answered by a test upstream on the namespace's loopback, and Debian's
-// wg show and wg showconf read the device through its UAPI socket.
+// wg show and wg showconf read the device through its UAPI socket, and a
+// second agent in another namespace with the same TUN name fails to start.
 func TestTunModeDNSAndWgShow(t *testing.T) {
 	testenv.NeedRoot(t)
 	gobin := testenv.NeedBinary(t, "go")
@@ -128,6 +132,37 @@ func TestTunModeDNSAndWgShow(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, wgBin, "set", tun, "listen-port", "1").CombinedOutput(); err == nil || !strings.Contains(string(out), "Operation not permitted") {
 		t.Fatalf("wg set: %v %s", err, out)
 	}
+	// A second agent in another namespace with the same TUN name: the
+	// namespace has its own interfaces, but /var/run/wireguard is the
+	// host's. Its network does not start, the error names the field to
+	// change, and wg show still shows the first agent's device.
+	h2 := netns.NewHostT(t, "tm2")
+	dir2 := t.TempDir()
+	k2, _ := GenerateKeys()
+	cfg2 := Config{DataDir: filepath.Join(dir2, "data"), Socket: filepath.Join(dir2, "api.sock"), UI: "off",
+		Networks: []NetworkConfig{{Name: "home", Overlay: "100.80.0.0/24", Mode: "tun", TUN: tun,
+			Node:  NodeConfig{Name: "server2", Address: "100.80.0.2", IdentityKey: k2.IdentityKey, WireGuardKey: k2.WireGuardKey},
+			Peers: []PeerConfig{{Name: "server1", Address: "100.80.0.1", Identity: k.Identity, WireGuardKey: k.WireGuardPublicKey}}}}}
+	b2, _ := json.Marshal(cfg2)
+	cfg2Path := filepath.Join(dir2, "tsng.json")
+	os.WriteFile(cfg2Path, b2, 0o600)
+	ctx2, cancel2 := context.WithTimeout(ctx, 30*time.Second)
+	var out2 syncBuffer
+	p2, err := h2.Start(ctx2, []string{bin, "daemon", "--config", cfg2Path}, netns.ProcOptions{Output: &out2})
+	if err == nil {
+		err = p2.Wait(ctx2)
+	}
+	timedOut := ctx2.Err() != nil
+	cancel2()
+	t.Logf("second agent: %v\n%s", err, out2.String())
+	if err == nil || timedOut || !strings.Contains(out2.String(), "networks[0] (home).tun") || !strings.Contains(out2.String(), sock) {
+		t.Fatalf("second agent on TUN name %s: %v, want a start error naming networks[0] (home).tun and %s\n%s", tun, err, sock, out2.String())
+	}
+	show, err = exec.CommandContext(ctx, wgBin, "show", tun).CombinedOutput()
+	if err != nil || !strings.Contains(string(show), "peer: "+peer.WireGuardPublicKey.String()) {
+		t.Fatalf("wg show %s after the second agent: %v\n%s", tun, err, show)
+	}
+
 	// Stopping the network removes the socket.
 	if out, err := cli("network", "down", "home"); err != nil {
 		t.Fatalf("network down: %v\n%s", err, out)
@@ -153,7 +188,9 @@ func TestUAPIUnprivileged(t *testing.T) {
 	startUAPI := func() *wg.UAPIServer {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		n.startUAPILocked(dev)
+		if err := n.startUAPILocked(dev); err != nil {
+			t.Fatal(err)
+		}
 		return n.uapi
 	}
 	defer func(f func() int, dir string) { geteuid, uapiDir = f, dir }(geteuid, uapiDir)
@@ -178,11 +215,65 @@ func TestUAPIUnprivileged(t *testing.T) {
 	for _, c := range []NetworkConfig{{Name: "home", Mode: "tun", UAPI: &off}, {Name: "home"}} {
 		m := &netRuntime{d: d, cfg: c, tunName: "tsng-home"}
 		m.mu.Lock()
-		m.startUAPILocked(dev)
+		err := m.startUAPILocked(dev)
 		served := m.uapi != nil
 		m.mu.Unlock()
-		if served {
-			t.Fatalf("%+v: served a socket", c)
+		if served || err != nil {
+			t.Fatalf("%+v: served a socket (%v)", c, err)
 		}
+	}
+}
+
+// TestUAPINameCollision: a second agent on the host (another network
+// namespace shares /var/run/wireguard) whose TUN has the same name as a
+// running one fails to start the network, with an error naming the
+// config field to change; the first agent's socket keeps answering.
+func TestUAPINameCollision(t *testing.T) {
+	testenv.NeedRoot(t)
+	newDev := func() *wg.Device {
+		pio, _ := transporttest.NewChanPair(transporttest.ChanPairOptions{})
+		dev, err := wg.NewDevice(pio, wg.Config{PrivateKey: wg.GeneratePrivateKey()}, wg.Options{Bind: wg.NewUDPBind(wg.UDPBindOptions{})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Close() })
+		return dev
+	}
+	defer func(dir string) { uapiDir = dir }(uapiDir)
+	uapiDir = filepath.Join(t.TempDir(), "wireguard")
+	first, err := newDev().ServeUAPI("tsng-home", wg.UAPIOptions{Dir: uapiDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	d := &Daemon{log: slog.New(slog.DiscardHandler)}
+	n := &netRuntime{d: d, cfg: NetworkConfig{Name: "home", Mode: "tun"}, tunName: "tsng-home"}
+	n.index.Store(1)
+	n.mu.Lock()
+	err = n.startUAPILocked(newDev())
+	served := n.uapi != nil
+	n.mu.Unlock()
+	if served || err == nil || !errors.Is(err, wg.ErrUAPIInUse) || !strings.Contains(err.Error(), "networks[1] (home).tun") ||
+		!strings.Contains(err.Error(), first.Path()) {
+		t.Fatalf("second agent: served %v, err %v; want ErrUAPIInUse naming networks[1] (home).tun and %s", served, err, first.Path())
+	}
+	t.Log(err)
+	c, err := net.Dial("unix", first.Path())
+	if err != nil {
+		t.Fatalf("the first socket: %v", err)
+	}
+	defer c.Close()
+	c.Write([]byte("get=1\n\n"))
+	// The server keeps the connection open for the next operation: read
+	// up to the reply's errno line.
+	var got []string
+	for r := bufio.NewScanner(c); r.Scan(); {
+		got = append(got, r.Text())
+		if strings.HasPrefix(r.Text(), "errno=") {
+			break
+		}
+	}
+	if len(got) == 0 || got[len(got)-1] != "errno=0" {
+		t.Fatalf("the first socket answered %q", got)
 	}
 }

@@ -14,6 +14,11 @@ const UAPIDir = "/var/run/wireguard"
 // ErrUAPIDir means the socket directory is not one only root can change.
 var ErrUAPIDir = errors.New("wg: UAPI socket directory is not root's alone")
 
+// ErrUAPIInUse means another process serves a device of the same name in
+// the socket directory. The directory is shared by every network
+// namespace on the host, so two devices there need different names.
+var ErrUAPIInUse = errors.New("wg: UAPI socket name in use")
+
 // UAPIOptions configures ServeUAPI.
 type UAPIOptions struct {
 	// Dir is the socket directory (UAPIDir when empty).

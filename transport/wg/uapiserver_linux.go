@@ -2,6 +2,7 @@ package wg
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,6 +27,7 @@ import (
 type UAPIServer struct {
 	d     *Device
 	ln    *net.UnixListener
+	lock  *os.File // dir/name.lock, flocked while the server runs
 	path  string
 	log   *slog.Logger
 	clock transport.Clock
@@ -47,8 +49,10 @@ const uapiMaxRequest = 64 << 10
 // with mode 0700 if missing, and an existing one must be a directory
 // owned by root that no one else may write to (ErrUAPIDir otherwise). A
 // stale socket of a process that is gone is replaced; a live one is an
-// error. Connections are accepted only from processes of root or of this
-// process's user (SO_PEERCRED).
+// error (ErrUAPIInUse), and so is a name another ServeUAPI holds: each
+// server keeps Dir/name.lock locked while it runs. Connections are
+// accepted only from processes of root or of this process's user
+// (SO_PEERCRED).
 func (d *Device) ServeUAPI(name string, o UAPIOptions) (*UAPIServer, error) {
 	if name == "" || strings.ContainsAny(name, "/\x00") || len(name) > 15 {
 		return nil, fmt.Errorf("wg: UAPI name %q: want an interface name (1-15 bytes, no /)", name)
@@ -67,30 +71,24 @@ func (d *Device) ServeUAPI(name string, o UAPIOptions) (*UAPIServer, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
 		return nil, fmt.Errorf("%w: %s (owner %d, mode %o)", ErrUAPIDir, dir, st.Uid, st.Mode&0o7777)
 	}
-	path := filepath.Join(dir, name+".sock")
-	if c, err := net.Dial("unix", path); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("wg: UAPI socket %s is in use by another process", path)
-	}
-	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
-		os.Remove(path) // a dead process's socket
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	// The lock file keeps the name taken for as long as this server
+	// runs, even if the socket file is removed under it, and makes the
+	// check-then-listen below safe against a second start racing this one.
+	lock, err := lockUAPIName(dir, name)
 	if err != nil {
-		return nil, fmt.Errorf("wg: UAPI socket: %w", err)
+		return nil, err
 	}
-	ln.SetUnlinkOnClose(true)
-	// The directory is root's alone, so nobody can reach the socket
-	// before its mode is set.
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("wg: UAPI socket: %w", err)
+	path := filepath.Join(dir, name+".sock")
+	ln, err := listenUAPI(path)
+	if err != nil {
+		unlockUAPIName(lock)
+		return nil, err
 	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &UAPIServer{d: d, ln: ln, path: path, log: log, clock: transport.Or(o.Clock), conns: map[net.Conn]bool{}}
+	s := &UAPIServer{d: d, ln: ln, lock: lock, path: path, log: log, clock: transport.Or(o.Clock), conns: map[net.Conn]bool{}}
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -103,6 +101,7 @@ func (s *UAPIServer) Path() string { return s.path }
 // connections.
 func (s *UAPIServer) Close() error {
 	s.mu.Lock()
+	first := !s.closed
 	s.closed = true
 	err := s.ln.Close()
 	for c := range s.conns {
@@ -110,7 +109,85 @@ func (s *UAPIServer) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	// After the socket is gone, so that the next holder of the lock
+	// finds the name free; only once, since the file may be another
+	// server's by a second Close.
+	if first {
+		unlockUAPIName(s.lock)
+	}
 	return err
+}
+
+// lockUAPIName takes dir/name.lock (flock, not waiting). wg(8) lists only
+// the directory's .sock files, so the lock file adds no device to `wg show`.
+// The holder removes the file when it lets go (unlockUAPIName), so a lock
+// taken on a file that has meanwhile left the path is worthless: it is
+// dropped and the path's current file tried again.
+func lockUAPIName(dir, name string) (*os.File, error) {
+	lp := filepath.Join(dir, name+".lock")
+	for range 8 {
+		f, err := os.OpenFile(lp, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("wg: UAPI lock file: %w", err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%w: %s is served by another process (its lock %s is held)", ErrUAPIInUse, filepath.Join(dir, name+".sock"), lp)
+			}
+			return nil, fmt.Errorf("wg: UAPI lock file %s: %w", lp, err)
+		}
+		var held, now unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("wg: UAPI lock file %s: %w", lp, err)
+		}
+		if unix.Lstat(lp, &now) == nil && now.Dev == held.Dev && now.Ino == held.Ino {
+			return f, nil
+		}
+		f.Close() // its holder removed it between our open and our lock
+	}
+	return nil, fmt.Errorf("%w: %s keeps changing (another process takes and releases the name)", ErrUAPIInUse, lp)
+}
+
+// unlockUAPIName removes the lock file while still holding it, then
+// releases it.
+func unlockUAPIName(f *os.File) {
+	os.Remove(f.Name())
+	f.Close()
+}
+
+// listenUAPI listens on path, with the name's lock held. A socket that
+// answers belongs to a process that does not take the lock (wireguard-go,
+// another implementation): the name is in use. One that refuses is a dead
+// process's and is replaced. Any other answer leaves it alone.
+func listenUAPI(path string) (*net.UnixListener, error) {
+	c, err := net.Dial("unix", path)
+	switch {
+	case err == nil:
+		c.Close()
+		return nil, fmt.Errorf("%w: %s is served by another process", ErrUAPIInUse, path)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFSOCK {
+			os.Remove(path) // a dead process's socket
+		}
+	case errors.Is(err, syscall.ENOENT):
+	default:
+		return nil, fmt.Errorf("wg: UAPI socket %s: checking for another server: %w", path, err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("wg: UAPI socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	// The directory is root's alone, so nobody can reach the socket
+	// before its mode is set.
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("wg: UAPI socket: %w", err)
+	}
+	return ln, nil
 }
 
 func (s *UAPIServer) accept() {

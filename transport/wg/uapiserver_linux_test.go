@@ -1,6 +1,8 @@
 package wg
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -122,5 +124,83 @@ func TestUAPIDirChecks(t *testing.T) {
 	s.Close()
 	if _, err := d.ServeUAPI("a/b", UAPIOptions{Dir: dir}); err == nil {
 		t.Fatal("a name with a slash was accepted")
+	}
+}
+
+// uapiGet asks the socket at path for the device's state and returns
+// the reply's errno line.
+func uapiGet(t *testing.T, path string) string {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial %s: %v", path, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("get=1\n\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading %s: %v", path, err)
+		}
+		if strings.HasPrefix(line, "errno=") {
+			return strings.TrimSpace(line)
+		}
+	}
+}
+
+// TestUAPINameInUse: two devices cannot serve one name (two agents in
+// different network namespaces share /var/run/wireguard). The second
+// start fails with ErrUAPIInUse and the first socket keeps answering;
+// even with the first's socket file gone (an administrator's rm, or a
+// racing start that judged it stale) the name stays taken while the
+// first server runs.
+func TestUAPINameInUse(t *testing.T) {
+	testenv.NeedRoot(t)
+	d1, _, _ := uapiDevice(t)
+	d2, _, _ := uapiDevice(t)
+	dir := filepath.Join(t.TempDir(), "wireguard")
+	s1, err := d1.ServeUAPI("tsng-home", UAPIOptions{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s1.Close()
+	_, err = d2.ServeUAPI("tsng-home", UAPIOptions{Dir: dir})
+	if !errors.Is(err, ErrUAPIInUse) || !strings.Contains(err.Error(), s1.Path()) {
+		t.Fatalf("second server: %v, want ErrUAPIInUse naming %s", err, s1.Path())
+	}
+	if got := uapiGet(t, s1.Path()); got != "errno=0" {
+		t.Fatalf("first server after the refused second: %q", got)
+	}
+	if err := os.Remove(s1.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if s2, err := d2.ServeUAPI("tsng-home", UAPIOptions{Dir: dir}); !errors.Is(err, ErrUAPIInUse) {
+		if s2 != nil {
+			s2.Close()
+		}
+		t.Fatalf("second server after the first's socket file went: %v, want ErrUAPIInUse", err)
+	}
+	// Once the first closes, the name is free again.
+	s1.Close()
+	s2, err := d2.ServeUAPI("tsng-home", UAPIOptions{Dir: dir})
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	defer s2.Close()
+	if got := uapiGet(t, s2.Path()); got != "errno=0" {
+		t.Fatalf("second server: %q", got)
+	}
+	// Closing the first again takes nothing from the second.
+	s1.Close()
+	if _, err := d1.ServeUAPI("tsng-home", UAPIOptions{Dir: dir}); !errors.Is(err, ErrUAPIInUse) {
+		t.Fatalf("a third server while the second runs: %v, want ErrUAPIInUse", err)
+	}
+	// Close leaves nothing in the directory.
+	s2.Close()
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 0 {
+		t.Fatalf("after Close the directory holds %v (%v)", ents, err)
 	}
 }

@@ -484,6 +484,80 @@ function statusRates(base, doc, now) {
 }
 window.tsngStatusRates = statusRates; // for the tests
 
+// rttCurrent: a backend's RTT is shown only while measured and the
+// backend eligible, or drained over a path that answers; the agent's API
+// already clears it otherwise, and this keeps to the same rule.
+function rttCurrent(b) {
+  return b.rtt_known && (b.eligible || (b.drain && b.path_reason === "ok"));
+}
+
+// fmtAge prints a sample age in milliseconds as the CLI does: tenths of
+// a second under a minute, else hours, minutes and seconds; — without one.
+function fmtAge(ms) {
+  if (typeof ms !== "number" || ms < 0) return "—";
+  if (ms < 60000) return (ms / 1000).toFixed(1) + "s";
+  let s = Math.round(ms / 1000);
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
+  s %= 60;
+  return (h ? h + "h" + m + "m" : m + "m") + s + "s";
+}
+
+function dropCount(d) {
+  return Object.values(d || {}).reduce((n, v) => n + v, 0);
+}
+
+// statusTable builds the status table of a service status st: per
+// listener a row of its own counters, then a row per backend (health, RTT
+// while current, sample age, bindings, drops, UDP failovers, rate), then
+// the VIP's totals and its drops by reason. rate(key) formats the rate of
+// a counter key. It returns the elements to show.
+function statusTable(st, rate) {
+  const rows = [];
+  for (const l of st.listeners || []) {
+    // UDP bindings fail over; TCP ones never do.
+    const fo = (n) => (l.listener || "").startsWith("udp/") ? String(n || 0) : "—";
+    rows.push(el("tr", { class: "status-row listener-total", "data-status-listener": l.listener },
+      el("td", { text: l.listener }), el("td", { class: "muted", text: "listener" }), el("td"), el("td"), el("td"),
+      el("td", { class: "status-cell bindings", text: String(l.active_bindings || 0) }),
+      el("td", { class: "status-cell drops", text: String(dropCount(l.drops)) }),
+      el("td", { class: "status-cell failovers", text: fo(l.udp_failovers) }),
+      el("td", { class: "status-cell rate", text: rate(listenerKey(l)) })));
+    for (const b of (l.backends || []).concat(l.draining_backends || [])) {
+      const next = l.next && l.next.node === b.node && l.next.port === b.port;
+      // A departed node is named by its stored id, which selects it; the
+      // cell's title has the full id, the text the name it had if known.
+      const id = b.departed ? b.node.slice(0, 12) : (b.node_name || nodeName(b.node));
+      let label = id + ":" + b.port;
+      if (b.departed) label += b.node_name ? " (departed; formerly " + b.node_name + ")" : " (departed)";
+      const rtt = rttCurrent(b) ? b.rtt_ms.toFixed(2) + " ms" : (b.sample_age_ms >= 0 ? "—" : "unknown");
+      rows.push(el("tr", { class: "status-row", "data-backend": (b.departed ? id : nodeName(b.node)) + ":" + b.port },
+        el("td", { text: l.listener }),
+        el("td", Object.assign({ text: label + (next ? "  ← next" : "") + (b.draining ? " (draining)" : "") }, b.departed ? { title: b.node } : {})),
+        el("td", { class: "reason " + (b.eligible ? "ok" : "bad"), text: b.reason + (b.check_error ? " (" + b.check_error + ")" : "") }),
+        el("td", { class: "status-cell rtt", text: rtt }),
+        el("td", { class: "status-cell age", text: fmtAge(b.sample_age_ms) }),
+        el("td", { class: "status-cell bindings", text: String(b.active_bindings || 0) }),
+        el("td", { class: "status-cell drops", text: String(dropCount(b.drops)) }),
+        el("td", { class: "status-cell failovers", text: fo(b.udp_failovers) }),
+        el("td", { class: "status-cell rate", text: rate(backendKey(l, b)) })));
+    }
+  }
+  const t = st.totals || {};
+  rows.push(el("tr", { class: "status-row totals" },
+    el("td", { text: "total" }), el("td"), el("td"), el("td"), el("td"),
+    el("td", { class: "status-cell bindings", text: String((st.listeners || []).reduce((n, l) => n + (l.active_bindings || 0), 0)) }),
+    el("td", { class: "status-cell drops", text: String(dropCount(t.drops)) }),
+    el("td", { class: "status-cell failovers", text: String(t.udp_failovers || 0) }),
+    el("td", { class: "status-cell rate", id: "total-rate", text: rate("totals") })));
+  const out = [el("table", { id: "status-table" },
+    el("thead", {}, el("tr", {}, ...["Listener", "Backend", "Health", "RTT", "Sample age", "Bindings", "Drops", "UDP failovers", "Rate"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, ...rows))];
+  const reasons = Object.keys(t.drops || {}).sort();
+  if (reasons.length) out.push(el("p", { class: "muted", id: "drop-reasons", text: "drops: " + reasons.map((r) => r + " " + t.drops[r]).join(", ") }));
+  return out;
+}
+window.tsngStatusTable = (st) => statusTable(st, () => "—"); // for the tests
+
 function renderStatus(doc) {
   const box = $("#status");
   if (!box) return;
@@ -495,27 +569,7 @@ function renderStatus(doc) {
     const x = r.rates[key];
     return x ? fmtRate(x.pps) + " pkt/s, " + fmtRate(x.bps) + " B/s" : "—";
   };
-  const rows = [];
-  for (const l of st.listeners || []) {
-    for (const b of (l.backends || []).concat(l.draining_backends || [])) {
-      const rate = fmt(backendKey(l, b));
-      const next = l.next && l.next.node === b.node && l.next.port === b.port;
-      rows.push(el("tr", { class: "status-row", "data-backend": nodeName(b.node) + ":" + b.port },
-        el("td", { text: l.listener }),
-        el("td", { text: (b.node_name || nodeName(b.node)) + ":" + b.port + (next ? "  ← next" : "") + (b.draining ? " (draining)" : "") }),
-        el("td", { class: "reason " + (b.eligible ? "ok" : "bad"), text: b.reason + (b.check_error ? " (" + b.check_error + ")" : "") }),
-        el("td", { class: "status-cell rtt", text: b.rtt_known ? b.rtt_ms.toFixed(2) + " ms" : "unknown" }),
-        el("td", { class: "status-cell bindings", text: String(b.active_bindings || 0) }),
-        el("td", { class: "status-cell rate", text: rate })));
-    }
-  }
-  rows.push(el("tr", { class: "status-row totals" },
-    el("td", { text: "total" }), el("td"), el("td"), el("td"),
-    el("td", { class: "status-cell bindings", text: String((st.listeners || []).reduce((n, l) => n + (l.active_bindings || 0), 0)) }),
-    el("td", { class: "status-cell rate", id: "total-rate", text: fmt("totals") })));
-  box.replaceChildren(...[el("table", { id: "status-table" },
-    el("thead", {}, el("tr", {}, ...["Listener", "Backend", "Health", "RTT", "Bindings", "Rate"].map((h) => el("th", { text: h })))),
-    el("tbody", {}, ...rows)),
+  box.replaceChildren(...[...statusTable(st, fmt),
     r.reset ? el("p", { class: "muted", id: "counters-reset", text: "counters restarted (the agent or the network restarted): rates resume with the next sample" }) : null,
     el("p", { class: "muted", id: "status-at", text: "observed " + new Date(st.at || Date.now()).toLocaleTimeString() })].filter((x) => x));
 }

@@ -69,6 +69,10 @@ var (
 	// ErrFenced is returned when a fenced node is asked to release a VIP
 	// its newest claim names it for: it has already dropped it.
 	ErrFenced = errors.New("claim: node is fenced") // +checklocksignore: never written
+	// ErrCheckFailing is returned by a member asked to take the VIP over
+	// (HandleHandOver) whose own service check does not pass on a fresh
+	// result, or that has no check: the holder keeps the VIP.
+	ErrCheckFailing = errors.New("claim: the service check does not pass on this node")
 )
 
 // Address errors, from the pair record and from spec validation.

@@ -149,6 +149,12 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	for _, p := range m.Peers {
 		cfg.Peers = append(cfg.Peers, p.Addr)
 	}
+	var checks *checkAgent
+	if m.Checks.Enabled() && key != nil {
+		runner := newCheckRunner(m.Checks, claim.BootClock{}, checkEnv(m.ID, m.Self.ID, m.Tended().String()))
+		checks = newCheckAgent(runner, nil, claim.BootClock{}, log.With("part", "checks"))
+		cfg.Healthy = checks.Healthy
+	}
 	if len(m.Etcd) > 0 {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0, TLS: tlsCfg})
 		if err != nil {
@@ -204,6 +210,19 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 			}
 		}()
 		defer func() { <-hdone }()
+	}
+	if checks != nil {
+		checks.ctl = ctl
+		// The watch begins before Start: the agent sees the role at start.
+		changes := ctl.Watch(ctx, 0)
+		cdone := make(chan struct{})
+		go func() {
+			defer close(cdone)
+			if err := checks.run(ctx, changes); err != nil {
+				log.Error("checks: none will run", "err", err)
+			}
+		}()
+		defer func() { <-cdone }()
 	}
 	var metricsSrv *http.Server
 	if m.Metrics.IsValid() {

@@ -997,6 +997,17 @@ func (h *helper) checkMembers(body []byte, from netip.Addr) error {
 		return nil
 	case "epoch":
 		return nil
+	case "handover":
+		// Only the other member (the holder whose check fails) may ask
+		// this node to take the VIP over.
+		pair := h.pair
+		if pair == nil {
+			return fmt.Errorf("%w: this node is not a member", claim.ErrNotPairMember)
+		}
+		if o, _ := pair.Other(h.m.Self.Addr); from != o.Addr {
+			return fmt.Errorf("%w: hand-over from %v", claim.ErrNotPairMember, from)
+		}
+		return nil
 	}
 	return fmt.Errorf("%w: op %q", claim.ErrMalformed, req.Op)
 }

@@ -67,7 +67,17 @@ type CheckStats struct {
 	// Unanswered those that failed otherwise (kept too); Deferred the
 	// failing results of a holder that had held the VIP for less than
 	// MinMoveInterval.
-	Accepted, Refused, Unanswered, Deferred uint64
+	Accepted   uint64 `json:"accepted"`
+	Refused    uint64 `json:"refused"`
+	Unanswered uint64 `json:"unanswered"`
+	Deferred   uint64 `json:"deferred"`
+}
+
+// report returns the agent's state for status.
+func (a *checkAgent) report() *CheckReport {
+	r := a.runner.Result()
+	return &CheckReport{Kind: a.runner.cfg.Kind(), Status: r.Status.String(), Fresh: r.Fresh, AgeMs: r.Age.Milliseconds(),
+		LastErr: r.LastErr, Runs: r.Runs, Failed: r.Failed, HandOvers: a.Stats()}
 }
 
 // checkAgent runs a node's check and, on the holder, hands the VIP over

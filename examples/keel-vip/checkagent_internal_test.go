@@ -6,9 +6,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vipkit/vipkit/claim"
 	"github.com/vipkit/vipkit/transport/transporttest"
@@ -138,4 +142,64 @@ func TestCheckAgentBothFailKeeps(t *testing.T) {
 	if ctl.calls.Load() != n || a.Healthy() == nil {
 		t.Fatal("a stale result moved the VIP or counts as healthy")
 	}
+}
+
+// TestCheckMetricsAndStatus: the collector exports the check's status,
+// runs and hand-overs when a check is configured (and no series without
+// one); status shows them.
+func TestCheckMetricsAndStatus(t *testing.T) {
+	ctl := &fakeHandOver{}
+	var fail atomic.Bool
+	a, clk := agentOnClock(t, ctl, &fail)
+	a.gate.role(clk.Now(), true)
+	a.tick(clk, time.Second)
+	a.tick(clk, time.Second)
+	c := controllerCollector{vip: "fd00::1:100", node: "a", ttl: 20 * time.Second,
+		status: func() claim.Status { return claim.Status{} }, stats: func() claim.Stats { return claim.Stats{} },
+		promotes: new(promoteCounts), checks: a}
+	if probs, err := testutil.CollectAndLint(c); err != nil || len(probs) != 0 {
+		t.Fatalf("lint: %v %v", probs, err)
+	}
+	want := `
+# HELP keel_vip_check_passing 1 while the service check passes on a fresh result, 0 while it fails, is unknown or stale. Absent without a check.
+# TYPE keel_vip_check_passing gauge
+keel_vip_check_passing{node="a",vip="fd00::1:100"} 1
+# HELP keel_vip_check_runs_total Service check runs, by result: pass, fail. Absent without a check.
+# TYPE keel_vip_check_runs_total counter
+keel_vip_check_runs_total{node="a",result="fail",vip="fd00::1:100"} 0
+keel_vip_check_runs_total{node="a",result="pass",vip="fd00::1:100"} 2
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "keel_vip_check_passing", "keel_vip_check_runs_total"); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	for range 3 {
+		a.tick(clk, 30*time.Second)
+	}
+	if a.runner.Result().Passing() {
+		t.Fatal("passing after three failures")
+	}
+	if n, err := testutil.GatherAndCount(registryOf(t, c), "keel_vip_check_handovers_total"); err != nil || n != 4 {
+		t.Fatalf("hand-over series: %d %v", n, err)
+	}
+	c.checks = nil
+	if n, err := testutil.GatherAndCount(registryOf(t, c), "keel_vip_check_passing", "keel_vip_check_runs_total", "keel_vip_check_handovers_total"); err != nil || n != 0 {
+		t.Fatalf("series without a check: %d %v", n, err)
+	}
+	s := Status{VIP: "fd00::1:100", Role: "primary", RenewalAgeMs: -1, Check: a.report()}
+	var b strings.Builder
+	if err := s.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "check:     tcp failing (0.0 s ago): probe failed") || !strings.Contains(b.String(), "handovers: 1 accepted, 0 refused, 0 unanswered, 0 deferred") {
+		t.Fatalf("status:\n%s", b.String())
+	}
+}
+
+func registryOf(t *testing.T, c prometheus.Collector) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }

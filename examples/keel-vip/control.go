@@ -232,7 +232,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(controllerCollector{vip: m.Tended().String(), node: m.Self.ID, observer: key == nil, ttl: ttl,
-			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks, tls: rot, tlsReloads: reloads})
+			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks, checks: checks, tls: rot, tlsReloads: reloads})
 		ml, err := net.Listen("tcp", m.Metrics.String())
 		if err != nil {
 			ctl.Close()
@@ -257,6 +257,9 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		if s.Lease != 0 {
 			cs.Lease = strconv.FormatInt(int64(s.Lease), 16)
+		}
+		if checks != nil {
+			cs.Check = checks.report()
 		}
 		if s.RenewalAge >= 0 {
 			cs.RenewalAgeMs = s.RenewalAge.Milliseconds()

@@ -1076,7 +1076,7 @@ func (h *helper) status(ctx context.Context) (Status, error) {
 		s.Role = cs.Role
 	}
 	s.Epoch, s.Holder, s.Fenced, s.Released, s.Lease, s.RenewalAgeMs = cs.Epoch, cs.Holder, cs.Fenced, cs.Released, cs.Lease, cs.RenewalAgeMs
-	s.EtcdCert = cs.EtcdCert
+	s.EtcdCert, s.Check = cs.EtcdCert, cs.Check
 	if id, ok := h.nodeID(s.Holder); ok {
 		s.Holder = id
 	}

@@ -10,6 +10,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,4 +191,60 @@ func firstEventOf(es []addrEvent, node string, add bool, since time.Duration) (t
 		}
 	}
 	return 0, false
+}
+
+// TestServiceCheckExecNetns: an exec check runs in the controller, as its
+// unprivileged user, never with tend's capabilities: no capability in any
+// set, and only the check's own environment.
+func TestServiceCheckExecNetns(t *testing.T) {
+	seed := testenv.Seed(t, 304)
+	c := newCluster(t, seed, false, nil, "a", "b", "c")
+	out := filepath.Join(c.base, "check-out")
+	if err := os.Mkdir(out, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(out, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	c.addChecks(func(n *node) map[string]any {
+		f := filepath.Join(out, n.name)
+		return map[string]any{"exec": []string{"/bin/sh", "-c", "{ id -u; grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status; env; } > " + f + ".tmp && mv " + f + ".tmp " + f},
+			"interval_ms": 500, "timeout_ms": 400}
+	})
+	t.Setenv("KEEL_SECRET_OF_THE_TEST", "leak")
+	c.start()
+	A := c.node("a")
+	var got []byte
+	waitFor(t, 30*time.Second, "A's exec check output", func() bool {
+		b, err := os.ReadFile(filepath.Join(out, "a"))
+		got = b
+		return err == nil && len(b) > 0
+	})
+	lines := strings.Split(strings.TrimSpace(string(got)), "\n")
+	if lines[0] != strconv.Itoa(int(A.ctlUID)) {
+		t.Errorf("the check ran as uid %s, want the controller's %d", lines[0], A.ctlUID)
+	}
+	allowed := map[string]bool{"PATH": true, "KEEL_VIP": true, "KEEL_NODE": true, "KEEL_MESH": true, "PWD": true, "SHLVL": true, "_": true}
+	caps := 0
+	for _, l := range lines[1:] {
+		k, v, _ := strings.Cut(l, ":")
+		if strings.HasPrefix(k, "Cap") {
+			caps++
+			if strings.Trim(strings.TrimSpace(v), "0") != "" {
+				t.Errorf("the check holds capabilities: %s", l)
+			}
+			continue
+		}
+		if k, _, _ := strings.Cut(l, "="); !allowed[k] {
+			t.Errorf("the check's environment has %q", l)
+		}
+	}
+	if caps != 5 {
+		t.Errorf("read %d capability sets, want 5:\n%s", caps, got)
+	}
+	waitFor(t, 10*time.Second, "A's exec check passing (rise 2)", func() bool {
+		ch := c.checkOf(A)
+		return ch != nil && ch.Kind == "exec" && ch.Status == "passing"
+	})
+	t.Logf("A's exec check:\n%s", got)
 }

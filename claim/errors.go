@@ -60,9 +60,9 @@ var (
 	// members (a trust root may sign in place of a member), or signed by a
 	// key that is neither a member nor a trust root.
 	ErrPairSignatures = errors.New("claim: pair record not signed by both members")
-	// ErrNotPairMember is returned for a release that does not come from the
-	// other member named in the pair record.
-	ErrNotPairMember = errors.New("claim: release not from the other pair member")
+	// ErrNotPairMember is returned for a release or a hand-over request
+	// that does not come from the other member named in the pair record.
+	ErrNotPairMember = errors.New("claim: not from the other pair member")
 	// ErrNotHolder is returned when a node is asked to release a VIP it does
 	// not hold.
 	ErrNotHolder = errors.New("claim: not the holder")

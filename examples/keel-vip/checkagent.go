@@ -146,10 +146,7 @@ func (a *checkAgent) run(ctx context.Context, changes <-chan claim.Change) error
 		case <-ctx.Done():
 			return <-rerr
 		case err := <-rerr:
-			if err != nil {
-				return err
-			}
-			return nil
+			return err
 		case c, ok := <-changes:
 			if !ok {
 				cancel()

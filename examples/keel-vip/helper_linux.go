@@ -998,6 +998,9 @@ func (h *helper) checkMembers(body []byte, from netip.Addr) error {
 	case "epoch":
 		return nil
 	case "handover":
+		if vip, err := netip.ParseAddr(req.VIP); err != nil || vip != h.m.Tended() {
+			return fmt.Errorf("%w: %q", claim.ErrUnknownVIP, req.VIP)
+		}
 		// Only the other member (the holder whose check fails) may ask
 		// this node to take the VIP over.
 		pair := h.pair

@@ -214,11 +214,15 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	if checks != nil {
 		checks.ctl = ctl
 		// The watch begins before Start: the agent sees the role at start.
-		changes := ctl.Watch(ctx, 0)
+		// Its own context ends it if the agent stops early (a watch must
+		// be read until it closes or its context ends).
+		wctx, wcancel := context.WithCancel(ctx)
+		changes := ctl.Watch(wctx, 0)
 		cdone := make(chan struct{})
 		go func() {
 			defer close(cdone)
-			if err := checks.run(ctx, changes); err != nil {
+			defer wcancel()
+			if err := checks.run(wctx, changes); err != nil {
 				log.Error("checks: none will run", "err", err)
 			}
 		}()

@@ -19,7 +19,7 @@ import (
 )
 
 // TestCheckGateMinMove: a failing holder hands over only once it has held
-// the VIP for MinMoveInterval: deferred at max-1, handed over at max; a
+// the VIP for MinMoveInterval: deferred at min_move-1ns, handed over at min_move; a
 // passing, unknown or stale result, or a replica, never hands over.
 func TestCheckGateMinMove(t *testing.T) {
 	const minMove = 60 * time.Second
@@ -31,8 +31,8 @@ func TestCheckGateMinMove(t *testing.T) {
 	}
 	g.role(t0, true)
 	g.role(t0.Add(time.Second), true) // still the holder: the start stays t0
-	if d := g.decide(t0.Add(minMove-time.Millisecond), failing); d != gateDeferred {
-		t.Fatalf("at min_move-1ms: %v, want deferred", d)
+	if d := g.decide(t0.Add(minMove-time.Nanosecond), failing); d != gateDeferred {
+		t.Fatalf("at min_move-1ns: %v, want deferred", d)
 	}
 	if d := g.decide(t0.Add(minMove), failing); d != gateHandOver {
 		t.Fatalf("at min_move: %v, want a hand-over", d)
@@ -45,8 +45,8 @@ func TestCheckGateMinMove(t *testing.T) {
 	// The VIP moved away and back: the count starts again.
 	g.role(t0.Add(70*time.Second), false)
 	g.role(t0.Add(80*time.Second), true)
-	if d := g.decide(t0.Add(80*time.Second+minMove-time.Millisecond), failing); d != gateDeferred {
-		t.Fatalf("held again for min_move-1ms: %v", d)
+	if d := g.decide(t0.Add(80*time.Second+minMove-time.Nanosecond), failing); d != gateDeferred {
+		t.Fatalf("held again for min_move-1ns: %v", d)
 	}
 }
 

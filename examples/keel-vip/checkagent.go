@@ -91,8 +91,12 @@ type checkAgent struct {
 	log    *slog.Logger
 	wake   chan struct{}
 
-	accepted, refused, unanswered, deferred atomic.Uint64
+	accepted   atomic.Uint64
+	refused    atomic.Uint64
+	unanswered atomic.Uint64
+	deferred   atomic.Uint64
 
+	// mu guards the gate and the last status and outcome logged.
 	mu syncx.Mutex
 	// +checklocks:mu
 	gate checkGate

@@ -87,7 +87,7 @@ func TestCheckAgentHandsOver(t *testing.T) {
 	ctl := &fakeHandOver{}
 	var fail atomic.Bool
 	a, clk := agentOnClock(t, ctl, &fail)
-	a.gate.role(clk.Now(), true)
+	a.becomeHolder(clk.Now())
 	for range 40 { // 80 s passing
 		a.tick(clk, 2*time.Second)
 	}
@@ -117,7 +117,7 @@ func TestCheckAgentBothFailKeeps(t *testing.T) {
 	var fail atomic.Bool
 	fail.Store(true)
 	a, clk := agentOnClock(t, ctl, &fail)
-	a.gate.role(clk.Now(), true)
+	a.becomeHolder(clk.Now())
 	for range 3 {
 		a.tick(clk, 2*time.Second)
 	}
@@ -151,7 +151,7 @@ func TestCheckMetricsAndStatus(t *testing.T) {
 	ctl := &fakeHandOver{}
 	var fail atomic.Bool
 	a, clk := agentOnClock(t, ctl, &fail)
-	a.gate.role(clk.Now(), true)
+	a.becomeHolder(clk.Now())
 	a.tick(clk, time.Second)
 	a.tick(clk, time.Second)
 	c := controllerCollector{vip: "fd00::1:100", node: "a", ttl: 20 * time.Second,
@@ -202,4 +202,12 @@ func registryOf(t *testing.T, c prometheus.Collector) *prometheus.Registry {
 		t.Fatal(err)
 	}
 	return reg
+}
+
+// becomeHolder tells the agent's gate that this node became the holder at
+// now, as a change from the controller's watch does.
+func (a *checkAgent) becomeHolder(now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.gate.role(now, true)
 }

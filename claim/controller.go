@@ -77,6 +77,12 @@ type Config struct {
 	// (it then follows the keys by reading them every RenewInterval).
 	// Deterministic simulations set it.
 	NoWatch bool
+	// Healthy, when set, reports whether this node's service check passes
+	// on a fresh result (nil) or why not. A member asked to take the VIP
+	// over (HandleHandOver) asks it, and refuses with ErrCheckFailing
+	// unless it passes; nil refuses every hand-over. It is called without
+	// the controller's lock and should answer at once.
+	Healthy func() error
 	// OnError, when set, receives errors the controller handles itself
 	// (failed renewals, invalid values in the KV, failed announcements).
 	// It is never called with a lock of the Controller held, so it may call
@@ -119,7 +125,7 @@ type Controller struct {
 	// +checklocks:mu
 	stepping bool
 	// +checklocks:mu
-	promoting bool // a Promote runs: the holder self-check must not fence
+	promoting int // Promotes running: the holder self-check must not fence
 	// +checklocks:mu
 	told map[netip.Addr]toldClaim // the claim each peer answered last
 	// +checklocks:mu
@@ -904,7 +910,7 @@ func (c *Controller) apply(ks keyState) bool {
 			c.token = FenceToken{Key: c.keys.Holder, ModRevision: ks.holderKV.ModRevision,
 				Value: ks.holderKV.Value, Epoch: ks.holder.Epoch}
 			c.carryLocked()
-		} else if !c.promoting && (c.renewedLocked() || c.carried) {
+		} else if c.promoting == 0 && (c.renewedLocked() || c.carried) {
 			// The holder key is not ours on our live lease: we lost the VIP.
 			c.fenceLocked()
 		}

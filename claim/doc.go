@@ -48,6 +48,10 @@
 //   - Promote: the operator's move, with or without etcd (see
 //     Controller.Promote), and the only way a first holder comes to be
 //     (see "The first holder").
+//   - HandOver: the holder's request that the other member take the VIP
+//     over by a planned promote of its own, which that member makes only
+//     when its service check passes (Config.Healthy; ErrCheckFailing
+//     otherwise, and the holder keeps the VIP). It clears no fence.
 //   - FenceToken: the compares (holder key's ModRevision and value) an
 //     importer puts into its own etcd transactions so that they fail once
 //     the VIP has changed hands (Controller.FenceToken, etcdkv.Cmps).
@@ -56,8 +60,9 @@
 //     Status. It never blocks the controller: a reader that falls behind
 //     by a full queue sees a gap, counted in Change.Missed, then the
 //     latest view.
-//   - The members' channel: HTTP POST /v1/vip for claims, releases and epoch
-//     queries (Server, Client), with body limits and timeouts.
+//   - The members' channel: HTTP POST /v1/vip for claims, releases, epoch
+//     queries and hand-overs (Server, Client), with body limits and
+//     timeouts.
 //   - Carrier: the seam to the OS: add or drop the /128 (preferred_lft 0)
 //     and route it to the holder in WireGuard's allowed IPs. The reference
 //     controller implements it with netlink and wireguard-go;

@@ -60,15 +60,19 @@ var (
 	// members (a trust root may sign in place of a member), or signed by a
 	// key that is neither a member nor a trust root.
 	ErrPairSignatures = errors.New("claim: pair record not signed by both members")
-	// ErrNotPairMember is returned for a release that does not come from the
-	// other member named in the pair record.
-	ErrNotPairMember = errors.New("claim: release not from the other pair member")
+	// ErrNotPairMember is returned for a release or a hand-over request
+	// that does not come from the other member named in the pair record.
+	ErrNotPairMember = errors.New("claim: not from the other pair member")
 	// ErrNotHolder is returned when a node is asked to release a VIP it does
 	// not hold.
 	ErrNotHolder = errors.New("claim: not the holder")
 	// ErrFenced is returned when a fenced node is asked to release a VIP
 	// its newest claim names it for: it has already dropped it.
 	ErrFenced = errors.New("claim: node is fenced") // +checklocksignore: never written
+	// ErrCheckFailing is returned by a member asked to take the VIP over
+	// (HandleHandOver) whose own service check does not pass on a fresh
+	// result, or that has no check: the holder keeps the VIP.
+	ErrCheckFailing = errors.New("claim: the service check does not pass on this node")
 )
 
 // Address errors, from the pair record and from spec validation.

@@ -23,6 +23,7 @@ import (
 //	{"op": "claim",   "claim":   "<base64 canonical claim>"}
 //	{"op": "release", "release": "<base64 canonical release>"}
 //	{"op": "epoch",   "vip":     "fd7a::1:2"}
+//	{"op": "handover", "vip":    "fd7a::1:2"}
 //
 // A 200 answer is {"claim": "<base64>"} (the claim held, empty when none).
 // A refusal is 409 {"code": "stale", "reason": "claim: stale epoch: …"};
@@ -66,6 +67,7 @@ var refusalCodes = map[string]error{
 	"vip-outside-region": ErrVIPOutsideRegion,
 	"vip-outside-prefix": ErrVIPOutsidePrefix,
 	"unknown-vip":        ErrUnknownVIP,
+	"check-failing":      ErrCheckFailing,
 }
 
 // RefusalCode returns the wire code of a refusal error, and false when err
@@ -269,6 +271,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		answer(held)
+	case "handover":
+		vip, err := netip.ParseAddr(req.VIP)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, wireAnswer{Code: "malformed", Reason: "vip: " + err.Error()})
+			return
+		}
+		h, _ := s.handlers[vip].(HandOverHandler)
+		if h == nil {
+			refuse(w, fmt.Errorf("%w: %v", ErrUnknownVIP, vip))
+			return
+		}
+		if err := h.HandleHandOver(ctx, from); err != nil {
+			refuse(w, err)
+			return
+		}
+		answer(nil)
 	default:
 		writeJSON(w, http.StatusBadRequest, wireAnswer{Code: "malformed", Reason: fmt.Sprintf("unknown op %q", req.Op)})
 	}
@@ -287,7 +305,7 @@ type Client struct {
 	URL func(peer netip.Addr) string
 }
 
-var _ Channel = (*Client)(nil)
+var _ HandOverChannel = (*Client)(nil)
 
 var defaultHTTP = &http.Client{Timeout: 10 * time.Second}
 
@@ -366,6 +384,12 @@ func (c *Client) Release(ctx context.Context, peer netip.Addr, r *Release) (*Cla
 // Epoch implements Channel.
 func (c *Client) Epoch(ctx context.Context, peer netip.Addr, vip netip.Addr) (*Claim, error) {
 	return c.do(ctx, peer, wireRequest{Op: "epoch", VIP: vip.String()})
+}
+
+// HandOver implements HandOverChannel.
+func (c *Client) HandOver(ctx context.Context, peer netip.Addr, vip netip.Addr) error {
+	_, err := c.do(ctx, peer, wireRequest{Op: "handover", VIP: vip.String()})
+	return err
 }
 
 // Refusal returns err as a *RefusalError when it is a refusal (one of the

@@ -229,11 +229,11 @@ func (c *Controller) Promote(ctx context.Context, o PromoteOptions) (PromoteResu
 	}
 	c.st = c.st.Promote()
 	c.saveLocked()
-	c.promoting = true
+	c.promoting++
 	c.unlock()
 	defer func() {
 		c.mu.Lock()
-		c.promoting = false
+		c.promoting--
 		c.unlock()
 	}()
 	if c.cfg.KV == nil {

@@ -450,6 +450,8 @@ func (f *Fixture) Claim(n Node, epoch uint64) *claim.Claim {
 	return c
 }
 
+var _ claim.HandOverChannel = (*DirectChannel)(nil)
+
 // DirectChannel is a members' channel in process: it calls the peer's
 // controller as the HTTP server would, with refusals as *claim.RefusalError.
 type DirectChannel struct {
@@ -461,6 +463,9 @@ type DirectChannel struct {
 	BeforeEpoch func() error
 	// AfterRelease, when set, runs after a release that the peer answered.
 	AfterRelease func()
+	// BeforeHandOver, when set, runs before a hand-over request is sent
+	// and can fail it (or block until ctx ends).
+	BeforeHandOver func(ctx context.Context) error
 }
 
 // Announce implements claim.Channel.
@@ -497,4 +502,18 @@ func (d *DirectChannel) Epoch(ctx context.Context, peer netip.Addr, _ netip.Addr
 		return nil, err
 	}
 	return t.HandleEpoch(ctx)
+}
+
+// HandOver implements claim.HandOverChannel.
+func (d *DirectChannel) HandOver(ctx context.Context, peer netip.Addr, _ netip.Addr) error {
+	if d.BeforeHandOver != nil {
+		if err := d.BeforeHandOver(ctx); err != nil {
+			return err
+		}
+	}
+	t, err := d.Target(peer)
+	if err != nil {
+		return err
+	}
+	return claim.Refusal(t.HandleHandOver(ctx, d.From))
 }

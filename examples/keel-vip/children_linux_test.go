@@ -32,6 +32,7 @@ func registerChildren() {
 	netns.RegisterChild("etcd", etcdChild)
 	netns.RegisterChild("keel-unit", unitChild)
 	netns.RegisterChild("keel-tend-units", unitHelperChild)
+	netns.RegisterChild("http-server", httpServerChild)
 	netns.DispatchChild()
 }
 

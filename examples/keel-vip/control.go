@@ -149,6 +149,12 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 	for _, p := range m.Peers {
 		cfg.Peers = append(cfg.Peers, p.Addr)
 	}
+	var checks *checkAgent
+	if m.Checks.Enabled() && key != nil {
+		runner := newCheckRunner(m.Checks, claim.BootClock{}, checkEnv(m.ID, m.Self.ID, m.Tended().String()))
+		checks = newCheckAgent(runner, nil, claim.BootClock{}, log.With("part", "checks"))
+		cfg.Healthy = checks.Healthy
+	}
 	if len(m.Etcd) > 0 {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: m.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), AutoSyncInterval: 0, TLS: tlsCfg})
 		if err != nil {
@@ -205,6 +211,23 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}()
 		defer func() { <-hdone }()
 	}
+	if checks != nil {
+		checks.ctl = ctl
+		// The watch begins before Start: the agent sees the role at start.
+		// Its own context ends it if the agent stops early (a watch must
+		// be read until it closes or its context ends).
+		wctx, wcancel := context.WithCancel(ctx)
+		changes := ctl.Watch(wctx, 0)
+		cdone := make(chan struct{})
+		go func() {
+			defer close(cdone)
+			defer wcancel()
+			if err := checks.run(wctx, changes); err != nil {
+				log.Error("checks: none will run", "err", err)
+			}
+		}()
+		defer func() { <-cdone }()
+	}
 	var metricsSrv *http.Server
 	if m.Metrics.IsValid() {
 		ttl := m.LeaseTTL
@@ -213,7 +236,7 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(controllerCollector{vip: m.Tended().String(), node: m.Self.ID, observer: key == nil, ttl: ttl,
-			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks, tls: rot, tlsReloads: reloads})
+			status: ctl.Status, stats: ctl.Stats, promotes: promotes, hooks: hooks, checks: checks, tls: rot, tlsReloads: reloads})
 		ml, err := net.Listen("tcp", m.Metrics.String())
 		if err != nil {
 			ctl.Close()
@@ -238,6 +261,9 @@ func RunController(ctx context.Context, in io.Reader, logw io.Writer) error {
 		}
 		if s.Lease != 0 {
 			cs.Lease = strconv.FormatInt(int64(s.Lease), 16)
+		}
+		if checks != nil {
+			cs.Check = checks.report()
 		}
 		if s.RenewalAge >= 0 {
 			cs.RenewalAgeMs = s.RenewalAge.Milliseconds()

@@ -109,6 +109,9 @@ func TestHelperChecksMembers(t *testing.T) {
 		{"release from the other member", enc(map[string]string{"op": "release", "release": b64(relB.Encode())}), b, nil},
 		{"release from self", enc(map[string]string{"op": "release", "release": b64(relA.Encode())}), a, claim.ErrNotPairMember},
 		{"release relayed", enc(map[string]string{"op": "release", "release": b64(relB.Encode())}), netip.MustParseAddr("fd00:1::2:3"), claim.ErrWrongSender},
+		{"hand-over from the other member", enc(map[string]string{"op": "handover", "vip": h.m.VIP.String()}), b, nil},
+		{"hand-over from elsewhere", enc(map[string]string{"op": "handover", "vip": h.m.VIP.String()}), netip.MustParseAddr("fd00:1::2:3"), claim.ErrNotPairMember},
+		{"hand-over for another vip", enc(map[string]string{"op": "handover", "vip": "fd00:1::1:101"}), b, claim.ErrUnknownVIP},
 		{"unknown field", []byte(`{"op":"epoch","x":1}`), b, claim.ErrMalformed},
 		{"trailing data", append(enc(map[string]string{"op": "claim", "claim": b64Claim(cb2)}), '}'), b, claim.ErrMalformed},
 		{"unknown op", enc(map[string]string{"op": "take"}), b, claim.ErrMalformed},
@@ -138,7 +141,7 @@ func FuzzCheckMembers(f *testing.F) {
 	for _, s := range []string{
 		`{"op":"claim","claim":"` + b64Claim(cb2) + `"}`,
 		`{"op":"release","release":"` + b64(relB.Encode()) + `"}`,
-		`{"op":"epoch","vip":"fd00:1::1:100"}`, `{"op":"x"}`, `[]`, ``,
+		`{"op":"epoch","vip":"fd00:1::1:100"}`, `{"op":"handover","vip":"fd00:1::1:100"}`, `{"op":"x"}`, `[]`, ``,
 	} {
 		f.Add([]byte(s))
 	}

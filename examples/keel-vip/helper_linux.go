@@ -997,6 +997,20 @@ func (h *helper) checkMembers(body []byte, from netip.Addr) error {
 		return nil
 	case "epoch":
 		return nil
+	case "handover":
+		if vip, err := netip.ParseAddr(req.VIP); err != nil || vip != h.m.Tended() {
+			return fmt.Errorf("%w: %q", claim.ErrUnknownVIP, req.VIP)
+		}
+		// Only the other member (the holder whose check fails) may ask
+		// this node to take the VIP over.
+		pair := h.pair
+		if pair == nil {
+			return fmt.Errorf("%w: this node is not a member", claim.ErrNotPairMember)
+		}
+		if o, _ := pair.Other(h.m.Self.Addr); from != o.Addr {
+			return fmt.Errorf("%w: hand-over from %v", claim.ErrNotPairMember, from)
+		}
+		return nil
 	}
 	return fmt.Errorf("%w: op %q", claim.ErrMalformed, req.Op)
 }
@@ -1065,7 +1079,7 @@ func (h *helper) status(ctx context.Context) (Status, error) {
 		s.Role = cs.Role
 	}
 	s.Epoch, s.Holder, s.Fenced, s.Released, s.Lease, s.RenewalAgeMs = cs.Epoch, cs.Holder, cs.Fenced, cs.Released, cs.Lease, cs.RenewalAgeMs
-	s.EtcdCert = cs.EtcdCert
+	s.EtcdCert, s.Check = cs.EtcdCert, cs.Check
 	if id, ok := h.nodeID(s.Holder); ok {
 		s.Holder = id
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,24 +63,31 @@ func (h Hooks) validate() error {
 	if len(h.Command) == 0 {
 		return nil
 	}
-	if len(h.Command) > maxHookArgs {
-		return fmt.Errorf("hooks.command: %d arguments, at most %d", len(h.Command), maxHookArgs)
-	}
-	if !filepath.IsAbs(h.Command[0]) {
-		return fmt.Errorf("hooks.command[0] %q: want an absolute path (hooks run with no PATH of the controller's)", h.Command[0])
-	}
-	for i, a := range h.Command {
-		if len(a) > maxHookArgLen {
-			return fmt.Errorf("hooks.command[%d]: %d bytes, at most %d", i, len(a), maxHookArgLen)
-		}
-		for _, c := range []byte(a) {
-			if c == 0 {
-				return fmt.Errorf("hooks.command[%d]: contains a NUL byte", i)
-			}
-		}
+	if err := validateCommand("hooks.command", h.Command); err != nil {
+		return err
 	}
 	if h.Timeout < 0 || h.Timeout > MaxHookTimeout {
 		return fmt.Errorf("hooks.timeout_s: %v, want 1 to %d", h.Timeout, int(MaxHookTimeout/time.Second))
+	}
+	return nil
+}
+
+// validateCommand checks a command line of the mesh file (field names
+// it in errors): an absolute program path, bounded arguments, no NUL.
+func validateCommand(field string, cmd []string) error {
+	if len(cmd) > maxHookArgs {
+		return fmt.Errorf("%s: %d arguments, at most %d", field, len(cmd), maxHookArgs)
+	}
+	if !filepath.IsAbs(cmd[0]) {
+		return fmt.Errorf("%s[0] %q: want an absolute path (the command runs with no PATH of the controller's)", field, cmd[0])
+	}
+	for i, a := range cmd {
+		if len(a) > maxHookArgLen {
+			return fmt.Errorf("%s[%d]: %d bytes, at most %d", field, i, len(a), maxHookArgLen)
+		}
+		if strings.IndexByte(a, 0) >= 0 {
+			return fmt.Errorf("%s[%d]: contains a NUL byte", field, i)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package keelvip
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -66,4 +67,15 @@ func (c loggedChannel) Epoch(ctx context.Context, peer netip.Addr, vip netip.Add
 	}
 	c.log.Debug("epoch", "peer", peer, "epoch", ep, "err", err)
 	return cl, err
+}
+
+// HandOver implements claim.HandOverChannel when the wrapped channel does.
+func (c loggedChannel) HandOver(ctx context.Context, peer netip.Addr, vip netip.Addr) error {
+	hc, ok := c.Channel.(claim.HandOverChannel)
+	if !ok {
+		return fmt.Errorf("%w: the members' channel has no hand-over", claim.ErrNoHandOver)
+	}
+	err := hc.HandOver(ctx, peer, vip)
+	c.log.Debug("handover", "peer", peer, "err", err)
+	return err
 }

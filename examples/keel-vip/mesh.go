@@ -120,6 +120,9 @@ type Mesh struct {
 	// Hooks is the command run on each role change (Hooks); the zero
 	// value runs none.
 	Hooks Hooks
+	// Checks is the service check (Checks), its defaults filled in when
+	// one is named; the zero value runs none.
+	Checks Checks
 }
 
 // Node is this node's identity.
@@ -203,6 +206,16 @@ type meshFile struct {
 		Command  []string `json:"command,omitempty"`
 		TimeoutS int      `json:"timeout_s,omitempty"`
 	} `json:"hooks"`
+	Checks struct {
+		Exec       []string `json:"exec,omitempty"`
+		TCP        string   `json:"tcp,omitempty"`
+		HTTP       string   `json:"http,omitempty"`
+		IntervalMs int      `json:"interval_ms,omitempty"`
+		TimeoutMs  int      `json:"timeout_ms,omitempty"`
+		Rise       int      `json:"rise,omitempty"`
+		Fall       int      `json:"fall,omitempty"`
+		MinMoveS   int      `json:"min_move_interval_s,omitempty"`
+	} `json:"checks"`
 	Timings struct {
 		RenewMs    int `json:"renew_ms,omitempty"`
 		TTLMs      int `json:"lease_ttl_ms,omitempty"`
@@ -480,6 +493,18 @@ func (mf *meshFile) mesh() (*Mesh, error) {
 		m.Hooks.Timeout = -1
 	}
 	if err := m.Hooks.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMesh, err)
+	}
+	c := mf.Checks
+	m.Checks = Checks{Exec: c.Exec, TCP: c.TCP, HTTP: c.HTTP, Interval: time.Duration(c.IntervalMs) * time.Millisecond,
+		Timeout: time.Duration(c.TimeoutMs) * time.Millisecond, Rise: c.Rise, Fall: c.Fall, MinMoveInterval: time.Duration(c.MinMoveS) * time.Second}
+	if m.Checks.Enabled() {
+		m.Checks = m.Checks.withDefaults()
+		if !m.VIP.IsValid() {
+			return nil, bad("checks: needs appliance.vip (only a member of the pair carries the VIP)")
+		}
+	}
+	if err := m.Checks.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMesh, err)
 	}
 	return m, nil

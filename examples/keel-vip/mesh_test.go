@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -136,12 +137,76 @@ func TestParseMeshRefusals(t *testing.T) {
 			}
 		})
 	}
+	checkRefusals(t)
 	big := bytes.Repeat([]byte(" "), keelvip.MaxMeshFileSize+1)
 	if _, err := keelvip.ParseMesh(bytes.NewReader(big)); !errors.Is(err, claim.ErrTooLarge) {
 		t.Fatalf("oversized: %v", err)
 	}
 	if _, err := keelvip.ParseMesh(strings.NewReader(string(encode(t, meshDoc(t.TempDir()))) + "{}")); !errors.Is(err, keelvip.ErrMesh) {
 		t.Fatalf("trailing data: %v", err)
+	}
+}
+
+// checkRefusals: a bad checks section is refused with an error naming the
+// field at fault.
+func checkRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		checks map[string]any
+		field  string
+	}{
+		{"no kind", map[string]any{"interval_ms": 1000}, "checks.exec, checks.tcp or checks.http"},
+		{"two kinds", map[string]any{"tcp": "[::1]:80", "http": "http://[::1]/"}, "exclusive"},
+		{"exec relative", map[string]any{"exec": []string{"check.sh"}}, "checks.exec[0]"},
+		{"exec NUL", map[string]any{"exec": []string{"/bin/true", "a\x00b"}}, "checks.exec[1]"},
+		{"tcp no port", map[string]any{"tcp": "localhost"}, "checks.tcp"},
+		{"http https", map[string]any{"http": "https://[::1]/"}, "checks.http"},
+		{"http user", map[string]any{"http": "http://u:p@[::1]/"}, "checks.http"},
+		{"interval too short", map[string]any{"tcp": "[::1]:80", "interval_ms": 99}, "checks.interval_ms"},
+		{"interval negative", map[string]any{"tcp": "[::1]:80", "interval_ms": -1}, "checks.interval_ms"},
+		{"timeout over interval", map[string]any{"tcp": "[::1]:80", "interval_ms": 1000, "timeout_ms": 1001}, "checks.timeout_ms"},
+		{"rise negative", map[string]any{"tcp": "[::1]:80", "rise": -1}, "checks.rise"},
+		{"fall too big", map[string]any{"tcp": "[::1]:80", "fall": 101}, "checks.fall"},
+		{"min move too long", map[string]any{"tcp": "[::1]:80", "min_move_interval_s": 86401}, "checks.min_move_interval_s"},
+		{"unknown field", map[string]any{"tcp": "[::1]:80", "intervall_ms": 1000}, "intervall_ms"},
+	} {
+		t.Run("checks "+tc.name, func(t *testing.T) {
+			m := meshDoc(t.TempDir())
+			m["checks"] = tc.checks
+			_, err := keelvip.ParseMesh(bytes.NewReader(encode(t, m)))
+			if !errors.Is(err, keelvip.ErrMesh) || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("err %v, want ErrMesh naming %q", err, tc.field)
+			}
+		})
+	}
+	m := meshDoc(t.TempDir())
+	delete(m, "appliance")
+	m["checks"] = map[string]any{"tcp": "[::1]:80"}
+	if _, err := keelvip.ParseMesh(bytes.NewReader(encode(t, m))); !errors.Is(err, keelvip.ErrMesh) || !strings.Contains(err.Error(), "appliance.vip") {
+		t.Fatalf("checks without a vip: %v", err)
+	}
+}
+
+// TestParseMeshChecks: a checks section is parsed with its defaults.
+func TestParseMeshChecks(t *testing.T) {
+	m := meshDoc(t.TempDir())
+	m["checks"] = map[string]any{"http": "http://[::1]:8080/healthz"}
+	got, err := keelvip.ParseMesh(bytes.NewReader(encode(t, m)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The defaults, as literals (docs/defaults.md).
+	want := keelvip.Checks{HTTP: "http://[::1]:8080/healthz", Interval: 2 * time.Second, Timeout: time.Second,
+		Rise: 2, Fall: 3, MinMoveInterval: 60 * time.Second}
+	if c := got.Checks; c.HTTP != want.HTTP || c.Interval != want.Interval || c.Timeout != want.Timeout || c.Rise != want.Rise || c.Fall != want.Fall || c.MinMoveInterval != want.MinMoveInterval || c.Kind() != "http" {
+		t.Fatalf("checks %+v, want %+v", c, want)
+	}
+	if got.Checks.MaxResultAge() != 5*time.Second {
+		t.Fatalf("max result age %v", got.Checks.MaxResultAge())
+	}
+	m["checks"] = map[string]any{}
+	if got, err := keelvip.ParseMesh(bytes.NewReader(encode(t, m))); err != nil || got.Checks.Enabled() {
+		t.Fatalf("empty checks: %v %+v", err, got.Checks)
 	}
 }
 

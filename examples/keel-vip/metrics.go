@@ -43,6 +43,12 @@ var (
 		"Expiry of the etcd client certificate in use, in Unix seconds. Absent without a client certificate.", []string{"vip", "node"}, nil)
 	metricTLSReloads = prometheus.NewDesc("keel_vip_etcd_tls_reloads_total",
 		"New etcd TLS files the controller was handed, by result: ok (in use for new connections), refused (the current ones stay).", []string{"vip", "node", "result"}, nil)
+	metricCheckPassing = prometheus.NewDesc("keel_vip_check_passing",
+		"1 while the service check passes on a fresh result, 0 while it fails, is unknown or stale. Absent without a check.", []string{"vip", "node"}, nil)
+	metricCheckRuns = prometheus.NewDesc("keel_vip_check_runs_total",
+		"Service check runs, by result: pass, fail. Absent without a check.", []string{"vip", "node", "result"}, nil)
+	metricCheckHandOvers = prometheus.NewDesc("keel_vip_check_handovers_total",
+		"Hand-overs a failing check asked for, by result: accepted (the other member took the VIP over), refused (its check fails too: the VIP stays), unanswered (the VIP stays), deferred (held for less than min_move_interval_s). Absent without a check.", []string{"vip", "node", "result"}, nil)
 	metricHooks = prometheus.NewDesc("keel_vip_hook_runs_total",
 		"Role-change hook runs, by result: ok, failed (a non-zero exit or no start), timeout (killed at its timeout), dropped (a role change that a full queue dropped before its run).", []string{"vip", "node", "result"}, nil)
 )
@@ -62,6 +68,7 @@ type controllerCollector struct {
 	stats     func() claim.Stats
 	promotes  *promoteCounts
 	hooks     *hookRunner // nil: no hook configured, no series
+	checks    *checkAgent // nil: no check configured, no series
 	// tls is the etcd TLS in use (nil: plain http, no series) and
 	// tlsReloads counts its updates.
 	tls        *etcdTLSRotator
@@ -73,7 +80,7 @@ var _ prometheus.Collector = controllerCollector{}
 // Describe implements prometheus.Collector.
 func (c controllerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{metricRole, metricEpoch, metricFenced, metricUnchecked, metricCarried,
-		metricLeaseLeft, metricRenewalAge, metricRenewals, metricRenewErrors, metricFences, metricPromotes, metricHooks, metricCertExpiry, metricTLSReloads} {
+		metricLeaseLeft, metricRenewalAge, metricRenewals, metricRenewErrors, metricFences, metricPromotes, metricHooks, metricCheckPassing, metricCheckRuns, metricCheckHandOvers, metricCertExpiry, metricTLSReloads} {
 		ch <- d
 	}
 }
@@ -131,6 +138,16 @@ func (c controllerCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(metricHooks, hs.Failed, "failed")
 		counter(metricHooks, hs.TimedOut, "timeout")
 		counter(metricHooks, hs.Dropped, "dropped")
+	}
+	if c.checks != nil {
+		r, cs := c.checks.runner.Result(), c.checks.Stats()
+		gauge(metricCheckPassing, b2f(r.Passing()))
+		counter(metricCheckRuns, r.Runs-r.Failed, "pass")
+		counter(metricCheckRuns, r.Failed, "fail")
+		counter(metricCheckHandOvers, cs.Accepted, "accepted")
+		counter(metricCheckHandOvers, cs.Refused, "refused")
+		counter(metricCheckHandOvers, cs.Unanswered, "unanswered")
+		counter(metricCheckHandOvers, cs.Deferred, "deferred")
 	}
 }
 

@@ -32,6 +32,23 @@ type Status struct {
 	// EtcdCert is the etcd client certificate the controller uses; absent
 	// without one.
 	EtcdCert *CertStatus `json:"etcd_cert,omitempty"`
+	// Check is the service check's state; absent without one.
+	Check *CheckReport `json:"check,omitempty"`
+}
+
+// CheckReport is the service check as status shows it.
+type CheckReport struct {
+	Kind   string `json:"kind"`   // exec, tcp or http
+	Status string `json:"status"` // passing, failing or unknown
+	// Fresh is set when the last result is at most MaxResultAge old;
+	// AgeMs is its age (-1: none yet).
+	Fresh   bool   `json:"fresh"`
+	AgeMs   int64  `json:"age_ms"`
+	LastErr string `json:"last_error,omitempty"`
+	Runs    uint64 `json:"runs"`
+	Failed  uint64 `json:"failed"`
+	// The holder's hand-over decisions (CheckStats).
+	HandOvers CheckStats `json:"handovers"`
 }
 
 // WriteText writes s as `keel-vip status` prints it.
@@ -56,6 +73,23 @@ func (s Status) WriteText(w io.Writer) error {
 		s.VIP, s.Mesh, s.Node, s.Role, s.Epoch, holder, fence, lease, renew, yesNo(s.Carried), routed, drift)
 	if err == nil && s.EtcdCert != nil {
 		_, err = fmt.Fprintf(w, "  etcd cert: %s, valid until %s (%s)\n", s.EtcdCert.Subject, s.EtcdCert.NotAfter, s.EtcdCert.State)
+	}
+	if c := s.Check; err == nil && c != nil {
+		age := "no result yet"
+		if c.AgeMs >= 0 {
+			age = fmt.Sprintf("%.1f s ago", float64(c.AgeMs)/1000)
+			if !c.Fresh {
+				age += ", stale"
+			}
+		}
+		_, err = fmt.Fprintf(w, "  check:     %s %s (%s)", c.Kind, c.Status, age)
+		if err == nil && c.LastErr != "" {
+			_, err = fmt.Fprintf(w, ": %s", c.LastErr)
+		}
+		h := c.HandOvers
+		if err == nil {
+			_, err = fmt.Fprintf(w, "\n  handovers: %d accepted, %d refused, %d unanswered, %d deferred\n", h.Accepted, h.Refused, h.Unanswered, h.Deferred)
+		}
 	}
 	return err
 }

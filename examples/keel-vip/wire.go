@@ -255,6 +255,8 @@ type controlStatus struct {
 	RoutedTo     string `json:"routed_to"`
 	// EtcdCert is the etcd client certificate in use; nil without one.
 	EtcdCert *CertStatus `json:"etcd_cert,omitempty"`
+	// Check is the service check's state; nil without one.
+	Check *CheckReport `json:"check,omitempty"`
 }
 
 // CertStatus is the etcd client certificate in use, as status shows it.

@@ -12,8 +12,9 @@ import (
 // TestWebEditorDrainToggle: each backend row has a drain toggle that edits
 // the listener's replicated drain field (the one `tsng vip backend drain`
 // sets) as part of the draft: nothing changes until Save, Save drains,
-// toggling back and saving undrains, and a drain made by the CLI shows in
-// a clean window.
+// toggling back and saving undrains, a drain made by the CLI shows in a
+// clean window, the flag follows its row through a port edit, and
+// removing a draining backend leaves no drain entry.
 func TestWebEditorDrainToggle(t *testing.T) {
 	ctx := browser(t)
 	d, f := uiDaemon(t)
@@ -87,10 +88,19 @@ func TestWebEditorDrainToggle(t *testing.T) {
 		t.Fatalf("after undrain and Save: server1:8080 draining %v, server2:9090 draining %v; want neither", draining(b1), draining(b2))
 	}
 
+	// The flag belongs to the row: a draining row edited to another port
+	// saves that backend draining.
+	run("drain, move the row to port 9091, save", click(9090),
+		void(chromedp.Evaluate[bool](`(() => { const e = [...document.querySelectorAll(".listener .backend-port")].find((e) => e.value === "9090"); e.value = "9091"; e.dispatchEvent(new Event("input", {bubbles: true})); return true })()`)),
+		chromedp.Click(chromedp.CSS("#save")), clean, waitJS(toggle(9091)+".checked"))
+	if b3 := backend("server2", 9091); !draining(b3) || draining(b1) {
+		t.Fatalf("after moving the draining row: server2:9091 draining %v, server1:8080 draining %v; want true, false", draining(b3), draining(b1))
+	}
+
 	// Removing a draining backend in the draft ends its drain: Save keeps
 	// no drain entry for it, and the remaining row is not shown draining.
-	run("drain, then remove that backend", click(9090),
-		void(chromedp.Evaluate[bool](`(() => { [...document.querySelectorAll(".listener .backend")].find((r) => r.querySelector(".backend-port").value === "9090").querySelector(".remove-backend").click(); return true })()`)),
+	run("remove the draining backend",
+		void(chromedp.Evaluate[bool](`(() => { [...document.querySelectorAll(".listener .backend")].find((r) => r.querySelector(".backend-port").value === "9091").querySelector(".remove-backend").click(); return true })()`)),
 		waitJS(`document.querySelectorAll(".listener .backend").length === 1`), waitJS(`!`+toggle(8080)+`.checked`),
 		chromedp.Click(chromedp.CSS("#save")), clean)
 	v, err = reg.Get("api")

@@ -241,7 +241,7 @@ func TestWebEditor(t *testing.T) {
 	// In-app navigation (a network link) asks too.
 	run("navigation asks", chromedp.Click(chromedp.CSS(`#networks a`)), waitJS(`document.querySelector("#close-dialog").open`),
 		chromedp.Click(chromedp.CSS("#dialog-keep")), waitJS(`document.querySelector("#vip-name") !== null`))
-	// Addresses and ids sit in a collapsed detail.
+	// Ids and node addresses sit in a collapsed detail.
 	stray, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.querySelector("#main").innerText.split("\n").some(l => l.trim() === "null" || l.trim() === "undefined")`))
 	if err != nil || stray {
 		t.Fatalf("the page shows a stray null/undefined: %v", err)

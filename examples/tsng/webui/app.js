@@ -81,7 +81,7 @@ const state = {
 function canon(svc) {
   const s = clone(svc);
   for (const l of s.listeners || []) {
-    l.backends = (l.backends || []).map((b) => b.node + ":" + b.port).sort();
+    l.backends = (l.backends || []).map((b) => b.node + ":" + b.port + (b.drain ? " drain" : "")).sort();
     l.idle_timeout = durMs(l.idle_timeout);
     const c = l.check || {};
     l.check = [c.port_check === false ? "off" : "on", durMs(c.interval), durMs(c.timeout), c.failures || 0, c.successes || 0];
@@ -215,6 +215,7 @@ async function showNetwork(net) {
     const h = health(d);
     return el("tr", { "data-vip": d.name },
       el("td", {}, el("a", { href: "#/n/" + encodeURIComponent(net) + "/v/" + d.id, "data-nav": true, class: "vip-link", text: d.name + "." + net })),
+      el("td", {}, el("code", { class: "vip-addr", text: d.addr || "—" })),
       el("td", { text: (d.listeners || []).map((l) => l.proto + "/" + l.port).join(", ") || "—" }),
       el("td", { class: "health " + h.cls, text: h.text }));
   });
@@ -227,7 +228,7 @@ async function showNetwork(net) {
   } });
   $("#main").replaceChildren(
     el("h1", { text: "Network " + net }),
-    el("table", { id: "vip-table" }, el("thead", {}, el("tr", {}, el("th", { text: "VIP" }), el("th", { text: "Listeners" }), el("th", { text: "Health" }))), el("tbody", {}, ...rows)),
+    el("table", { id: "vip-table" }, el("thead", {}, el("tr", {}, el("th", { text: "VIP" }), el("th", { text: "Address" }), el("th", { text: "Listeners" }), el("th", { text: "Health" }))), el("tbody", {}, ...rows)),
     el("div", { class: "toolbar" }, name, create), msg);
   state.statusTimer = setInterval(async () => {
     if (location.hash !== "#/n/" + encodeURIComponent(net)) return;
@@ -277,8 +278,29 @@ async function openNew(net) {
   renderVIP();
 }
 
+// serviceOf is the draft form of a service document. A listener's drain
+// list (the replicated field `tsng vip backend drain` edits) becomes a
+// drain flag on each backend row, so that the flag moves with its row when
+// the row's node or port is edited and goes with it when it is removed.
 function serviceOf(doc) {
-  return { id: doc.id, name: doc.name, network: doc.network, listeners: clone(doc.listeners || []) };
+  const listeners = clone(doc.listeners || []);
+  for (const l of listeners) {
+    const drain = l.drain || [];
+    l.backends = (l.backends || []).map((b) => ({ node: b.node, port: b.port, drain: drain.some((x) => x.node === b.node && x.port === b.port) }));
+    delete l.drain;
+  }
+  return { id: doc.id, name: doc.name, network: doc.network, listeners };
+}
+
+// wireListeners is the API form of a draft's listeners: each backend row's
+// drain flag becomes an entry of its listener's drain list.
+function wireListeners(ls) {
+  return clone(ls || []).map((l) => {
+    const backends = l.backends || [];
+    l.drain = backends.filter((b) => b.drain).map((b) => ({ node: b.node, port: b.port }));
+    l.backends = backends.map((b) => ({ node: b.node, port: b.port }));
+    return l;
+  });
 }
 
 function nodeName(id) {
@@ -305,6 +327,10 @@ function renderVIP() {
   main.replaceChildren(...[
     el("div", { class: "toolbar" },
       el("h1", { class: "title", text: (state.isNew ? "New VIP " : "VIP ") + (d.name || "") + "." + net }),
+      // The address clients dial, always in view.
+      doc.addr ? el("span", { class: "vip-addr" }, el("code", { id: "vip-addr", text: doc.addr }),
+        doc.addr_moved ? el("span", { class: "warn", text: " (moved after a collision)" }) : null)
+        : el("span", { class: "muted", id: "vip-addr-pending", text: "address assigned on Save" }),
       el("span", { id: "dirty", class: "dirty-mark" })),
     conflict,
     deleting,
@@ -332,9 +358,8 @@ function renderVIP() {
       state.isNew || d.deleted ? null : el("button", { id: "delete-vip", class: "danger", text: "Delete VIP", onclick: () => { d.deleted = true; renderVIP(); } })),
     el("h2", { text: "Live status" }),
     el("div", { id: "status" }, el("p", { class: "muted", text: "waiting for the first sample…" })),
-    el("details", { id: "ids" }, el("summary", { text: "Addresses and ids" }),
+    el("details", { id: "ids" }, el("summary", { text: "Ids and node addresses" }),
       el("p", {}, "Service id ", el("code", { id: "service-id", text: doc.id || "— (assigned on Save)" })),
-      el("p", {}, "Address ", el("code", { id: "service-addr", text: doc.addr || "—" }), doc.addr_moved ? el("span", { class: "warn", text: " (moved after a collision)" }) : null),
       el("p", {}, "Revision ", el("code", { id: "revision", text: state.loaded.revision || "—" })),
       el("p", { text: "Backend nodes:" }),
       el("ul", {}, ...state.nodes.map((n) => el("li", {}, n.name + " ", el("code", { text: n.addr + " " + n.id })))))].filter((x) => x));
@@ -350,6 +375,10 @@ function renderListener(l, i) {
     el("td", {}, el("select", { class: "backend-node", onchange: (e) => { b.node = e.target.value; markDirty(); } },
       ...state.nodes.map((n) => el("option", { value: n.id, selected: n.id === b.node, text: n.name })))),
     el("td", {}, numberInput({ class: "backend-port", max: 65535 }, b.port, set((v) => { b.port = parseInt(v, 10) || 0; }))),
+    // Draining: no client makes new bindings to the backend; existing
+    // ones go on until idle expiry. Part of the draft, like every edit.
+    el("td", {}, el("label", { title: "No new bindings to this backend; existing ones go on until idle expiry" },
+      el("input", { type: "checkbox", class: "backend-drain", checked: !!b.drain, onchange: (e) => { b.drain = e.target.checked; markDirty(); } }), " drain")),
     el("td", {}, el("button", { class: "remove-backend danger", text: "Remove", onclick: () => { l.backends.splice(j, 1); renderVIP(); } }))));
   return el("div", { class: "card listener", "data-listener": i },
     el("div", { class: "row" },
@@ -359,11 +388,11 @@ function renderListener(l, i) {
       numberInput({ class: "port", max: 65535, placeholder: "port" }, l.port, set((v) => { l.port = parseInt(v, 10) || 0; })),
       el("span", { class: "muted", text: l.generation ? "generation " + l.generation : "new" }),
       el("button", { class: "remove-listener danger", text: "Delete listener", onclick: () => { d.listeners.splice(i, 1); renderVIP(); } })),
-    el("table", {}, el("thead", {}, el("tr", {}, el("th", { text: "Backend node" }), el("th", { text: "Port" }), el("th"))), el("tbody", {}, ...backends)),
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", { text: "Backend node" }), el("th", { text: "Port" }), el("th", { text: "Drain" }), el("th"))), el("tbody", {}, ...backends)),
     el("div", { class: "row" },
       el("button", { class: "add-backend", text: "Add backend", onclick: () => {
         l.backends = l.backends || [];
-        l.backends.push({ node: state.nodes.length ? state.nodes[0].id : "", port: 0 });
+        l.backends.push({ node: state.nodes.length ? state.nodes[0].id : "", port: 0, drain: false });
         renderVIP();
       } })),
     el("div", { class: "row" },
@@ -384,7 +413,7 @@ async function save() {
     if (state.isNew) {
       // One request: the agent validates the whole draft before it
       // creates anything.
-      const doc = await api("POST", base, { name: state.draft.name, listeners: state.draft.listeners || [] });
+      const doc = await api("POST", base, { name: state.draft.name, listeners: wireListeners(state.draft.listeners) });
       state.isNew = false;
       state.id = doc.id;
       state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
@@ -401,7 +430,7 @@ async function save() {
       location.hash = "#/n/" + encodeURIComponent(net);
       return;
     }
-    const doc = await api("PUT", base + "/" + state.id, { service: state.draft, revision: state.loaded.revision });
+    const doc = await api("PUT", base + "/" + state.id, { service: Object.assign(clone(state.draft), { listeners: wireListeners(state.draft.listeners) }), revision: state.loaded.revision });
     state.loaded = { service: serviceOf(doc), revision: doc.revision, doc };
     state.draft = clone(state.loaded.service);
     state.conflict = null;

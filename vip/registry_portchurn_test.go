@@ -2,6 +2,7 @@ package vip
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,13 +10,17 @@ import (
 )
 
 // TestChurnDistinctPorts adds and removes 10,000 distinct ports over one
-// service's life, beside a listener that stays, and checks that the field
-// count stays at what the live configuration needs. A replay of a removed
-// port's recorded snapshot stays dropped.
+// service's life, beside a listener that stays, and checks after every
+// removal that the field count is what the live configuration needs plus
+// the port floor and the latest removal's registers. The first 300 ports
+// go one at a time, with a backend each (the field limit used to be hit
+// at the 186th); the rest in batches of 64 per edit, without backends, to
+// keep the test short under -race. A replay of a removed port's recorded
+// snapshots stays dropped.
 func TestChurnDistinctPorts(t *testing.T) {
 	tn := newTestNet(t, 1, 11)
 	ctx := context.Background()
-	r := tn.regs[0]
+	r := tn.open(0, crdt.NewMemStore(), Limits{Listeners: 65}) // batches of 64
 	if _, err := r.Create(ctx, "api"); err != nil {
 		t.Fatal(err)
 	}
@@ -29,43 +34,71 @@ func TestChurnDistinctPorts(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The live configuration: name, addr, and tcp/443's register, cfg and
-	// two backends. Port churn adds two fields of its own: the port floor
-	// and the register of the latest removal (kept for agents without the
-	// floor, see docs/crdt.md).
-	const live, churn = 2 + 4, 2
-	var recorded, recordedRemoved []byte
-	var recordedPort PortKey
-	const cycles = 10000
-	for i := range cycles {
+	// two backends.
+	const live = 2 + 4
+	const total, singles, batch = 10000, 300, 64
+	portOf := func(i int) PortKey {
 		pk := PortKey{Proto: TCP, Port: uint16(1000 + i)}
 		if i%2 == 1 {
 			pk.Proto = UDP
 		}
-		v, err := r.PortAdd(ctx, "api", pk, []Backend{{Node: node, Port: 7000}})
-		if err != nil {
-			t.Fatalf("cycle %d: add %s: %v", i, pk, err)
-		}
-		if i == 100 {
-			recorded, _ = r.Replica().EncodedSnapshot(crdt.ServiceID(v.ID))
-			recordedPort = pk
-		}
-		v, err = r.PortRemove(ctx, "api", pk)
-		if err != nil {
-			t.Fatalf("cycle %d: remove %s: %v", i, pk, err)
-		}
-		if i == 100 {
-			recordedRemoved, _ = r.Replica().EncodedSnapshot(crdt.ServiceID(v.ID))
-		}
-		if n := len(r.Replica().Fields(crdt.ServiceID(v.ID))); n != live+churn {
-			t.Fatalf("cycle %d: %d fields held, want %d (live %d + floor + latest removal)", i, n, live+churn, live)
+		return pk
+	}
+	check := func(i int, v ServiceView, removed int) {
+		t.Helper()
+		if n, want := len(r.Replica().Fields(crdt.ServiceID(v.ID))), live+1+removed; n != want {
+			t.Fatalf("port %d: %d fields held, want %d (live %d + floor + %d removed registers)", i, n, want, live, removed)
 		}
 		if !v.Routable || len(v.Listeners) != 1 {
-			t.Fatalf("cycle %d: routable %v, listeners %v, err %q", i, v.Routable, v.Listeners, v.Err)
+			t.Fatalf("port %d: routable %v, listeners %v, err %q", i, v.Routable, v.Listeners, v.Err)
 		}
+	}
+	var recorded, recordedRemoved []byte
+	recordedPort := portOf(100)
+	for i := range singles {
+		pk := portOf(i)
+		v, err := r.PortAdd(ctx, "api", pk, []Backend{{Node: node, Port: 7000}})
+		if err != nil {
+			t.Fatalf("port %d: add %s: %v", i, pk, err)
+		}
+		if pk == recordedPort {
+			recorded, _ = r.Replica().EncodedSnapshot(crdt.ServiceID(v.ID))
+		}
+		if v, err = r.PortRemove(ctx, "api", pk); err != nil {
+			t.Fatalf("port %d: remove %s: %v", i, pk, err)
+		}
+		if pk == recordedPort {
+			recordedRemoved, _ = r.Replica().EncodedSnapshot(crdt.ServiceID(v.ID))
+		}
+		check(i, v, 1)
+	}
+	for i := singles; i < total; i += batch {
+		n := min(batch, total-i)
+		v, err := r.Get("api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		draft := v.Service.Clone()
+		for j := range n {
+			pk := portOf(i + j)
+			draft.Listeners = append(draft.Listeners, Listener{Proto: pk.Proto, Port: pk.Port})
+		}
+		if v, err = r.Save(ctx, draft, v.Revision); err != nil {
+			t.Fatalf("ports %d-%d: add: %v", i, i+n-1, err)
+		}
+		if len(v.Listeners) != n+1 {
+			t.Fatalf("ports %d-%d: %d listeners after add", i, i+n-1, len(v.Listeners))
+		}
+		draft = v.Service.Clone()
+		draft.Listeners = slices.DeleteFunc(draft.Listeners, func(l Listener) bool { return l.Key() != keep })
+		if v, err = r.Save(ctx, draft, v.Revision); err != nil {
+			t.Fatalf("ports %d-%d: remove: %v", i, i+n-1, err)
+		}
+		check(i+n-1, v, n)
 	}
 	v, _ := r.Get("api")
 	id := crdt.ServiceID(v.ID)
-	before := v.Revision
+	before, held := v.Revision, len(r.Replica().Fields(id))
 	for _, snap := range [][]byte{recorded, recordedRemoved} {
 		if _, err := r.Replica().MergeSnapshot(ctx, snap); err != nil {
 			t.Fatalf("replay: %v", err)
@@ -81,8 +114,8 @@ func TestChurnDistinctPorts(t *testing.T) {
 			t.Fatalf("replayed field %s held", f.Key)
 		}
 	}
-	if n := len(r.Replica().Fields(id)); n != live+churn {
-		t.Fatalf("after replay: %d fields, want %d", n, live+churn)
+	if n := len(r.Replica().Fields(id)); n != held {
+		t.Fatalf("after replay: %d fields, %d before", n, held)
 	}
 	l, _ := v.Listener(keep)
 	if len(l.Backends) != 2 || l.Check.PortCheck == nil || !*l.Check.PortCheck {

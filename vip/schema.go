@@ -367,26 +367,29 @@ type parsedKey struct {
 	backend Backend
 }
 
+// badKey is parseKey's error, made only on failure (parseKey runs for
+// every listener field of every edit).
+func badKey(key string) error { return fmt.Errorf("%w: key %q", ErrSchema, key) }
+
 func parseKey(key string) (parsedKey, error) {
 	rest, ok := strings.CutPrefix(key, keyPrefix)
 	if !ok {
 		return parsedKey{}, fmt.Errorf("%w: key %q", ErrSchema, key)
 	}
 	parts := strings.Split(rest, "/")
-	bad := fmt.Errorf("%w: key %q", ErrSchema, key)
 	if len(parts) < 2 {
-		return parsedKey{}, bad
+		return parsedKey{}, badKey(key)
 	}
 	pk, err := ParsePortKey(parts[0] + "/" + parts[1])
 	if err != nil || pk.String() != parts[0]+"/"+parts[1] {
-		return parsedKey{}, bad
+		return parsedKey{}, badKey(key)
 	}
 	if len(parts) == 2 {
 		return parsedKey{port: pk, kind: 'l'}, nil
 	}
 	gen, err := strconv.ParseUint(parts[2], 10, 64)
 	if err != nil || strconv.FormatUint(gen, 10) != parts[2] {
-		return parsedKey{}, bad
+		return parsedKey{}, badKey(key)
 	}
 	switch {
 	case len(parts) == 4 && parts[3] == "cfg":
@@ -394,15 +397,15 @@ func parseKey(key string) (parsedKey, error) {
 	case len(parts) == 6 && parts[3] == "b":
 		node, err := ParseNodeID(parts[4])
 		if err != nil || node.String() != parts[4] {
-			return parsedKey{}, bad
+			return parsedKey{}, badKey(key)
 		}
 		port, err := parsePort(parts[5])
 		if err != nil || strconv.Itoa(int(port)) != parts[5] {
-			return parsedKey{}, bad
+			return parsedKey{}, badKey(key)
 		}
 		return parsedKey{port: pk, gen: gen, kind: 'b', backend: Backend{node, port}}, nil
 	}
-	return parsedKey{}, bad
+	return parsedKey{}, badKey(key)
 }
 
 // portGen is what a service's held fields say of one port's generations.

@@ -126,3 +126,66 @@ func TestChurnDistinctPorts(t *testing.T) {
 		t.Fatalf("add after churn: %v", err)
 	}
 }
+
+// TestPortRemoveLosesConcurrentEditsAtOldFloor shows the cost of the port
+// floor: while member a removes tcp/80, member b adds a backend to tcp/443
+// and adds tcp/8080. a's removal raises the floor to tcp/80's generation
+// and moves tcp/443 above it, so b's edits, made at or below the new
+// floor, are lost, and both members converge on a's state.
+func TestPortRemoveLosesConcurrentEditsAtOldFloor(t *testing.T) {
+	tn := newTestNet(t, 2, 13)
+	ctx := context.Background()
+	a, b := tn.regs[0], tn.regs[1]
+	if _, err := a.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	n1, n2 := tn.nodes[0].ID, tn.nodes[1].ID
+	https, http, alt := PortKey{Proto: TCP, Port: 443}, PortKey{Proto: TCP, Port: 80}, PortKey{Proto: TCP, Port: 8080}
+	if _, err := a.PortAdd(ctx, "api", https, []Backend{{Node: n1, Port: 8443}}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := a.PortAdd(ctx, "api", http, []Backend{{Node: n1, Port: 8080}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l80, _ := v.Listener(http)
+	tn.sync(0, 1)
+	if v, err = a.PortRemove(ctx, "api", http); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := v.Listener(https); l.Generation <= l80.Generation {
+		t.Fatalf("tcp/443 at generation %d, not moved above the floor %d", l.Generation, l80.Generation)
+	}
+	if _, err := b.BackendAdd(ctx, "api", https, Backend{Node: n2, Port: 9443}); err != nil {
+		t.Fatal(err)
+	}
+	vb, err := b.PortAdd(ctx, "api", alt, []Backend{{Node: n2, Port: 8081}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := vb.Listener(alt); l.Generation > l80.Generation {
+		t.Fatalf("b's tcp/8080 at generation %d, above the coming floor %d: the test shows nothing", l.Generation, l80.Generation)
+	}
+	tn.sync(0, 1)
+	tn.sync(1, 0)
+	va, _ := a.Get("api")
+	vb, _ = b.Get("api")
+	if va.Revision != vb.Revision {
+		t.Fatalf("not converged: %s vs %s", va.Revision, vb.Revision)
+	}
+	if len(va.Listeners) != 1 {
+		t.Fatalf("listeners %v, want only tcp/443 (b's concurrent tcp/8080 is lost)", va.Listeners)
+	}
+	l, _ := va.Listener(https)
+	if len(l.Backends) != 1 || l.Backends[0] != (Backend{Node: n1, Port: 8443}) {
+		t.Fatalf("tcp/443 backends %v, want only %s:8443 (b's concurrent add is lost)", l.Backends, n1)
+	}
+	// Edits made after the floor arrived are kept.
+	if _, err := b.PortAdd(ctx, "api", alt, []Backend{{Node: n2, Port: 8081}}); err != nil {
+		t.Fatal(err)
+	}
+	tn.sync(1, 0)
+	if va, _ = a.Get("api"); len(va.Listeners) != 2 {
+		t.Fatalf("after the floor: listeners %v", va.Listeners)
+	}
+}

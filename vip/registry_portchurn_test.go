@@ -2,6 +2,9 @@ package vip
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -188,4 +191,145 @@ func TestPortRemoveLosesConcurrentEditsAtOldFloor(t *testing.T) {
 	if va, _ = a.Get("api"); len(va.Listeners) != 2 {
 		t.Fatalf("after the floor: listeners %v", va.Listeners)
 	}
+}
+
+// olderCheck and olderObsolete are CheckField and Obsolete as agents
+// without the port floor have them: L/floor does not parse as a listener
+// key, so it is refused, and the obsolete rule is the per-port one.
+func olderCheck(f *crdt.Field) error {
+	if f.Key == keyFloor {
+		return badKey(f.Key)
+	}
+	return CheckField(f)
+}
+
+func olderObsolete(id crdt.ServiceID, fields []crdt.Field) []string {
+	return Obsolete(id, slices.DeleteFunc(slices.Clone(fields), func(f crdt.Field) bool { return f.Key == keyFloor }))
+}
+
+// TestPortFloorMixedMesh: what an agent without the floor does beside a
+// current one, as docs/wire.md says. It refuses L/floor, keeps the
+// service routed with the same listeners, and learns a removal from the
+// latest removal's register; it holds the removed registers the current
+// agent dropped, and those replayed to the current agent stay dropped. It
+// keeps routing a port whose removal it missed when a later removal
+// superseded it, and a listener it adds at or below the floor is dropped
+// by current agents.
+func TestPortFloorMixedMesh(t *testing.T) {
+	tn := newTestNet(t, 2, 17)
+	ctx := context.Background()
+	rep, err := crdt.Open(ctx, crdt.Config{Network: tn.netID, Signer: tn.keys[1], Members: tn.members, Store: crdt.NewMemStore(),
+		Obsolete: olderObsolete, Check: olderCheck, Rank: Rank})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rep.Close() })
+	old, err := NewRegistry(RegistryOptions{Network: "home", Prefix: tn.prefix, Replica: rep, Nodes: tn.nodeList, Rand: rand.NewChaCha8([32]byte{1, 99})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.regs[1] = old
+	cur := tn.regs[0]
+	n1 := tn.nodes[0].ID
+	if _, err := cur.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	port := func(p uint16) PortKey { return PortKey{Proto: TCP, Port: p} }
+	for _, p := range []uint16{443, 80} {
+		if _, err := cur.PortAdd(ctx, "api", port(p), []Backend{{Node: n1, Port: p + 8000}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncMixed(t, tn, 0, 1)
+	sameListeners := func(what string) {
+		t.Helper()
+		vc, _ := cur.Get("api")
+		vo, _ := old.Get("api")
+		if !vo.Routable || !slices.EqualFunc(vc.Listeners, vo.Listeners, func(x, y Listener) bool {
+			return x.Key() == y.Key() && x.Generation == y.Generation && slices.Equal(x.Backends, y.Backends)
+		}) {
+			t.Fatalf("%s: current agent %v, older agent %v (routable %v, %q)", what, vc.Listeners, vo.Listeners, vo.Routable, vo.Err)
+		}
+	}
+	if _, err := cur.PortRemove(ctx, "api", port(80)); err != nil {
+		t.Fatal(err)
+	}
+	before := old.Replica().Refused().Schema
+	syncMixed(t, tn, 0, 1)
+	sameListeners("after a removal")
+	if old.Replica().Refused().Schema == before {
+		t.Fatal("the older agent took L/floor")
+	}
+	// Churn seen one removal at a time: the older agent follows, and
+	// holds every removed register.
+	for p := uint16(1); p <= 5; p++ {
+		if _, err := cur.PortAdd(ctx, "api", port(p), nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cur.PortRemove(ctx, "api", port(p)); err != nil {
+			t.Fatal(err)
+		}
+		syncMixed(t, tn, 0, 1)
+		sameListeners(fmt.Sprintf("after removing tcp/%d", p))
+	}
+	vc, _ := cur.Get("api")
+	id := crdt.ServiceID(vc.ID)
+	nc, no := len(cur.Replica().Fields(id)), len(old.Replica().Fields(id))
+	if no != nc-1+5 {
+		t.Fatalf("older agent holds %d fields, current %d: want the current's without the floor, plus the 5 earlier removals", no, nc)
+	}
+	syncMixed(t, tn, 1, 0)
+	if n := len(cur.Replica().Fields(id)); n != nc {
+		t.Fatalf("the older agent's removed registers came back: %d fields, %d before", n, nc)
+	}
+	sameListeners("after syncing back")
+	// A removal the older agent missed, superseded by a later one.
+	if _, err := cur.PortAdd(ctx, "api", port(6), nil); err != nil {
+		t.Fatal(err)
+	}
+	syncMixed(t, tn, 0, 1)
+	for _, p := range []uint16{6, 7} {
+		if p == 7 {
+			if _, err := cur.PortAdd(ctx, "api", port(p), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := cur.PortRemove(ctx, "api", port(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syncMixed(t, tn, 0, 1)
+	if vo, _ := old.Get("api"); !slices.ContainsFunc(vo.Listeners, func(l Listener) bool { return l.Key() == port(6) }) {
+		t.Fatalf("older agent: %v; the missed removal of tcp/6 was expected to stay unseen", vo.Listeners)
+	}
+	// A listener the older agent adds below the floor.
+	vo, err := old.PortAdd(ctx, "api", port(9000), []Backend{{Node: n1, Port: 9000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := vo.Listener(port(9000))
+	syncMixed(t, tn, 1, 0)
+	if vc, _ = cur.Get("api"); slices.ContainsFunc(vc.Listeners, func(l Listener) bool { return l.Key() == port(9000) }) {
+		t.Fatalf("current agent took tcp/9000 at generation %d, at or below its floor", l.Generation)
+	}
+}
+
+// syncMixed is testNet.sync for a mesh with an older agent: a field the
+// receiver's schema refuses (L/floor at the older agent) leaves the rest
+// of the snapshot merged, and is no failure.
+func syncMixed(t *testing.T, tn *testNet, from, to int) {
+	t.Helper()
+	src, dst := tn.regs[from].Replica(), tn.regs[to].Replica()
+	var changed []ServiceID
+	for _, in := range src.Services() {
+		snap, _ := src.EncodedSnapshot(in.ID)
+		res, err := dst.MergeSnapshot(context.Background(), snap)
+		if err != nil && !errors.Is(err, crdt.ErrInvalidField) {
+			t.Fatalf("merge %d→%d: %v", from, to, err)
+		}
+		for _, id := range res.Changed {
+			changed = append(changed, ServiceID(id))
+		}
+	}
+	tn.regs[to].Merged(changed)
 }

@@ -333,3 +333,39 @@ func syncMixed(t *testing.T, tn *testNet, from, to int) {
 	}
 	tn.regs[to].Merged(changed)
 }
+
+// TestConcurrentPortRemovalsAreBothLost: two members removing different
+// ports of one service at once each move the other's port above the
+// floor, so both removals are lost, and they converge with both ports.
+func TestConcurrentPortRemovalsAreBothLost(t *testing.T) {
+	tn := newTestNet(t, 2, 19)
+	ctx := context.Background()
+	a, b := tn.regs[0], tn.regs[1]
+	if _, err := a.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	n1 := tn.nodes[0].ID
+	p, q := PortKey{Proto: TCP, Port: 80}, PortKey{Proto: TCP, Port: 81}
+	for _, k := range []PortKey{p, q} {
+		if _, err := a.PortAdd(ctx, "api", k, []Backend{{Node: n1, Port: k.Port}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tn.sync(0, 1)
+	if _, err := a.PortRemove(ctx, "api", p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PortRemove(ctx, "api", q); err != nil {
+		t.Fatal(err)
+	}
+	tn.sync(0, 1)
+	tn.sync(1, 0)
+	va, _ := a.Get("api")
+	vb, _ := b.Get("api")
+	if va.Revision != vb.Revision {
+		t.Fatalf("not converged: %s vs %s", va.Revision, vb.Revision)
+	}
+	if len(va.Listeners) != 2 {
+		t.Fatalf("listeners %v, want both tcp/80 and tcp/81 back (each removal moved the other port)", va.Listeners)
+	}
+}

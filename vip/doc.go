@@ -15,9 +15,11 @@
 //     merge; one field resolves by crdt's order, a listener register by
 //     generation first; backend fields of a removed listener never
 //     reappear and are dropped, because the listener's generation is part
-//     of their keys and its removal is final; fields that break the schema
-//     (names with control characters, generations above MaxGeneration)
-//     are refused on merge by every replica alike.
+//     of their keys and its removal is final; a service's port floor,
+//     raised by each listener removal, drops removed listeners' registers
+//     too, so any number of distinct ports can come and go; fields that
+//     break the schema (names with control characters, generations above
+//     MaxGeneration) are refused on merge by every replica alike.
 //   - Registry: one network's configuration on a crdt.Replica. Reads carry a
 //     Revision; Save replaces a whole draft if the service is still at the
 //     revision the editor was shown (ConflictError otherwise, nothing

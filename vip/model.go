@@ -178,7 +178,9 @@ type Service struct {
 //
 // Generation distinguishes incarnations of the same port: removing a listener
 // and adding its port again gives a higher generation, so backend fields of
-// the removed listener never reappear. Editors carry it through unchanged;
+// the removed listener never reappear. Removing a backend, or another
+// listener of the service (which raises the service's port floor), moves a
+// listener to a new generation too. Editors carry it through unchanged;
 // mutations assign it.
 type Listener struct {
 	Proto      Proto     `json:"proto"`

@@ -294,3 +294,89 @@ func TestReplicatorRefusesFrameLimitBelowDigestPart(t *testing.T) {
 		t.Errorf("minDigestPart = %d, want 76", minDigestPart)
 	}
 }
+
+// fillBig adds listeners udp/base.. to service name on reg, with backends
+// until the service is at its field limit: 15 listeners of 11 backends,
+// 182 fields with its name and address.
+func fillBig(t *testing.T, tn *testNet, reg *Registry, name string, base uint16) {
+	t.Helper()
+	ctx := context.Background()
+	for l := range uint16(15) {
+		var bs []Backend
+		for b := range uint16(11) {
+			bs = append(bs, Backend{Node: tn.nodes[int(b)%2].ID, Port: base + 100*l + b})
+		}
+		if _, err := reg.PortAdd(ctx, name, PortKey{Proto: UDP, Port: base + l}, bs); err != nil {
+			t.Fatalf("%s: add udp/%d: %v", name, base+l, err)
+		}
+	}
+}
+
+// TestDigestRepairAtLargestLimits: two replicas filled differently up to
+// raised limits repair to the same state. crdt.Limits and vip.Limits have
+// no upper bound of their own, so "largest" is what can be set and filled
+// here: the control frame at the largest tsng's control channel carries
+// (2^24-1 bytes with its header), one service on each side at its field
+// limit, so that the merged service sits near its hard cap (362 of 384
+// fields, 60 KiB); then, under a small frame so that both sides' digests
+// go in parts, deletions and services on each side that fill limits
+// raised to 600 tombstones and 128 services once merged.
+func TestDigestRepairAtLargestLimits(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		frame     int // MaxSnapshotBytes
+		big       bool
+		del, keep int // on each side
+	}{
+		// The registry decodes every service on each merge, the big one
+		// too, so this case keeps fewer services to stay short.
+		{"frame-16MiB", 1<<24 - 1 - frameHeader, true, 100, 20},
+		{"frame-2KiB", 2048, false, 300, 63},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tn := newTestNet(t, 2, testenv.Seed(t, 41))
+			cl := crdt.Limits{MaxServices: 128, MaxTombstones: 600, MaxSnapshotBytes: c.frame}
+			vl := Limits{ActiveServices: 128, Tombstones: 600}
+			a, b := openLimited(t, tn, 0, cl, vl), openLimited(t, tn, 1, cl, vl)
+			if c.big {
+				if _, err := a.Create(context.Background(), "big"); err != nil {
+					t.Fatal(err)
+				}
+				copyAll(t, a, b)
+				b.Refresh()
+				fillBig(t, tn, a, "big", 1000)
+				fillBig(t, tn, b, "big", 3000)
+			}
+			// Each side deletes and keeps services of its own: in the
+			// second case, up to the tombstone limit and near the services
+			// limit once merged.
+			createDelete(t, a, "a", c.del, c.keep)
+			createDelete(t, b, "b", c.del, c.keep)
+			periods, ra, rb := repairUntilEqual(t, tn, a, b, 10)
+			if periods < 0 {
+				t.Fatalf("after 10 rotations: a holds %d services, b %d", len(a.Replica().Services()), len(b.Replica().Services()))
+			}
+			held := a.Replica().Services()
+			if want := 2 * (c.del + c.keep); len(held) != want+btoi(c.big) {
+				t.Errorf("%d services held, want %d", len(held), want+btoi(c.big))
+			}
+			if c.big {
+				v, _ := a.Get("big")
+				if n := len(a.Replica().Fields(crdt.ServiceID(v.ID))); n != 362 {
+					t.Errorf("big holds %d fields, want 362", n)
+				}
+			}
+			if r := ra.Stats().Rejected + rb.Stats().Rejected; r != 0 {
+				t.Errorf("%d frames rejected, want none", r)
+			}
+			t.Logf("repaired after %d rotations; a's digest in %d parts", periods, len(ra.digestParts()))
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

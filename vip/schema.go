@@ -24,6 +24,7 @@ import (
 //	L/<proto>/<port>/<gen>/b/<node>/<port>  a backend: node id in hex, app port
 //	                                   (a value when present: empty, or backendValue
 //	                                   when draining; cleared when removed)
+//	L/floor                            the service's port floor (value: floorValue)
 //
 // <gen> is the listener's generation in decimal, at most MaxGeneration.
 // Adding a listener writes its register with the next generation of its
@@ -42,6 +43,23 @@ import (
 // removing a backend, changing cfg, removing the listener) is lost once
 // it meets the new generation; the members converge on the new one.
 //
+// Removing a listener raises the service's port floor (key L/floor) to
+// the removed generation (the highest, when several go at once), writes
+// the removed register at the floor, and moves every other listener at
+// or below the floor to its port's next generation, which is above the
+// floor. Every listener field at or below the floor is obsolete, except
+// a removed register exactly at it: so the registers of earlier removals
+// are dropped, and a replay of a removed port's fields (its live register
+// above all) stays dropped, while distinct-port churn holds only the live
+// listeners, the floor and the latest removal's registers. The latest
+// removal stays so that agents without the floor, which refuse L/floor,
+// still learn of it. The cost: an edit another member makes concurrently
+// at or below the new floor is lost once it meets the floor (a backend or
+// cfg change of a moved listener, its removal, or a listener added at a
+// generation at or below the floor). When the floor cannot be raised
+// (a generation at the bound), a removal writes its register alone, as
+// before the floor existed.
+//
 // Concurrent edits of different backends are different registers, so they
 // merge; concurrent edits of one register resolve by crdt's order, with
 // the listener register ranked first by generation and removal (Rank): a
@@ -52,11 +70,16 @@ import (
 // appears in any held field of that port (the register's value or a key).
 // Every cfg or backend field of a lower generation is obsolete and dropped,
 // and so is every one of the register's generation once it is removed.
-// Both only grow as fields are added (G by its definition, the removal
-// because a removal outranks its generation's live value), so the rule is
-// monotonic, as crdt requires: every replica drops the same fields
-// whatever the arrival order. The register of a removed listener stays,
-// one field per port, so that the removal stays final.
+// Let F be the held port floor (0 without one). When F > 0, every cfg,
+// backend and live register field of a generation at most F is obsolete,
+// and so is every removed register below F. All three only grow as fields
+// are added (G by its definition, the removal because a removal outranks
+// its generation's live value, F because the floor register ranks by its
+// value), so the rule is monotonic, as crdt requires: every replica drops
+// the same fields whatever the arrival order. A field dropped by the floor
+// has a generation at most F, so a G that falls when it goes covers nothing
+// the floor does not. The register of a removed listener above the floor
+// stays, so that the removal stays final; at or below it the floor does.
 //
 // Bounds (wire-format constants, the same on every replica): generations
 // are at most MaxGeneration, and CheckField refuses a field beyond it on
@@ -69,6 +92,10 @@ const (
 	keyName   = "name"
 	keyAddr   = "addr"
 	keyPrefix = "L/"
+	// keyFloor is under keyPrefix, but no listener key has its shape, so
+	// agents without the floor refuse it (ErrSchema) instead of storing
+	// it and taking the service out of routing (docs/wire.md).
+	keyFloor = keyPrefix + "floor"
 )
 
 // Value encodings (version byte first, so a later schema can extend them):
@@ -76,6 +103,7 @@ const (
 //	listenerValue: 0x01, generation uvarint, flags byte (bit 0: removed)
 //	backendValue:  empty (serving), or 0x01, flags byte (bit 0: draining;
 //	               0 and other bits are refused: not draining is empty)
+//	floorValue:    0x01, floor uvarint (at most MaxGeneration)
 //	cfgValue:      0x01, port-check byte (0 default, 1 on, 2 off),
 //	               interval ms uvarint, timeout ms uvarint, failures uvarint,
 //	               successes uvarint, idle timeout ms uvarint (0 = default)
@@ -111,6 +139,17 @@ func CheckField(f *crdt.Field) error {
 	case keyAddr:
 		if f.HasValue && len(f.Value) != 4 {
 			return fmt.Errorf("%w: addr value of %d bytes", ErrSchema, len(f.Value))
+		}
+		return nil
+	case keyFloor:
+		if f.HasValue {
+			fl, err := decodeFloor(f.Value)
+			if err != nil {
+				return err
+			}
+			if fl > MaxGeneration {
+				return fmt.Errorf("%w: port floor %d above %d", ErrSchema, fl, MaxGeneration)
+			}
 		}
 		return nil
 	}
@@ -176,8 +215,19 @@ func decodeBackendValue(v []byte) (drain bool, err error) {
 
 // Rank is the schema's precedence for crdt.Config.Rank: a listener
 // register ranks by generation, and at one generation its removal above
-// its live value; every other field ranks 0.
+// its live value; the port floor ranks by its value, so the highest floor
+// wins whatever its clock; every other field ranks 0.
 func Rank(f *crdt.Field) uint64 {
+	if f.Key == keyFloor {
+		if !f.HasValue {
+			return 0
+		}
+		fl, err := decodeFloor(f.Value)
+		if err != nil {
+			return 0
+		}
+		return min(fl, MaxGeneration)
+	}
 	if !f.HasValue || !strings.HasPrefix(f.Key, keyPrefix) || strings.Count(f.Key, "/") != 2 {
 		return 0
 	}
@@ -223,6 +273,33 @@ func decodeListener(v []byte) (gen uint64, removed bool, err error) {
 		return 0, false, fmt.Errorf("%w: listener value %x", ErrSchema, v)
 	}
 	return gen, v[1+n] == 1, nil
+}
+
+func encodeFloor(fl uint64) []byte {
+	return binary.AppendUvarint([]byte{schemaVersion}, fl)
+}
+
+func decodeFloor(v []byte) (uint64, error) {
+	if len(v) < 2 || v[0] != schemaVersion {
+		return 0, fmt.Errorf("%w: floor value %x", ErrSchema, v)
+	}
+	fl, n := binary.Uvarint(v[1:])
+	if n <= 0 || 1+n != len(v) || n != len(binary.AppendUvarint(nil, fl)) {
+		return 0, fmt.Errorf("%w: floor value %x", ErrSchema, v)
+	}
+	return fl, nil
+}
+
+// floorOf returns the port floor held among fields, 0 without one.
+func floorOf(fields []crdt.Field) uint64 {
+	for i := range fields {
+		if f := &fields[i]; f.Key == keyFloor && f.HasValue {
+			if fl, err := decodeFloor(f.Value); err == nil {
+				return fl
+			}
+		}
+	}
+	return 0
 }
 
 func encodeCfg(c Check, idle Duration) []byte {
@@ -290,26 +367,29 @@ type parsedKey struct {
 	backend Backend
 }
 
+// badKey is parseKey's error, made only on failure (parseKey runs for
+// every listener field of every edit).
+func badKey(key string) error { return fmt.Errorf("%w: key %q", ErrSchema, key) }
+
 func parseKey(key string) (parsedKey, error) {
 	rest, ok := strings.CutPrefix(key, keyPrefix)
 	if !ok {
 		return parsedKey{}, fmt.Errorf("%w: key %q", ErrSchema, key)
 	}
 	parts := strings.Split(rest, "/")
-	bad := fmt.Errorf("%w: key %q", ErrSchema, key)
 	if len(parts) < 2 {
-		return parsedKey{}, bad
+		return parsedKey{}, badKey(key)
 	}
 	pk, err := ParsePortKey(parts[0] + "/" + parts[1])
 	if err != nil || pk.String() != parts[0]+"/"+parts[1] {
-		return parsedKey{}, bad
+		return parsedKey{}, badKey(key)
 	}
 	if len(parts) == 2 {
 		return parsedKey{port: pk, kind: 'l'}, nil
 	}
 	gen, err := strconv.ParseUint(parts[2], 10, 64)
 	if err != nil || strconv.FormatUint(gen, 10) != parts[2] {
-		return parsedKey{}, bad
+		return parsedKey{}, badKey(key)
 	}
 	switch {
 	case len(parts) == 4 && parts[3] == "cfg":
@@ -317,15 +397,15 @@ func parseKey(key string) (parsedKey, error) {
 	case len(parts) == 6 && parts[3] == "b":
 		node, err := ParseNodeID(parts[4])
 		if err != nil || node.String() != parts[4] {
-			return parsedKey{}, bad
+			return parsedKey{}, badKey(key)
 		}
 		port, err := parsePort(parts[5])
 		if err != nil || strconv.Itoa(int(port)) != parts[5] {
-			return parsedKey{}, bad
+			return parsedKey{}, badKey(key)
 		}
 		return parsedKey{port: pk, gen: gen, kind: 'b', backend: Backend{node, port}}, nil
 	}
-	return parsedKey{}, bad
+	return parsedKey{}, badKey(key)
 }
 
 // portGen is what a service's held fields say of one port's generations.
@@ -373,20 +453,37 @@ func portGenerations(fields []crdt.Field) map[PortKey]portGen {
 
 // Obsolete is the schema's rule for crdt.Config.Obsolete: the cfg and
 // backend fields of generations below the highest seen for their port, or
-// of a removed generation.
+// of a removed generation; and, under a port floor, every listener field
+// at or below it but a removed register exactly at it.
 func Obsolete(_ crdt.ServiceID, fields []crdt.Field) []string {
 	gens := portGenerations(fields)
+	floor := floorOf(fields)
 	var drop []string
 	for i := range fields {
 		f := &fields[i]
-		if !strings.HasPrefix(f.Key, keyPrefix) {
+		if !strings.HasPrefix(f.Key, keyPrefix) || f.Key == keyFloor {
 			continue
 		}
 		pk, err := parseKey(f.Key)
-		if err != nil || pk.kind == 'l' {
+		if err != nil {
 			continue
 		}
-		if gens[pk.port].obsolete(pk.gen) {
+		if pk.kind == 'l' {
+			if floor == 0 {
+				continue
+			}
+			gen, removed := uint64(0), false
+			if f.HasValue {
+				if gen, removed, err = decodeListener(f.Value); err != nil {
+					continue
+				}
+			}
+			if gen < floor || (gen == floor && !removed) {
+				drop = append(drop, f.Key)
+			}
+			continue
+		}
+		if gens[pk.port].obsolete(pk.gen) || (floor > 0 && pk.gen <= floor) {
 			drop = append(drop, f.Key)
 		}
 	}
@@ -400,13 +497,16 @@ type decoded struct {
 	// gens is what the fields say of each port's generations, so that a
 	// new listener's generation is above every one held.
 	gens map[PortKey]portGen
+	// floor is the held port floor, 0 without one; a new listener's
+	// generation is above it too.
+	floor uint64
 }
 
 // decodeService turns a service's merged fields into a Service. Fields that
 // break the schema make it fail with ErrSchema (the caller reports the
 // service and keeps it out of routing).
 func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, error) {
-	d := decoded{svc: Service{ID: id, Network: network}, gens: portGenerations(fields)}
+	d := decoded{svc: Service{ID: id, Network: network}, gens: portGenerations(fields), floor: floorOf(fields)}
 	type lst struct {
 		gen     uint64
 		removed bool
@@ -432,6 +532,13 @@ func decodeService(network string, id ServiceID, fields []crdt.Field) (decoded, 
 					errs = append(errs, fmt.Errorf("%w: addr value %x", ErrSchema, f.Value))
 				} else {
 					d.addr = netip.AddrFrom4([4]byte(f.Value))
+				}
+			}
+			continue
+		case keyFloor:
+			if f.HasValue {
+				if _, err := decodeFloor(f.Value); err != nil {
+					errs = append(errs, err)
 				}
 			}
 			continue
@@ -530,10 +637,15 @@ func compareBackend(a, b Backend) int {
 }
 
 // nextGeneration is the generation a new listener on port k gets: one
-// above every generation held for the port. A port whose fields reached
-// MaxGeneration (a member wrote the bound) takes no new listener.
+// above every generation held for the port and above the port floor. A
+// port whose fields reached MaxGeneration (a member wrote the bound) takes
+// no new listener, nor does any port once a member wrote the floor at it.
 func (d *decoded) nextGeneration(k PortKey) (uint64, error) {
-	g := d.gens[k].max
+	if d.floor >= MaxGeneration {
+		return 0, fmt.Errorf("%w: listener %s of service %s: the service's port floor is at the bound %d, written by a member; remove and recreate the service to add listeners",
+			ErrLimit, k, d.svc.ID, uint64(MaxGeneration))
+	}
+	g := max(d.gens[k].max, d.floor)
 	if g >= MaxGeneration {
 		return 0, fmt.Errorf("%w: listener %s of service %s: its generation is at the bound %d, written by a member; remove and recreate the service to use the port",
 			ErrLimit, k, d.svc.ID, uint64(MaxGeneration))
@@ -545,8 +657,29 @@ func (d *decoded) nextGeneration(k PortKey) (uint64, error) {
 // its generations) into the draft. A listener of the draft whose
 // generation differs from the held one (or is 0) is a new incarnation:
 // the old one is removed and the new one added with its port's next
-// generation.
+// generation. A draft that removes listeners raises the port floor (see
+// the schema above); when that cannot be done within MaxGeneration, the
+// removal is written without it.
 func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
+	floor, raise := cur.floor, false
+	for _, c := range cur.svc.Listeners {
+		if _, ok := draft.Listener(c.Key()); !ok {
+			floor, raise = max(floor, c.Generation), true
+		}
+	}
+	if raise && floor < MaxGeneration {
+		up := cur
+		up.floor = floor
+		if edits, err := diffEditsFloor(up, held, draft, true); !errors.Is(err, ErrLimit) {
+			return edits, err
+		}
+	}
+	return diffEditsFloor(cur, held, draft, false)
+}
+
+// diffEditsFloor is diffEdits with cur.floor the floor to write (when
+// raise) or the held one.
+func diffEditsFloor(cur decoded, held bool, draft Service, raise bool) ([]crdt.Edit, error) {
 	var edits []crdt.Edit
 	if !held || cur.svc.Name != draft.Name {
 		edits = append(edits, crdt.Edit{Key: keyName, Value: []byte(draft.Name)})
@@ -573,9 +706,11 @@ func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
 		c, inCur := curL[k]
 		d, inDraft := draftL[k]
 		switch {
+		case inCur && !inDraft && raise:
+			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(cur.floor, true)})
 		case inCur && !inDraft:
 			edits = append(edits, crdt.Edit{Key: listenerKey(k), Value: encodeListener(c.Generation, true)})
-		case inDraft && (!inCur || d.Generation != c.Generation || removesBackend(c, d)):
+		case inDraft && (!inCur || d.Generation != c.Generation || removesBackend(c, d) || (raise && c.Generation <= cur.floor)):
 			gen, err := cur.nextGeneration(k)
 			if err != nil {
 				return nil, err
@@ -611,6 +746,9 @@ func diffEdits(cur decoded, held bool, draft Service) ([]crdt.Edit, error) {
 				}
 			}
 		}
+	}
+	if raise {
+		edits = append(edits, crdt.Edit{Key: keyFloor, Value: encodeFloor(cur.floor)})
 	}
 	return edits, nil
 }

@@ -1,0 +1,193 @@
+package tsng
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vipkit/vipkit/transport/netstack"
+	"github.com/vipkit/vipkit/vip"
+)
+
+// serveHostHTTP runs an HTTP server on the host's loopback, answering
+// every request with name; the returned func stops it.
+func serveHostHTTP(t *testing.T, name string) (uint16, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name) })}
+	go srv.Serve(ln)
+	stop := func() { srv.Close() }
+	t.Cleanup(stop)
+	return uint16(ln.Addr().(*net.TCPAddr).Port), stop
+}
+
+// serveNetstackHTTP runs an HTTP server inside a node's netstack on port
+// (as an application listening on the overlay address in tun mode).
+func serveNetstackHTTP(t *testing.T, h *netstack.Host, port uint16, name string) {
+	t.Helper()
+	ln, err := h.ListenTCP(netip.AddrPortFrom(netip.IPv4Unspecified(), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// vipGet fetches http://addr/ through h's netstack with a fresh
+// connection and a 3 s limit.
+func vipGet(ctx context.Context, h *netstack.Host, addr netip.AddrPort) (string, error) {
+	tr := &http.Transport{DialContext: h.DialContext, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// TestNetstackBackendLoopback: an HTTP server on the host's loopback
+// behind a netstack node (server1, which allows its port in
+// backend_ports) is reached through a VIP from another node (client) with
+// Go's HTTP client. When it stops, the VIP fails over to server2, whose
+// application listens on the overlay address (as in tun mode). A second
+// loopback server whose port server1 does not allow is refused through a
+// VIP, and server1's status (the local API's JSON and `vip status`) shows
+// that backend as not allowed.
+func TestNetstackBackendLoopback(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	port, stopHTTP := serveHostHTTP(t, "server1-host")
+	other, _ := serveHostHTTP(t, "server1-unlisted")
+	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "server2", "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := socketDir(t, "nsback") + "/tsng.sock"
+	cfgs[0].Socket = sock
+	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port)}
+	var ds []*Daemon
+	for i, c := range cfgs {
+		c.Networks[0].ProbeFast = true
+		d, _ := startReloadable(t, c, DaemonOptions{NoAPI: i > 0})
+		ds = append(ds, d)
+	}
+	server1, server2, client := ds[0].Runtime("home"), ds[1].Runtime("home"), ds[2].Runtime("home")
+	serveNetstackHTTP(t, server2.Host(), port, "server2-overlay")
+	reg := server1.Registry()
+	if _, err := reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	be := func(s string) vip.Backend {
+		b, err := reg.ResolveBackend(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	v, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, []vip.Backend{be(fmt.Sprintf("server1:%d", port))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api90 := netip.AddrPortFrom(v.Addr, 90)
+	var got string
+	pollUntil(t, 30*time.Second, "GET through the VIP to server1's loopback", func() (bool, string) {
+		got, err = vipGet(ctx, client.Host(), api90)
+		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
+	})
+
+	// Failover: server2 joins; server1's application stops.
+	if _, err := reg.BackendAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, be(fmt.Sprintf("server2:%d", port))); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, "server2's backend eligible at the client", func() (bool, string) {
+		bs, _ := backendAt(client, "tcp/90", "server2")
+		return bs.Eligible, fmt.Sprintf("%+v", bs)
+	})
+	stopHTTP()
+	pollUntil(t, 30*time.Second, "the client's server1 backend out of rotation", func() (bool, string) {
+		bs, _ := backendAt(client, "tcp/90", "server1")
+		return !bs.Eligible && bs.Reason == "check-failed", fmt.Sprintf("%+v", bs)
+	})
+	for range 3 {
+		if got, err := vipGet(ctx, client.Host(), api90); err != nil || got != "server2-overlay" {
+			t.Fatalf("GET after failover: %q, %v; want server2-overlay", got, err)
+		}
+	}
+
+	// A port server1 does not allow: refused, and shown so at server1.
+	v, err = reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 91}, []vip.Backend{be(fmt.Sprintf("server1:%d", other))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, "the client routes tcp/91", func() (bool, string) {
+		l, ok := listenerAt(client, "tcp/91")
+		return ok && l.Routed, fmt.Sprintf("%+v", l)
+	})
+	if got, err := vipGet(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 91)); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET to a port server1 does not allow: %q, %v; want connection refused", got, err)
+	}
+	env := &Env{Getenv: func(k string) string {
+		if k == "TSNG_SOCKET" {
+			return sock
+		}
+		return ""
+	}}
+	var out, errb bytes.Buffer
+	env.Stdout, env.Stderr = &out, &errb
+	if code := Main(ctx, []string{"vip", "status", "home", "api", "--json"}, env); code != 0 {
+		t.Fatalf("vip status --json: exit %d: %s", code, errb.String())
+	}
+	var sample struct {
+		Status vip.ServiceStatus `json:"status"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &sample); err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, l := range sample.Status.Listeners {
+		for _, b := range l.Backends {
+			if l.Listener == "tcp/91" && b.NodeName == "server1" {
+				found = true
+				if b.Reason != "not-allowed" || b.Eligible || !strings.Contains(b.CheckError, "backend_ports") {
+					t.Errorf("server1's status of its unlisted backend: %+v; want not-allowed", b)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no tcp/91 backend on server1 in %s", out.String())
+	}
+	out.Reset()
+	if code := Main(ctx, []string{"vip", "status", "home", "api"}, env); code != 0 {
+		t.Fatalf("vip status: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), fmt.Sprintf("server1:%d  not-allowed", other)) {
+		t.Errorf("vip status shows no not-allowed backend:\n%s", out.String())
+	}
+	if st := relayOf(server1).Stats(); st.TCPAccepted == 0 || st.NotAllowed == 0 {
+		t.Errorf("relay stats %+v: want accepted and not-allowed counts", st)
+	}
+}
+
+// relayOf returns n's backend relay (nil while the network is down).
+func relayOf(n *netRuntime) *backendRelay {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.relay
+}

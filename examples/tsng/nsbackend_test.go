@@ -32,6 +32,28 @@ func serveHostHTTP(t *testing.T, name string) (uint16, func()) {
 	return uint16(ln.Addr().(*net.TCPAddr).Port), stop
 }
 
+// serveHostUDPEcho answers every datagram on a host loopback port with
+// "echo " and the datagram.
+func serveHostUDPEcho(t *testing.T) uint16 {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(append([]byte("echo "), buf[:n]...), from)
+		}
+	}()
+	return uint16(pc.LocalAddr().(*net.UDPAddr).Port)
+}
+
 // serveNetstackHTTP runs an HTTP server inside a node's netstack on port
 // (as an application listening on the overlay address in tun mode).
 func serveNetstackHTTP(t *testing.T, h *netstack.Host, port uint16, name string) {
@@ -74,13 +96,14 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	defer cancel()
 	port, stopHTTP := serveHostHTTP(t, "server1-host")
 	other, _ := serveHostHTTP(t, "server1-unlisted")
+	udpPort := serveHostUDPEcho(t)
 	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "server2", "client"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sock := socketDir(t, "nsback") + "/tsng.sock"
 	cfgs[0].Socket = sock
-	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port)}
+	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port), fmt.Sprintf("udp/%d", udpPort)}
 	var ds []*Daemon
 	for i, c := range cfgs {
 		c.Networks[0].ProbeFast = true
@@ -110,6 +133,18 @@ func TestNetstackBackendLoopback(t *testing.T) {
 		got, err = vipGet(ctx, client.Host(), api90)
 		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
 	})
+
+	// UDP: datagrams to the VIP reach the loopback echo server and back.
+	if _, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.UDP, Port: 53}, []vip.Backend{be(fmt.Sprintf("server1:%d", udpPort))}); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, "a UDP exchange through the VIP with server1's loopback", func() (bool, string) {
+		got, err := udpAsk(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 53), "ping")
+		return err == nil && got == "echo ping", fmt.Sprintf("%q, %v", got, err)
+	})
+	if st := relayOf(server1).Stats(); st.UDPAccepted == 0 || st.UDPFlows == 0 {
+		t.Errorf("relay stats %+v: want a UDP flow", st)
+	}
 
 	// Failover: server2 joins; server1's application stops.
 	if _, err := reg.BackendAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, be(fmt.Sprintf("server2:%d", port))); err != nil {

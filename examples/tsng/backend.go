@@ -404,3 +404,40 @@ func (r *backendRelay) Close() error {
 	r.wg.Wait()
 	return nil
 }
+
+// backendPortWarnings lists the backends on this node of network i's
+// known VIPs (k) that the node would not serve: in netstack mode, those
+// whose port backend_ports does not list or that is one of the agent's
+// own. Without known VIPs there is nothing to compare (the node's status
+// still shows such a backend).
+func (c *Config) backendPortWarnings(i int, k knownState) []string {
+	n := &c.Networks[i]
+	if n.Mode == "tun" || k.services == nil {
+		return nil
+	}
+	self, err := n.Self()
+	if err != nil {
+		return nil
+	}
+	allowed, _ := parseBackendPorts(n.BackendPorts) // validated
+	agent := c.agentPorts()
+	var out []string
+	for _, svc := range k.services {
+		for _, l := range svc.Listeners {
+			for _, b := range l.Backends {
+				if b.Node != self.ID {
+					continue
+				}
+				pk := vip.PortKey{Proto: l.Proto, Port: b.Port}
+				lead := fmt.Sprintf("networks[%d] (%s): VIP %s %s has a backend on this node (%s:%d), known from %s, but",
+					i, n.Name, svc.Name, vip.PortKey{Proto: l.Proto, Port: l.Port}, n.Node.Name, b.Port, k.source)
+				if what, ok := agent[pk]; ok {
+					out = append(out, fmt.Sprintf("%s %s is a port of the agent itself (%s): it is never relayed", lead, pk, what))
+				} else if !allowed[pk] {
+					out = append(out, fmt.Sprintf("%s networks[%d].backend_ports does not list %s: this netstack node refuses its connections", lead, i, pk))
+				}
+			}
+		}
+	}
+	return out
+}

@@ -105,10 +105,14 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	cfgs[0].Socket = sock
 	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port), fmt.Sprintf("udp/%d", udpPort)}
 	var ds []*Daemon
+	var path1 string
 	for i, c := range cfgs {
 		c.Networks[0].ProbeFast = true
-		d, _ := startReloadable(t, c, DaemonOptions{NoAPI: i > 0})
+		d, path := startReloadable(t, c, DaemonOptions{NoAPI: i > 0})
 		ds = append(ds, d)
+		if i == 0 {
+			path1 = path
+		}
 	}
 	server1, server2, client := ds[0].Runtime("home"), ds[1].Runtime("home"), ds[2].Runtime("home")
 	serveNetstackHTTP(t, server2.Host(), port, "server2-overlay")
@@ -217,6 +221,24 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	}
 	if st := relayOf(server1).Stats(); st.TCPAccepted == 0 || st.NotAllowed == 0 {
 		t.Errorf("relay stats %+v: want accepted and not-allowed counts", st)
+	}
+
+	// config check warns of it, from the running agent and, without one,
+	// from the stored state; the allowed backends draw no warning.
+	for _, from := range []string{"the running agent", "the stored state"} {
+		if from == "the stored state" {
+			ds[0].Close()
+		}
+		out.Reset()
+		errb.Reset()
+		if code := Main(ctx, []string{"config", "check", path1}, env); code != 0 {
+			t.Fatalf("config check: exit %d: %s%s", code, out.String(), errb.String())
+		}
+		want := fmt.Sprintf("VIP api tcp/91 has a backend on this node (server1:%d), known from %s", other, from)
+		if !strings.Contains(errb.String(), want) || !strings.Contains(errb.String(), fmt.Sprintf("backend_ports does not list tcp/%d", other)) ||
+			strings.Count(errb.String(), "warning:") != 1 {
+			t.Errorf("config check, %s: stderr\n%s\nwant one warning: %s", from, errb.String(), want)
+		}
 	}
 }
 

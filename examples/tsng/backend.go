@@ -405,6 +405,50 @@ func (r *backendRelay) Close() error {
 	return nil
 }
 
+// refusedWhy says why a netstack node with allowed ports refuses backend
+// port k ("" when it serves it); agent names the agent's own ports.
+func refusedWhy(allowed map[vip.PortKey]bool, agent func(vip.PortKey) (string, bool), k vip.PortKey, field string) string {
+	if what, ok := agent(k); ok {
+		return fmt.Sprintf("%s is a port of the agent itself (%s): it is never relayed", k, what)
+	}
+	if !allowed[k] {
+		return fmt.Sprintf("%s does not list %s: this netstack node refuses its connections", field, k)
+	}
+	return ""
+}
+
+// backendWarnings is Network.BackendWarnings: svc's backends on this
+// node that it will not serve.
+func (n *netRuntime) backendWarnings(svc vip.Service) []string {
+	if n.cfg.Mode == "tun" {
+		return nil
+	}
+	self := n.self()
+	allowed, _ := parseBackendPorts(n.cfg.BackendPorts) // validated
+	agent := func(k vip.PortKey) (string, bool) {
+		if what, ok := n.d.agentPorts[k]; ok {
+			return what, true
+		}
+		if n.d.agentPortNow(k) {
+			return "ui", true
+		}
+		return "", false
+	}
+	field := fmt.Sprintf("networks[%d] (%s).backend_ports", n.index.Load(), n.cfg.Name)
+	var out []string
+	for _, l := range svc.Listeners {
+		for _, b := range l.Backends {
+			if b.Node != self.ID {
+				continue
+			}
+			if why := refusedWhy(allowed, agent, vip.PortKey{Proto: l.Proto, Port: b.Port}, field); why != "" {
+				out = append(out, fmt.Sprintf("%s backend %s:%d is on this node, but %s", vip.PortKey{Proto: l.Proto, Port: l.Port}, self.Name, b.Port, why))
+			}
+		}
+	}
+	return out
+}
+
 // backendPortWarnings lists the backends on this node of network i's
 // known VIPs (k) that the node would not serve: in netstack mode, those
 // whose port backend_ports does not list or that is one of the agent's
@@ -420,7 +464,8 @@ func (c *Config) backendPortWarnings(i int, k knownState) []string {
 		return nil
 	}
 	allowed, _ := parseBackendPorts(n.BackendPorts) // validated
-	agent := c.agentPorts()
+	ports := c.agentPorts()
+	agent := func(k vip.PortKey) (string, bool) { what, ok := ports[k]; return what, ok }
 	var out []string
 	for _, svc := range k.services {
 		for _, l := range svc.Listeners {
@@ -429,12 +474,9 @@ func (c *Config) backendPortWarnings(i int, k knownState) []string {
 					continue
 				}
 				pk := vip.PortKey{Proto: l.Proto, Port: b.Port}
-				lead := fmt.Sprintf("networks[%d] (%s): VIP %s %s has a backend on this node (%s:%d), known from %s, but",
-					i, n.Name, svc.Name, vip.PortKey{Proto: l.Proto, Port: l.Port}, n.Node.Name, b.Port, k.source)
-				if what, ok := agent[pk]; ok {
-					out = append(out, fmt.Sprintf("%s %s is a port of the agent itself (%s): it is never relayed", lead, pk, what))
-				} else if !allowed[pk] {
-					out = append(out, fmt.Sprintf("%s networks[%d].backend_ports does not list %s: this netstack node refuses its connections", lead, i, pk))
+				if why := refusedWhy(allowed, agent, pk, fmt.Sprintf("networks[%d].backend_ports", i)); why != "" {
+					out = append(out, fmt.Sprintf("networks[%d] (%s): VIP %s %s has a backend on this node (%s:%d), known from %s, but %s",
+						i, n.Name, svc.Name, vip.PortKey{Proto: l.Proto, Port: l.Port}, n.Node.Name, b.Port, k.source, why))
 				}
 			}
 		}

@@ -400,7 +400,8 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 		n.replica.Close()
 		return nil, fmt.Errorf("tsng: writing %s: %w", knownPath, err)
 	}
-	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince}
+	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince,
+		BackendWarnings: n.backendWarnings}
 	return n, nil
 }
 

@@ -170,17 +170,8 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	}
 
 	// A port server1 does not allow: refused, and shown so at server1.
-	v, err = reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 91}, []vip.Backend{be(fmt.Sprintf("server1:%d", other))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pollUntil(t, 30*time.Second, "the client routes tcp/91", func() (bool, string) {
-		l, ok := listenerAt(client, "tcp/91")
-		return ok && l.Routed, fmt.Sprintf("%+v", l)
-	})
-	if got, err := vipGet(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 91)); err == nil || !strings.Contains(err.Error(), "connection refused") {
-		t.Fatalf("GET to a port server1 does not allow: %q, %v; want connection refused", got, err)
-	}
+	// The finding's command: accepted (any member may name any port), with
+	// a warning from the node that will not serve it.
 	env := &Env{Getenv: func(k string) string {
 		if k == "TSNG_SOCKET" {
 			return sock
@@ -189,6 +180,21 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	}}
 	var out, errb bytes.Buffer
 	env.Stdout, env.Stderr = &out, &errb
+	if code := Main(ctx, []string{"vip", "port", "add", "home", "api", "tcp/91", "--backend", fmt.Sprintf("server1:%d", other)}, env); code != 0 {
+		t.Fatalf("vip port add: exit %d: %s", code, errb.String())
+	}
+	if want := fmt.Sprintf("warning: tcp/91 backend server1:%d is on this node, but networks[0] (home).backend_ports does not list tcp/%d", other, other); !strings.Contains(errb.String(), want) {
+		t.Errorf("vip port add: stderr %q; want %q", errb.String(), want)
+	}
+	out.Reset()
+	errb.Reset()
+	pollUntil(t, 30*time.Second, "the client routes tcp/91", func() (bool, string) {
+		l, ok := listenerAt(client, "tcp/91")
+		return ok && l.Routed, fmt.Sprintf("%+v", l)
+	})
+	if got, err := vipGet(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 91)); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET to a port server1 does not allow: %q, %v; want connection refused", got, err)
+	}
 	if code := Main(ctx, []string{"vip", "status", "home", "api", "--json"}, env); code != 0 {
 		t.Fatalf("vip status --json: exit %d: %s", code, errb.String())
 	}

@@ -9,6 +9,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
@@ -28,8 +29,8 @@ const DefaultMaxPendingTCP = 64
 // SetInbound.
 type Inbound struct {
 	// Want decides, on the packet path (it must return promptly), whether
-	// the host takes the attempt or datagram from remote to local; false
-	// leaves it to the stack. proto is "tcp" or "udp". local is the
+	// the host takes the attempt (a SYN) or datagram from remote to local;
+	// false leaves it to the stack. proto is "tcp" or "udp". local is the
 	// packet's destination: one of the host's addresses, or any address
 	// with SetPromiscuous on. nil wants nothing.
 	Want func(proto string, local, remote netip.AddrPort) bool
@@ -144,12 +145,23 @@ func (h *Host) installInbound() {
 	}
 	h.stack.SetTransportProtocolHandler(tcp.ProtocolNumber, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
 		st := h.inbound.Load()
-		return st != nil && st.tcp != nil && want(st, "tcp", id) && st.tcp.HandlePacket(id, pkt)
+		return st != nil && st.tcp != nil && isSYN(pkt) && want(st, "tcp", id) && st.tcp.HandlePacket(id, pkt)
 	})
 	h.stack.SetTransportProtocolHandler(udp.ProtocolNumber, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {
 		st := h.inbound.Load()
 		return st != nil && st.udp != nil && want(st, "udp", id) && st.udp.HandlePacket(id, pkt)
 	})
+}
+
+// isSYN reports whether pkt is a connection attempt: SYN without ACK.
+// Only those reach Want; other unclaimed segments stay the stack's.
+func isSYN(pkt *stack.PacketBuffer) bool {
+	h := header.TCP(pkt.TransportHeader().Slice())
+	if len(h) < header.TCPMinimumSize {
+		return false
+	}
+	f := h.Flags()
+	return f.Contains(header.TCPFlagSyn) && !f.Contains(header.TCPFlagAck)
 }
 
 func addrPortOf(a tcpip.Address, port uint16) netip.AddrPort {

@@ -228,6 +228,26 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	if st := relayOf(server1).Stats(); st.TCPAccepted == 0 || st.NotAllowed == 0 {
 		t.Errorf("relay stats %+v: want accepted and not-allowed counts", st)
 	}
+	mfs, err := ds[0].metricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "tsng_backend_relay_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					outcomes[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if outcomes["accepted_tcp"] == 0 || outcomes["accepted_udp"] == 0 || outcomes["not_allowed"] == 0 || outcomes["dial_failed"] == 0 {
+		t.Errorf("tsng_backend_relay_total: %v; want accepted, not_allowed and dial_failed counts", outcomes)
+	}
 
 	// config check warns of it, from the running agent and, without one,
 	// from the stored state; the allowed backends draw no warning.

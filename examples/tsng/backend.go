@@ -156,11 +156,15 @@ type backendRelay struct {
 	agentPort func(vip.PortKey) bool
 	log       *slog.Logger
 
-	notAllowed, dialFailed, overLimit atomic.Uint64
-	tcpAccepted, udpAccepted          atomic.Uint64
+	// Counters (BackendRelayStats).
+	notAllowed  atomic.Uint64
+	dialFailed  atomic.Uint64
+	overLimit   atomic.Uint64
+	tcpAccepted atomic.Uint64
+	udpAccepted atomic.Uint64
 
 	// mu guards conns (the relayed connections and flows open, to close),
-	// the counts of each kind, and closed.
+	// tcpActive, udpFlows and closed.
 	mu syncx.Mutex
 	// +checklocks:mu
 	conns map[io.Closer]bool

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/vip"
 )
@@ -247,6 +249,21 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	}
 	if outcomes["accepted_tcp"] == 0 || outcomes["accepted_udp"] == 0 || outcomes["not_allowed"] == 0 || outcomes["dial_failed"] == 0 {
 		t.Errorf("tsng_backend_relay_total: %v; want accepted, not_allowed and dial_failed counts", outcomes)
+	}
+
+	// The editor shows the warning on the VIP's window, and says where
+	// backends listen.
+	bctx := browser(t)
+	if err := chromedp.Do(bctx, uiSignIn(t, ds[0], "#/n/home/v/"+mustGet(t, server1, "api").ID.String()),
+		waitJS(`document.querySelector("#backend-warnings") !== null`)); err != nil {
+		t.Fatalf("the editor shows no backend warning: %v", err)
+	}
+	banner, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector("#backend-warnings").textContent + " | " + document.querySelector(".backend-hint").textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(banner, fmt.Sprintf("does not list tcp/%d", other)) || !strings.Contains(banner, "127.0.0.1") {
+		t.Errorf("the editor's warning and hint: %q", banner)
 	}
 
 	// config check warns of it, from the running agent and, without one,

@@ -349,10 +349,13 @@ const (
 	reasonAgentPort = "agent-port"
 )
 
-// annotate marks this node's own backends of ss whose port the relay does
-// not take: their Reason becomes reasonNotAllowed or reasonAgentPort, they
-// are not eligible, and CheckError says why. Other nodes see such a
-// backend fail its checks (check-failed); only this node knows why.
+// annotate marks this node's own backends of ss that are not eligible and
+// whose port the relay does not take: their Reason becomes
+// reasonNotAllowed or reasonAgentPort, and CheckError says why. Other
+// nodes see such a backend fail its checks (check-failed); only this node
+// knows why. An eligible one is served by a socket of the node's own
+// stack (an application embedding the agent, as the demo does), which
+// takes precedence over the relay, and keeps its reason.
 func (r *backendRelay) annotate(ss *vip.ServiceStatus) {
 	for i := range ss.Listeners {
 		l := &ss.Listeners[i]
@@ -362,16 +365,16 @@ func (r *backendRelay) annotate(ss *vip.ServiceStatus) {
 		}
 		for j := range l.Backends {
 			b := &l.Backends[j]
-			if !b.Local {
+			if !b.Local || b.Eligible || b.Drain || b.Departed {
 				continue
 			}
 			k := vip.PortKey{Proto: lk.Proto, Port: b.Port}
 			switch {
 			case r.agentPort(k):
-				b.Reason, b.Eligible = reasonAgentPort, false
+				b.Reason = reasonAgentPort
 				b.CheckError = fmt.Sprintf("%s is a port of the agent itself: never relayed to a backend", k)
 			case !r.allowed[k]:
-				b.Reason, b.Eligible = reasonNotAllowed, false
+				b.Reason = reasonNotAllowed
 				b.CheckError = fmt.Sprintf("%s is not in this node's backend_ports: a netstack node relays only the loopback ports its own config lists", k)
 			}
 		}

@@ -56,7 +56,9 @@ func TestBackendPortsConfig(t *testing.T) {
 
 // TestBackendRelayAgentPort: a port the agent takes at run time (the
 // editor's, chosen at start) is refused even when backend_ports lists it,
-// and this node's status says so; an unlisted port is shown not allowed.
+// and this node's status says so of a failing backend; an unlisted port is
+// shown not allowed. Other nodes' backends, and an eligible one (served by
+// a socket of the node's own stack), keep their reasons.
 func TestBackendRelayAgentPort(t *testing.T) {
 	self := netip.MustParseAddr("100.80.0.1")
 	r := &backendRelay{self: self, allowed: map[vip.PortKey]bool{{Proto: vip.TCP, Port: 8470}: true, {Proto: vip.TCP, Port: 8090}: true},
@@ -78,17 +80,18 @@ func TestBackendRelayAgentPort(t *testing.T) {
 		}
 	}
 	ss := vip.ServiceStatus{Listeners: []vip.ListenerStatus{{Listener: "tcp/80", Backends: []vip.BackendStatus{
-		{BackendRef: vip.BackendRef{Port: 8090}, Local: true, Reason: "ok", Eligible: true},
-		{BackendRef: vip.BackendRef{Port: 8470}, Local: true, Reason: "ok", Eligible: true},
+		{BackendRef: vip.BackendRef{Port: 8090}, Local: true, Reason: "check-failed"},
+		{BackendRef: vip.BackendRef{Port: 8470}, Local: true, Reason: "check-failed"},
 		{BackendRef: vip.BackendRef{Port: 8091}, Local: true, Reason: "check-failed"},
-		{BackendRef: vip.BackendRef{Port: 8091}, Reason: "ok", Eligible: true},
+		{BackendRef: vip.BackendRef{Port: 8092}, Local: true, Reason: "ok", Eligible: true}, // a socket of the node's own stack
+		{BackendRef: vip.BackendRef{Port: 8091}, Reason: "check-failed"},                    // another node's
 	}}}}
 	r.annotate(&ss)
 	got := []string{}
 	for _, b := range ss.Listeners[0].Backends {
 		got = append(got, fmt.Sprintf("%d %s %v", b.Port, b.Reason, b.Eligible))
 	}
-	if want := "8090 ok true|8470 agent-port false|8091 not-allowed false|8091 ok true"; strings.Join(got, "|") != want {
+	if want := "8090 check-failed false|8470 agent-port false|8091 not-allowed false|8092 ok true|8091 check-failed false"; strings.Join(got, "|") != want {
 		t.Errorf("annotated: %s; want %s", strings.Join(got, "|"), want)
 	}
 }

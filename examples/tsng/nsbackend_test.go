@@ -197,6 +197,17 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	if got, err := vipGet(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 91)); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("GET to a port server1 does not allow: %q, %v; want connection refused", got, err)
 	}
+	pollUntil(t, 30*time.Second, "server1's own status of its unlisted backend not-allowed", func() (bool, string) {
+		st, _ := server1.status(mustGet(t, server1, "api").ID).(vip.ServiceStatus)
+		for _, l := range st.Listeners {
+			for _, b := range l.Backends {
+				if l.Listener == "tcp/91" {
+					return b.Reason == "not-allowed", fmt.Sprintf("%+v", b)
+				}
+			}
+		}
+		return false, "no tcp/91"
+	})
 	if code := Main(ctx, []string{"vip", "status", "home", "api", "--json"}, env); code != 0 {
 		t.Fatalf("vip status --json: exit %d: %s", code, errb.String())
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,8 +108,8 @@ func (c *Config) agentPorts() map[vip.PortKey]string {
 		add(vip.UDP, port, what)
 	}
 	addr := func(s, what string) {
-		if rest, ok := cutLocalhost(s); ok {
-			s = rest
+		if rest, ok := strings.CutPrefix(s, "localhost:"); ok {
+			s = "127.0.0.1:" + rest
 		}
 		if ap, err := netip.ParseAddrPort(s); err == nil {
 			add(vip.TCP, ap.Port(), what)
@@ -129,13 +130,6 @@ func (c *Config) agentPorts() map[vip.PortKey]string {
 		add(vip.UDP, n.Node.ListenPort, "networks "+n.Name+" node.listen_port (WireGuard)")
 	}
 	return out
-}
-
-func cutLocalhost(s string) (string, bool) {
-	if len(s) > len("localhost:") && s[:len("localhost:")] == "localhost:" {
-		return "127.0.0.1:" + s[len("localhost:"):], true
-	}
-	return s, false
 }
 
 func nonZero(v, def uint16) uint16 {

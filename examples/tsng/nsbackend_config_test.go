@@ -2,6 +2,7 @@ package tsng
 
 import (
 	"fmt"
+	"io"
 	"net/netip"
 	"strings"
 	"testing"
@@ -93,5 +94,46 @@ func TestBackendRelayAgentPort(t *testing.T) {
 	}
 	if want := "8090 check-failed false|8470 agent-port false|8091 not-allowed false|8092 ok true|8091 check-failed false"; strings.Join(got, "|") != want {
 		t.Errorf("annotated: %s; want %s", strings.Join(got, "|"), want)
+	}
+}
+
+// TestBackendRelayLimits: the relay holds at most backendTCPConns TCP
+// connections and backendUDPFlows UDP flows; one more of either is
+// refused and counted, and a released slot is taken again.
+func TestBackendRelayLimits(t *testing.T) {
+	r := &backendRelay{allowed: map[vip.PortKey]bool{}, agentPort: func(vip.PortKey) bool { return false }, conns: map[io.Closer]bool{}}
+	for _, c := range []struct {
+		udp   bool
+		limit int
+	}{{false, backendTCPConns}, {true, backendUDPFlows}} {
+		for i := range c.limit {
+			if !r.reserve(c.udp) {
+				t.Fatalf("udp %v: slot %d refused", c.udp, i)
+			}
+		}
+		before := r.overLimit.Load()
+		if r.reserve(c.udp) {
+			t.Fatalf("udp %v: slot %d taken beyond the limit", c.udp, c.limit)
+		}
+		if r.overLimit.Load() != before+1 {
+			t.Errorf("udp %v: over_limit %d, want %d", c.udp, r.overLimit.Load(), before+1)
+		}
+		r.unreserve(c.udp)
+		if !r.reserve(c.udp) {
+			t.Fatalf("udp %v: a released slot is refused", c.udp)
+		}
+	}
+	if st := r.Stats(); st.TCPActive != backendTCPConns || st.UDPFlows != backendUDPFlows || st.OverLimit != 2 {
+		t.Errorf("stats %+v", st)
+	}
+	for range backendTCPConns {
+		r.unreserve(false)
+	}
+	for range backendUDPFlows {
+		r.unreserve(true)
+	}
+	r.Close()
+	if r.reserve(false) {
+		t.Error("a closed relay took a connection")
 	}
 }

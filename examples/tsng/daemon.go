@@ -71,8 +71,14 @@ type Daemon struct {
 	// uiPort is the editor's TCP port once it listens (0: none), which
 	// the backend relay refuses.
 	uiPort atomic.Uint32
-	lock   *os.File
-	wg     sync.WaitGroup
+	// fwdMu guards fwdPorts, the host ports of `vip forward` listeners
+	// open now (with their counts), which the backend relay refuses. It
+	// is taken on the packet path, so never held while blocking.
+	fwdMu syncx.Mutex
+	// +checklocks:fwdMu
+	fwdPorts map[vip.PortKey]int
+	lock     *os.File
+	wg       sync.WaitGroup
 
 	// reloading is set while a reload runs; a second one is refused
 	// (ErrReloadBusy) rather than queued.
@@ -244,7 +250,26 @@ func (d *Daemon) agentPortNow(k vip.PortKey) bool {
 	if _, ok := d.agentPorts[k]; ok {
 		return true
 	}
-	return k.Proto == vip.TCP && uint32(k.Port) == d.uiPort.Load()
+	if k.Proto == vip.TCP && uint32(k.Port) == d.uiPort.Load() {
+		return true
+	}
+	d.fwdMu.Lock()
+	defer d.fwdMu.Unlock()
+	return d.fwdPorts[k] > 0
+}
+
+// forwardPort counts a `vip forward` listener's host port in (add) or out.
+func (d *Daemon) forwardPort(k vip.PortKey, add bool) {
+	d.fwdMu.Lock()
+	defer d.fwdMu.Unlock()
+	if d.fwdPorts == nil {
+		d.fwdPorts = map[vip.PortKey]int{}
+	}
+	if add {
+		d.fwdPorts[k]++
+	} else if d.fwdPorts[k]--; d.fwdPorts[k] <= 0 {
+		delete(d.fwdPorts, k)
+	}
 }
 
 // UIAddr returns the editor's listen address ("" when off).

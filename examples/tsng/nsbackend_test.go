@@ -161,10 +161,12 @@ func TestNetstackBackendLoopback(t *testing.T) {
 		return bs.Eligible, fmt.Sprintf("%+v", bs)
 	})
 	stopHTTP()
+	stopped := time.Now()
 	pollUntil(t, 30*time.Second, "the client's server1 backend out of rotation", func() (bool, string) {
 		bs, _ := backendAt(client, "tcp/90", "server1")
 		return !bs.Eligible && bs.Reason == "check-failed", fmt.Sprintf("%+v", bs)
 	})
+	t.Logf("server1 out of rotation at the client %v after its application stopped", time.Since(stopped).Round(time.Millisecond))
 	for range 3 {
 		if got, err := vipGet(ctx, client.Host(), api90); err != nil || got != "server2-overlay" {
 			t.Fatalf("GET after failover: %q, %v; want server2-overlay", got, err)

@@ -30,6 +30,9 @@ type Network struct {
 	// CountersSince, when set, returns when the counters in Status started
 	// (the network's engine started); watchers take a change for a restart.
 	CountersSince func() time.Time
+	// BackendWarnings, when set, says which of a service's backends this
+	// node will not serve (a netstack node's ports outside backend_ports).
+	BackendWarnings func(svc vip.Service) []string
 }
 
 // Manager gives the local API the agent's networks.
@@ -154,6 +157,9 @@ type ServiceDoc struct {
 	// CountersSince is when the cumulative counters in Status started:
 	// they reset only when the agent (or the network on it) restarts.
 	CountersSince time.Time `json:"counters_since,omitzero"`
+	// Warnings name the service's backends on this node that it will not
+	// serve (in netstack mode, ports its backend_ports does not allow).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // APIServer serves the local API over HTTP on a Unix socket.
@@ -269,6 +275,9 @@ func (s *APIServer) upNetwork(sel string) (*Network, error) {
 
 func (s *APIServer) doc(n *Network, v vip.ServiceView) ServiceDoc {
 	d := ServiceDoc{Network: n.Name, NetworkUp: n.Up(), ServiceView: v, AddrCollision: collisionOf(n.Registry, v.ID)}
+	if n.BackendWarnings != nil {
+		d.Warnings = n.BackendWarnings(v.Service)
+	}
 	for _, l := range v.Listeners {
 		for _, b := range l.Backends {
 			if name, _ := n.Registry.NodeName(b.Node); name != "" {

@@ -433,6 +433,7 @@ func vipCommand() *command {
 			}},
 		{name: "port", short: "Add, change or remove a VIP's listeners.", sub: []*command{
 			{name: "add", args: "NET VIP PROTO/PORT --backend NODE:PORT...", short: "Add a listener with its full initial backend set, atomically.", min: 3, max: 3,
+				long: backendWhere,
 				flags: func(fs *flag.FlagSet, o *opts) {
 					jsonFlag(fs, o)
 					fs.Var(&o.backends, "backend", "a backend `NODE:PORT` (repeat for more)")
@@ -452,7 +453,7 @@ func vipCommand() *command {
 				}},
 		}},
 		{name: "backend", short: "Add, remove, drain or undrain one backend of a listener.", sub: []*command{
-			{name: "add", args: "NET VIP PROTO/PORT NODE:PORT", short: "Add a backend.", min: 4, max: 4, flags: jsonFlag,
+			{name: "add", args: "NET VIP PROTO/PORT NODE:PORT", short: "Add a backend.", min: 4, max: 4, flags: jsonFlag, long: backendWhere,
 				run: func(ctx context.Context, c *cliCtx, o *opts, a []string) error {
 					p, err := listenerPath(a[0], a[1], a[2])
 					if err != nil {
@@ -518,6 +519,11 @@ func listenerPath(network, sel, listener string) (string, error) {
 	}
 	return vipPath(network, sel) + "/ports/" + k.Proto.String() + "/" + strconv.Itoa(int(k.Port)), nil
 }
+
+// backendWhere says where a backend's application listens.
+const backendWhere = "The application behind NODE:PORT listens, on a tun-mode node, on the node's overlay address (or any);\n" +
+	"on a netstack-mode node, on 127.0.0.1:PORT, and only if that node's own config lists the port in backend_ports.\n" +
+	"The node that will not serve a backend says so (a warning here, not-allowed in its vip status). See docs/tsng-config.md."
 
 func mutateDoc(ctx context.Context, c *cliCtx, method, path string, body any) error {
 	var d ServiceDoc
@@ -709,6 +715,9 @@ func state(v vip.ServiceView) string {
 }
 
 func printDoc(c *cliCtx, d ServiceDoc) error {
+	for _, w := range d.Warnings {
+		fmt.Fprintln(c.env.Stderr, "tsng: warning:", printable(w))
+	}
 	if c.json {
 		enc := json.NewEncoder(c.env.Stdout)
 		enc.SetIndent("", "  ")

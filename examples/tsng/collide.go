@@ -65,6 +65,9 @@ type knownState struct {
 	why          []string
 	reservations []vip.Reservation
 	nodes        []vip.NodeInfo // the agent's members (only from an agent)
+	// services are the network's VIPs from the same source; nil when
+	// they could not be read.
+	services []vip.Service
 }
 
 // learnReservations asks the agent on socket for network nc's
@@ -89,6 +92,13 @@ func learnReservations(ctx context.Context, socket, dataDir string, nc NetworkCo
 			a, _ := netip.ParseAddr(n.Addr)
 			k.nodes = append(k.nodes, vip.NodeInfo{ID: n.ID, Name: n.Name, Addr: a})
 		}
+		var docs []ServiceDoc
+		if NewClient(socket).Do(ctx, http.MethodGet, "/v1/networks/"+url.PathEscape(nc.Name)+"/vips", nil, &docs) == nil {
+			k.services = []vip.Service{}
+			for _, d := range docs {
+				k.services = append(k.services, d.Service)
+			}
+		}
 		return k
 	case err == nil:
 		k.why = append(k.why, fmt.Sprintf("the agent on %s runs another network named %s (id %s)", socket, nc.Name, d.ID))
@@ -99,42 +109,42 @@ func learnReservations(ctx context.Context, socket, dataDir string, nc NetworkCo
 	default:
 		k.why = append(k.why, fmt.Sprintf("the agent on %s: %v", socket, err))
 	}
-	res, err := storedReservations(ctx, dataDir, nc, id)
+	res, svcs, err := storedReservations(ctx, dataDir, nc, id)
 	if err != nil {
 		k.why = append(k.why, err.Error())
 		return k
 	}
 	k.source = "the stored state in " + filepath.Join(dataDir, nc.Name)
-	k.reservations = res
+	k.reservations, k.services = res, svcs
 	return k
 }
 
-// storedReservations reads the reservations of a network's stored state,
-// holding the data directory's lock meanwhile (an agent that holds it is
-// asked instead).
-func storedReservations(ctx context.Context, dataDir string, nc NetworkConfig, id crdt.NetworkID) ([]vip.Reservation, error) {
+// storedReservations reads the reservations and services of a network's
+// stored state, holding the data directory's lock meanwhile (an agent that
+// holds it is asked instead).
+func storedReservations(ctx context.Context, dataDir string, nc NetworkConfig, id crdt.NetworkID) ([]vip.Reservation, []vip.Service, error) {
 	dir := filepath.Join(dataDir, nc.Name)
 	if ents, err := os.ReadDir(dir); errors.Is(err, fs.ErrNotExist) || (err == nil && len(ents) == 0) {
-		return nil, fmt.Errorf("%s holds no stored state for %s", dataDir, nc.Name)
+		return nil, nil, fmt.Errorf("%s holds no stored state for %s", dataDir, nc.Name)
 	} else if err != nil {
-		return nil, fmt.Errorf("stored state in %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("stored state in %s: %w", dir, err)
 	}
 	// Opening the store may write to it (pebble replays its log): only
 	// its owner does, so that no file of another user's agent changes
 	// hands.
 	if fi, err := os.Stat(dir); err == nil {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-			return nil, fmt.Errorf("the stored state in %s belongs to uid %d; run this as that user, or with its agent running", dir, st.Uid)
+			return nil, nil, fmt.Errorf("the stored state in %s belongs to uid %d; run this as that user, or with its agent running", dir, st.Uid)
 		}
 	}
 	lock, err := lockDataDir(dataDir)
 	if err != nil {
-		return nil, fmt.Errorf("stored state in %s: %v", dir, strings.TrimPrefix(err.Error(), "tsng: "))
+		return nil, nil, fmt.Errorf("stored state in %s: %v", dir, strings.TrimPrefix(err.Error(), "tsng: "))
 	}
 	defer lock.Close()
 	store, err := pebblestore.Open(ctx, dir, nil)
 	if err != nil {
-		return nil, fmt.Errorf("stored state in %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("stored state in %s: %w", dir, err)
 	}
 	vl := nc.Limits.WithDefaults()
 	lim := crdt.Limits{MaxServices: vl.ActiveServices, MaxTombstones: vl.Tombstones, MaxFieldsPerService: vl.FieldsPerService}
@@ -144,19 +154,23 @@ func storedReservations(ctx context.Context, dataDir string, nc NetworkConfig, i
 	rep, err := crdt.Open(ctx, crdt.Config{Network: id, Store: store, Limits: lim, Obsolete: vip.Obsolete})
 	if err != nil {
 		store.Close()
-		return nil, fmt.Errorf("stored state in %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("stored state in %s: %w", dir, err)
 	}
 	defer rep.Close()
 	members, _ := nc.Members() // nil for `init`'s draft of a config
 	prefix, err := netip.ParsePrefix(nc.Overlay)
 	if err != nil {
-		return nil, fmt.Errorf("overlay %q: %w", nc.Overlay, err)
+		return nil, nil, fmt.Errorf("overlay %q: %w", nc.Overlay, err)
 	}
 	reg, err := vip.NewRegistry(vip.RegistryOptions{Network: nc.Name, Prefix: prefix, Replica: rep, Nodes: func() []vip.NodeInfo { return members }})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return reg.Reservations(), nil
+	svcs := []vip.Service{}
+	for _, v := range reg.List() {
+		svcs = append(svcs, v.Service)
+	}
+	return reg.Reservations(), svcs, nil
 }
 
 // checkCollisions returns a config network's collisions with what is

@@ -81,6 +81,12 @@ type NetworkConfig struct {
 	// network's VIPs and nodes by name.
 	SOCKS5    string `json:"socks5,omitempty"`
 	HTTPProxy string `json:"http_proxy,omitempty"`
+	// BackendPorts are the host loopback ports ("tcp/8090", "udp/5353")
+	// this node serves as VIP backends in netstack mode: a connection or
+	// datagram arriving on the node's overlay address at a listed port is
+	// relayed to 127.0.0.1 at that port. This node's config alone decides
+	// it (any member may edit a VIP); the agent's own ports are refused.
+	BackendPorts []string `json:"backend_ports,omitempty"`
 	// UAPI serves the device read-only for `wg show` at
 	// /var/run/wireguard/TUN.sock (tun mode only; default on when the
 	// agent runs as root).
@@ -210,6 +216,21 @@ func (c *Config) validate() error {
 			}
 			if ap, err := netip.ParseAddrPort(px.v); err != nil || !ap.Addr().IsLoopback() {
 				return bad("%s.%s %q: want a loopback IP:port such as 127.0.0.1:1080", where, px.field, px.v)
+			}
+		}
+		if len(n.BackendPorts) > 0 {
+			if n.Mode == "tun" {
+				return bad("%s.backend_ports: only in netstack mode (in tun mode backend applications listen on the node's overlay address)", where)
+			}
+			if _, err := parseBackendPorts(n.BackendPorts); err != nil {
+				return bad("%s.backend_ports%v", where, err)
+			}
+			agent := c.agentPorts()
+			for j, e := range n.BackendPorts {
+				k, _ := vip.ParsePortKey(e)
+				if what, ok := agent[k]; ok {
+					return bad("%s.backend_ports[%d] %q: a port of the agent itself (%s); a backend port must be an application's", where, j, e, what)
+				}
 			}
 		}
 		if n.ID != "" {

@@ -59,14 +59,26 @@ type Daemon struct {
 	o    DaemonOptions
 	log  *slog.Logger
 	nets []*netRuntime
+	// agentPorts are the agent's own ports by the config it started with
+	// (Config.agentPorts); read-only.
+	agentPorts map[vip.PortKey]string
 
 	apiLn     net.Listener
 	apiSrv    *http.Server
 	metrics   *http.Server
 	metricsLn net.Listener
 	ui        *UIServer
-	lock      *os.File
-	wg        sync.WaitGroup
+	// uiPort is the editor's TCP port once it listens (0: none), which
+	// the backend relay refuses.
+	uiPort atomic.Uint32
+	// fwdMu guards fwdPorts, the host ports of `vip forward` listeners
+	// open now (with their counts), which the backend relay refuses. It
+	// is taken on the packet path, so never held while blocking.
+	fwdMu syncx.Mutex
+	// +checklocks:fwdMu
+	fwdPorts map[vip.PortKey]int
+	lock     *os.File
+	wg       sync.WaitGroup
 
 	// reloading is set while a reload runs; a second one is refused
 	// (ErrReloadBusy) rather than queued.
@@ -134,6 +146,10 @@ type netRuntime struct {
 	proxies []io.Closer
 	// +checklocks:mu
 	forwards []*forwarder
+	// relay carries connections to the node's backend ports to the
+	// host's loopback (netstack mode only).
+	// +checklocks:mu
+	relay *backendRelay
 	// tunName is the TUN interface in tun mode.
 	// +checklocks:mu
 	tunName string
@@ -156,7 +172,7 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{cfg: cfg, o: o, log: o.Logger, running: cfg}
+	d := &Daemon{cfg: cfg, o: o, log: o.Logger, running: cfg, agentPorts: cfg.agentPorts()}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -208,6 +224,9 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		}
 		ui.setLogger(d.log)
 		d.ui = ui
+		if ap, err := netip.ParseAddrPort(ui.ln.Addr().String()); err == nil {
+			d.uiPort.Store(uint32(ap.Port()))
+		}
 	}
 	if cfg.Metrics != "" {
 		ap, _ := cfg.metricsAddr() // validated
@@ -223,6 +242,34 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 		go func() { defer d.wg.Done(); _ = d.metrics.Serve(d.metricsLn) }()
 	}
 	return d, nil
+}
+
+// agentPortNow reports whether k is one of the agent's own ports, as
+// configured or (the editor's) chosen at start.
+func (d *Daemon) agentPortNow(k vip.PortKey) bool {
+	if _, ok := d.agentPorts[k]; ok {
+		return true
+	}
+	if k.Proto == vip.TCP && uint32(k.Port) == d.uiPort.Load() {
+		return true
+	}
+	d.fwdMu.Lock()
+	defer d.fwdMu.Unlock()
+	return d.fwdPorts[k] > 0
+}
+
+// forwardPort counts a `vip forward` listener's host port in (add) or out.
+func (d *Daemon) forwardPort(k vip.PortKey, add bool) {
+	d.fwdMu.Lock()
+	defer d.fwdMu.Unlock()
+	if d.fwdPorts == nil {
+		d.fwdPorts = map[vip.PortKey]int{}
+	}
+	if add {
+		d.fwdPorts[k]++
+	} else if d.fwdPorts[k]--; d.fwdPorts[k] <= 0 {
+		delete(d.fwdPorts, k)
+	}
 }
 
 // UIAddr returns the editor's listen address ("" when off).
@@ -378,7 +425,8 @@ func (d *Daemon) openNetwork(ctx context.Context, nc NetworkConfig) (*netRuntime
 		n.replica.Close()
 		return nil, fmt.Errorf("tsng: writing %s: %w", knownPath, err)
 	}
-	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince}
+	n.api = &Network{Name: nc.Name, ID: fmt.Sprintf("%x", n.id[:]), Registry: n.reg, Up: n.up.Load, Status: n.status, CountersSince: n.countersSince,
+		BackendWarnings: n.backendWarnings}
 	return n, nil
 }
 
@@ -407,7 +455,7 @@ func (n *netRuntime) onChange(ids []vip.ServiceID, local bool) {
 
 func (n *netRuntime) status(id vip.ServiceID) any {
 	n.mu.Lock()
-	eng := n.engine
+	eng, relay := n.engine, n.relay
 	n.mu.Unlock()
 	if eng == nil {
 		return nil
@@ -415,6 +463,9 @@ func (n *netRuntime) status(id vip.ServiceID) any {
 	st := eng.Status()
 	for i := range st.Services {
 		if st.Services[i].ID == id {
+			if relay != nil {
+				relay.annotate(&st.Services[i])
+			}
 			return st.Services[i]
 		}
 	}
@@ -483,6 +534,10 @@ func (n *netRuntime) start(ctx context.Context) (err error) {
 		return err
 	}
 	if err := n.startOnLocked(ctx, host, host, netstackNet{host}, &netstackReserver{h: host, addr: self.Addr}, func(ap netip.AddrPort) (net.PacketConn, error) { return host.ListenUDP(ap) }); err != nil {
+		return err
+	}
+	if err := n.startBackendRelayLocked(host); err != nil {
+		n.stopLocked()
 		return err
 	}
 	if err := n.startProxiesLocked(host); err != nil {
@@ -687,6 +742,10 @@ func (n *netRuntime) stopLocked() {
 		f.Close()
 	}
 	n.proxies, n.forwards = nil, nil
+	if n.relay != nil {
+		n.relay.Close()
+		n.relay = nil
+	}
 	n.repl.Stop()
 	n.cancel()
 	if n.dns != nil {

@@ -307,6 +307,9 @@ func runConfigCheck(ctx context.Context, c *cliCtx, _ *opts, a []string) error {
 	var problems, notes []string
 	for i, n := range cfg.Networks {
 		known := learnReservations(ctx, socket, cfg.DataDir, n)
+		for _, w := range cfg.backendPortWarnings(i, known) {
+			fmt.Fprintln(c.env.Stderr, "tsng: warning:", w)
+		}
 		if known.source == "" {
 			notes = append(notes, fmt.Sprintf("%s: VIP reservations unknown, address collisions not checked (%s)", n.Name, strings.Join(known.why, "; ")))
 			continue

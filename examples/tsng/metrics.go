@@ -66,6 +66,10 @@ var (
 		"Control connections and frames refused: non-members, a member's connections over the limit, frames over the size limit or past the frame timeout.", []string{"network"}, nil)
 	crdtRefused = prometheus.NewDesc("tsng_crdt_refused_total",
 		"Signed fields that merges refused, by reason: encoding, wrong_network, reserved_key, clock_range, not_member, former (a former member's signature past its last counter), signature, schema, limit.", []string{"network", "reason"}, nil)
+	relayOpen = prometheus.NewDesc("tsng_backend_relay_open",
+		"Connections (tcp) and flows (udp) a netstack node relays to its loopback backend ports now; at most 1024 TCP and 256 UDP per network.", []string{"network", "proto"}, nil)
+	relayTotal = prometheus.NewDesc("tsng_backend_relay_total",
+		"Backend relay outcomes of a netstack node: accepted_tcp, accepted_udp, not_allowed (a port backend_ports does not allow, answered as closed), dial_failed (no application on the loopback: refused), over_limit (refused at the open limits), pending_dropped (SYNs dropped beyond 128 waiting for their loopback connection).", []string{"network", "outcome"}, nil)
 	dnsLimited = prometheus.NewDesc("tsng_dns_limited_total",
 		"DNS queries that met a limit: REFUSED as a forwarding loop (loop) or over a client's forwards in flight (client), SERVFAIL over all forwards in flight (total), or waiting while every UDP handler was busy (handlers).", []string{"network", "limit"}, nil)
 )
@@ -82,6 +86,8 @@ func (c controlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- controlRefused
 	ch <- crdtRefused
 	ch <- dnsLimited
+	ch <- relayOpen
+	ch <- relayTotal
 }
 
 // Collect implements prometheus.Collector.
@@ -96,8 +102,20 @@ func (c controlCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(crdtRefused, prometheus.CounterValue, float64(x.v), n.cfg.Name, x.reason)
 		}
 		n.mu.Lock()
-		ctl, dnss := n.control, n.dns
+		ctl, dnss, relay, host := n.control, n.dns, n.relay, n.host
 		n.mu.Unlock()
+		if relay != nil {
+			s := relay.Stats()
+			ch <- prometheus.MustNewConstMetric(relayOpen, prometheus.GaugeValue, float64(s.TCPActive), n.cfg.Name, "tcp")
+			ch <- prometheus.MustNewConstMetric(relayOpen, prometheus.GaugeValue, float64(s.UDPFlows), n.cfg.Name, "udp")
+			for _, x := range []struct {
+				outcome string
+				v       uint64
+			}{{"accepted_tcp", s.TCPAccepted}, {"accepted_udp", s.UDPAccepted}, {"not_allowed", s.NotAllowed},
+				{"dial_failed", s.DialFailed}, {"over_limit", s.OverLimit}, {"pending_dropped", host.Stats().InboundPendingDropped}} {
+				ch <- prometheus.MustNewConstMetric(relayTotal, prometheus.CounterValue, float64(x.v), n.cfg.Name, x.outcome)
+			}
+		}
 		if dnss != nil {
 			s := dnss.Stats()
 			ch <- prometheus.MustNewConstMetric(dnsLimited, prometheus.CounterValue, float64(s.Loops), n.cfg.Name, "loop")

@@ -445,9 +445,15 @@ func (n *netRuntime) forward(ctx context.Context, req ForwardRequest) (ForwardDo
 		go f.serveUDP(pc)
 	}
 	n.forwards = append(n.forwards, f)
+	// The backend relay refuses the forward's port while it is open: a
+	// VIP's traffic never loops back into the agent.
+	lap, _ := netip.ParseAddrPort(laddr)
+	hostPort := vip.PortKey{Proto: k.Proto, Port: lap.Port()}
+	n.d.forwardPort(hostPort, true)
 	stop := context.AfterFunc(ctx, func() { f.Close() })
 	go func() {
 		<-f.done
+		n.d.forwardPort(hostPort, false)
 		stop()
 		n.mu.Lock()
 		for i, x := range n.forwards {

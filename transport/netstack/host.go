@@ -256,6 +256,12 @@ type Host struct {
 
 	// counters for Write (inbound); those for Read are in link.
 	inPackets, inBytes, inMalformed, inTooBig atomic.Uint64
+
+	// inbound is the Inbound in force (SetInbound); nil takes nothing.
+	inbound atomic.Pointer[inboundState]
+	// inboundUDPFailed counts new inbound UDP flows whose socket could not
+	// be made.
+	inboundUDPFailed atomic.Uint64
 }
 
 var (
@@ -289,6 +295,7 @@ func New(o Options) (*Host, error) {
 	if err := h.setTCPOptions(); err != nil {
 		return fail(err)
 	}
+	h.installInbound()
 	if e := s.CreateNIC(nicID, h.link); e != nil {
 		return fail(fmt.Errorf("netstack: create NIC: %s", e))
 	}
@@ -575,6 +582,11 @@ type Stats struct {
 	// (bad IP header checksum, inconsistent lengths, bad fragments), and
 	// StackChecksumErrors TCP and UDP segments with a bad checksum.
 	StackMalformed, StackChecksumErrors uint64
+
+	// InboundPendingDropped counts TCP attempts for Inbound.TCP dropped
+	// beyond Inbound.MaxPendingTCP, and InboundUDPFailed new inbound UDP
+	// flows dropped because their socket could not be made.
+	InboundPendingDropped, InboundUDPFailed uint64
 }
 
 // Stats returns the host's packet counters. It may be called at any time,
@@ -594,5 +606,8 @@ func (h *Host) Stats() Stats {
 		OutQueued:           l.queued(),
 		StackMalformed:      ss.IP.MalformedPacketsReceived.Value() + ss.IP.MalformedFragmentsReceived.Value(),
 		StackChecksumErrors: ss.TCP.ChecksumErrors.Value() + ss.UDP.ChecksumErrors.Value(),
+
+		InboundPendingDropped: ss.TCP.ForwardMaxInFlightDrop.Value(),
+		InboundUDPFailed:      h.inboundUDPFailed.Load(),
 	}
 }

@@ -338,6 +338,9 @@ function renderVIP() {
       el("strong", { text: "Address collision. " }),
       el("span", { text: "Node " + (doc.addr_collision.node_name || doc.addr_collision.node.slice(0, 12)) + "'s address " + doc.addr_collision.addr +
         " is this VIP's reservation, so the VIP uses " + (doc.addr_collision.effective_addr || "no address") + " instead. Give the node another address in its config." })) : null,
+    doc.warnings && doc.warnings.length ? el("div", { id: "backend-warnings", class: "banner conflict" },
+      el("strong", { text: "Backends this node will not serve. " }),
+      el("span", { text: doc.warnings.join("\n") })) : null,
     el("div", { id: "error" }),
     el("div", { class: "row" }, el("label", { text: "Name " }, el("input", { id: "vip-name", value: d.name, oninput: (e) => { d.name = e.target.value; markDirty(); } }))),
     el("h2", { text: "Listeners" }),
@@ -389,6 +392,7 @@ function renderListener(l, i) {
       el("span", { class: "muted", text: l.generation ? "generation " + l.generation : "new" }),
       el("button", { class: "remove-listener danger", text: "Delete listener", onclick: () => { d.listeners.splice(i, 1); renderVIP(); } })),
     el("table", {}, el("thead", {}, el("tr", {}, el("th", { text: "Backend node" }), el("th", { text: "Port" }), el("th", { text: "Drain" }), el("th"))), el("tbody", {}, ...backends)),
+    el("p", { class: "muted backend-hint", text: "On a tun-mode node the application listens on the node's overlay address; on a netstack-mode node on 127.0.0.1 at the port, and only if that node's own config lists it in backend_ports." }),
     el("div", { class: "row" },
       el("button", { class: "add-backend", text: "Add backend", onclick: () => {
         l.backends = l.backends || [];

@@ -1,0 +1,306 @@
+package tsng
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/vipkit/vipkit/transport/netstack"
+	"github.com/vipkit/vipkit/vip"
+)
+
+// serveHostHTTP runs an HTTP server on the host's loopback, answering
+// every request with name; the returned func stops it.
+func serveHostHTTP(t *testing.T, name string) (uint16, func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name) })}
+	go srv.Serve(ln)
+	stop := func() { srv.Close() }
+	t.Cleanup(stop)
+	return uint16(ln.Addr().(*net.TCPAddr).Port), stop
+}
+
+// serveHostUDPEcho answers every datagram on a host loopback port with
+// "echo " and the datagram.
+func serveHostUDPEcho(t *testing.T) uint16 {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(append([]byte("echo "), buf[:n]...), from)
+		}
+	}()
+	return uint16(pc.LocalAddr().(*net.UDPAddr).Port)
+}
+
+// serveNetstackHTTP runs an HTTP server inside a node's netstack on port
+// (as an application listening on the overlay address in tun mode).
+func serveNetstackHTTP(t *testing.T, h *netstack.Host, port uint16, name string) {
+	t.Helper()
+	ln, err := h.ListenTCP(netip.AddrPortFrom(netip.IPv4Unspecified(), port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, name) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// vipGet fetches http://addr/ through h's netstack with a fresh
+// connection and a 3 s limit.
+func vipGet(ctx context.Context, h *netstack.Host, addr netip.AddrPort) (string, error) {
+	tr := &http.Transport{DialContext: h.DialContext, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 3 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// TestNetstackBackendLoopback: an HTTP server on the host's loopback
+// behind a netstack node (server1, which allows its port in
+// backend_ports) is reached through a VIP from another node (client) with
+// Go's HTTP client. When it stops, the VIP fails over to server2, whose
+// application listens on the overlay address (as in tun mode). A second
+// loopback server whose port server1 does not allow is refused through a
+// VIP, and server1's status (the local API's JSON and `vip status`) shows
+// that backend as not allowed.
+func TestNetstackBackendLoopback(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	port, stopHTTP := serveHostHTTP(t, "server1-host")
+	other, _ := serveHostHTTP(t, "server1-unlisted")
+	udpPort := serveHostUDPEcho(t)
+	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "server2", "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := socketDir(t, "nsback") + "/tsng.sock"
+	cfgs[0].Socket = sock
+	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port), fmt.Sprintf("udp/%d", udpPort)}
+	var ds []*Daemon
+	var path1 string
+	for i, c := range cfgs {
+		c.Networks[0].ProbeFast = true
+		d, path := startReloadable(t, c, DaemonOptions{NoAPI: i > 0})
+		ds = append(ds, d)
+		if i == 0 {
+			path1 = path
+		}
+	}
+	server1, server2, client := ds[0].Runtime("home"), ds[1].Runtime("home"), ds[2].Runtime("home")
+	serveNetstackHTTP(t, server2.Host(), port, "server2-overlay")
+	reg := server1.Registry()
+	if _, err := reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	be := func(s string) vip.Backend {
+		b, err := reg.ResolveBackend(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	v, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, []vip.Backend{be(fmt.Sprintf("server1:%d", port))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api90 := netip.AddrPortFrom(v.Addr, 90)
+	var got string
+	pollUntil(t, 30*time.Second, "GET through the VIP to server1's loopback", func() (bool, string) {
+		got, err = vipGet(ctx, client.Host(), api90)
+		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
+	})
+
+	// UDP: datagrams to the VIP reach the loopback echo server and back.
+	if _, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.UDP, Port: 53}, []vip.Backend{be(fmt.Sprintf("server1:%d", udpPort))}); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, "a UDP exchange through the VIP with server1's loopback", func() (bool, string) {
+		got, err := udpAsk(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 53), "ping")
+		return err == nil && got == "echo ping", fmt.Sprintf("%q, %v", got, err)
+	})
+	if st := relayOf(server1).Stats(); st.UDPAccepted == 0 || st.UDPFlows == 0 {
+		t.Errorf("relay stats %+v: want a UDP flow", st)
+	}
+
+	// Failover: server2 joins; server1's application stops.
+	if _, err := reg.BackendAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, be(fmt.Sprintf("server2:%d", port))); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, "server2's backend eligible at the client", func() (bool, string) {
+		bs, _ := backendAt(client, "tcp/90", "server2")
+		return bs.Eligible, fmt.Sprintf("%+v", bs)
+	})
+	stopHTTP()
+	stopped := time.Now()
+	pollUntil(t, 30*time.Second, "the client's server1 backend out of rotation", func() (bool, string) {
+		bs, _ := backendAt(client, "tcp/90", "server1")
+		return !bs.Eligible && bs.Reason == "check-failed", fmt.Sprintf("%+v", bs)
+	})
+	t.Logf("server1 out of rotation at the client %v after its application stopped", time.Since(stopped).Round(time.Millisecond))
+	for range 3 {
+		if got, err := vipGet(ctx, client.Host(), api90); err != nil || got != "server2-overlay" {
+			t.Fatalf("GET after failover: %q, %v; want server2-overlay", got, err)
+		}
+	}
+
+	// A port server1 does not allow: refused, and shown so at server1.
+	// The finding's command: accepted (any member may name any port), with
+	// a warning from the node that will not serve it.
+	env := &Env{Getenv: func(k string) string {
+		if k == "TSNG_SOCKET" {
+			return sock
+		}
+		return ""
+	}}
+	var out, errb bytes.Buffer
+	env.Stdout, env.Stderr = &out, &errb
+	if code := Main(ctx, []string{"vip", "port", "add", "home", "api", "tcp/91", "--backend", fmt.Sprintf("server1:%d", other)}, env); code != 0 {
+		t.Fatalf("vip port add: exit %d: %s", code, errb.String())
+	}
+	if want := fmt.Sprintf("warning: tcp/91 backend server1:%d is on this node, but networks[0] (home).backend_ports does not list tcp/%d", other, other); !strings.Contains(errb.String(), want) {
+		t.Errorf("vip port add: stderr %q; want %q", errb.String(), want)
+	}
+	out.Reset()
+	errb.Reset()
+	pollUntil(t, 30*time.Second, "the client routes tcp/91", func() (bool, string) {
+		l, ok := listenerAt(client, "tcp/91")
+		return ok && l.Routed, fmt.Sprintf("%+v", l)
+	})
+	if got, err := vipGet(ctx, client.Host(), netip.AddrPortFrom(v.Addr, 91)); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET to a port server1 does not allow: %q, %v; want connection refused", got, err)
+	}
+	pollUntil(t, 30*time.Second, "server1's own status of its unlisted backend not-allowed", func() (bool, string) {
+		st, _ := server1.status(mustGet(t, server1, "api").ID).(vip.ServiceStatus)
+		for _, l := range st.Listeners {
+			for _, b := range l.Backends {
+				if l.Listener == "tcp/91" {
+					return b.Reason == "not-allowed", fmt.Sprintf("%+v", b)
+				}
+			}
+		}
+		return false, "no tcp/91"
+	})
+	if code := Main(ctx, []string{"vip", "status", "home", "api", "--json"}, env); code != 0 {
+		t.Fatalf("vip status --json: exit %d: %s", code, errb.String())
+	}
+	var sample struct {
+		Status vip.ServiceStatus `json:"status"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &sample); err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, l := range sample.Status.Listeners {
+		for _, b := range l.Backends {
+			if l.Listener == "tcp/91" && b.NodeName == "server1" {
+				found = true
+				if b.Reason != "not-allowed" || b.Eligible || !strings.Contains(b.CheckError, "backend_ports") {
+					t.Errorf("server1's status of its unlisted backend: %+v; want not-allowed", b)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no tcp/91 backend on server1 in %s", out.String())
+	}
+	out.Reset()
+	if code := Main(ctx, []string{"vip", "status", "home", "api"}, env); code != 0 {
+		t.Fatalf("vip status: exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), fmt.Sprintf("server1:%d  not-allowed", other)) {
+		t.Errorf("vip status shows no not-allowed backend:\n%s", out.String())
+	}
+	if st := relayOf(server1).Stats(); st.TCPAccepted == 0 || st.NotAllowed == 0 {
+		t.Errorf("relay stats %+v: want accepted and not-allowed counts", st)
+	}
+	mfs, err := ds[0].metricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "tsng_backend_relay_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					outcomes[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if outcomes["accepted_tcp"] == 0 || outcomes["accepted_udp"] == 0 || outcomes["not_allowed"] == 0 || outcomes["dial_failed"] == 0 {
+		t.Errorf("tsng_backend_relay_total: %v; want accepted, not_allowed and dial_failed counts", outcomes)
+	}
+
+	// The editor shows the warning on the VIP's window, and says where
+	// backends listen.
+	bctx := browser(t)
+	if err := chromedp.Do(bctx, uiSignIn(t, ds[0], "#/n/home/v/"+mustGet(t, server1, "api").ID.String()),
+		waitJS(`document.querySelector("#backend-warnings") !== null`)); err != nil {
+		t.Fatalf("the editor shows no backend warning: %v", err)
+	}
+	banner, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector("#backend-warnings").textContent + " | " + document.querySelector(".backend-hint").textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(banner, fmt.Sprintf("does not list tcp/%d", other)) || !strings.Contains(banner, "127.0.0.1") {
+		t.Errorf("the editor's warning and hint: %q", banner)
+	}
+
+	// config check warns of it, from the running agent and, without one,
+	// from the stored state; the allowed backends draw no warning.
+	for _, from := range []string{"the running agent", "the stored state"} {
+		if from == "the stored state" {
+			ds[0].Close()
+		}
+		out.Reset()
+		errb.Reset()
+		if code := Main(ctx, []string{"config", "check", path1}, env); code != 0 {
+			t.Fatalf("config check: exit %d: %s%s", code, out.String(), errb.String())
+		}
+		want := fmt.Sprintf("VIP api tcp/91 has a backend on this node (server1:%d), known from %s", other, from)
+		if !strings.Contains(errb.String(), want) || !strings.Contains(errb.String(), fmt.Sprintf("backend_ports does not list tcp/%d", other)) ||
+			strings.Count(errb.String(), "warning:") != 1 {
+			t.Errorf("config check, %s: stderr\n%s\nwant one warning: %s", from, errb.String(), want)
+		}
+	}
+}
+
+// relayOf returns n's backend relay (nil while the network is down).
+func relayOf(n *netRuntime) *backendRelay {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.relay
+}

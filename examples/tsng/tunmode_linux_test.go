@@ -249,8 +249,9 @@ func TestUAPINameCollision(t *testing.T) {
 	d := &Daemon{log: slog.New(slog.DiscardHandler)}
 	n := &netRuntime{d: d, cfg: NetworkConfig{Name: "home", Mode: "tun"}, tunName: "tsng-home"}
 	n.index.Store(1)
+	second := newDev()
 	n.mu.Lock()
-	err = n.startUAPILocked(newDev())
+	err = n.startUAPILocked(second)
 	served := n.uapi != nil
 	n.mu.Unlock()
 	if served || err == nil || !errors.Is(err, wg.ErrUAPIInUse) || !strings.Contains(err.Error(), "networks[1] (home).tun") ||

@@ -330,7 +330,7 @@ func (r *backendRelay) udp(in *netstack.UDPConn) {
 		}
 		defer r.forget(out)
 		r.udpAccepted.Add(1)
-		socks5.RelayIdle(in, out, backendUDPIdle, nil)
+		socks5.RelayDatagramsIdle(in, out, backendUDPIdle, nil)
 	}()
 }
 

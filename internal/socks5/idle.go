@@ -140,3 +140,43 @@ func (c *activeConn) CloseWrite() error {
 	}
 	return c.Conn.Close()
 }
+
+// maxDatagram is the largest UDP payload: 65,535 bytes less the IPv4 and
+// UDP headers' least size is 65,507, and IPv6 allows 65,527.
+const maxDatagram = 65535
+
+// RelayDatagramsIdle is RelayIdle for two datagram connections (UDP): each
+// datagram read from one is written whole to the other. A relay through
+// io.Copy's 32 KiB buffer would cut a larger datagram short and lose the
+// rest of it.
+func RelayDatagramsIdle(a, b net.Conn, idle time.Duration, clock transport.Clock) error {
+	w := NewIdleWatch(idle, clock, func() {
+		a.Close()
+		b.Close()
+	})
+	wa, wb := w.Conn(a), w.Conn(b)
+	errc := make(chan error, 2)
+	cp := func(dst, src net.Conn) {
+		buf := make([]byte, maxDatagram)
+		var err error
+		for {
+			var n int
+			if n, err = src.Read(buf); err != nil {
+				break
+			}
+			if _, err = dst.Write(buf[:n]); err != nil {
+				break
+			}
+		}
+		dst.Close()
+		errc <- err
+	}
+	go cp(wa, wb)
+	go cp(wb, wa)
+	err := <-errc
+	<-errc
+	if w.Stop() {
+		return ErrIdle
+	}
+	return err
+}

@@ -47,6 +47,10 @@ const (
 	backendUDPFlows = 256
 	// backendUDPIdle ends a UDP flow after no datagram either way.
 	backendUDPIdle = 2 * time.Minute
+	// backendTCPIdle ends a relayed TCP connection after no byte either
+	// way, as the HTTP proxy's tunnels (a peer that vanished, or a
+	// half-closed connection, would otherwise hold its slot for good).
+	backendTCPIdle = time.Hour
 	// backendDialTimeout bounds the loopback connection of a TCP attempt.
 	backendDialTimeout = 5 * time.Second
 )
@@ -65,8 +69,10 @@ type BackendRelayStats struct {
 	// overlay address at a port no socket has and backend_ports does not
 	// allow (answered as closed).
 	NotAllowed uint64 `json:"not_allowed"`
-	// DialFailed counts TCP attempts and UDP flows whose loopback
-	// connection failed (no application listening): refused.
+	// DialFailed counts TCP attempts whose loopback connection failed
+	// (no application listening: refused) and UDP flows whose loopback
+	// socket could not be made. A UDP flow to a port where nothing
+	// listens is relayed, and ends at its first datagram's refusal.
 	DialFailed uint64 `json:"dial_failed"`
 	// OverLimit counts TCP attempts and UDP flows refused at the limits
 	// (TCPLimit, UDPLimit).
@@ -300,7 +306,7 @@ func (r *backendRelay) tcp(req *netstack.InboundTCP) {
 	}
 	defer r.forget(in)
 	r.tcpAccepted.Add(1)
-	socks5.Relay(in, out)
+	socks5.RelayIdle(in, out, backendTCPIdle, nil)
 }
 
 // udp is netstack.Inbound.UDP, on the packet path: the flow's relay runs
@@ -389,8 +395,11 @@ func (r *backendRelay) Stats() BackendRelayStats {
 	return st
 }
 
-// Close ends every relayed connection and flow and waits for them. The
-// host stops handing new ones over when it closes.
+// Close ends every relayed connection and flow, and returns without
+// waiting for them: a TCP attempt may be inside the netstack handshake,
+// which only the host's own close cuts short (a SYN whose SYN-ACKs go
+// unanswered retries for about two minutes). The host stops handing new
+// ones over when it closes; Wait, after that, waits for the rest.
 func (r *backendRelay) Close() error {
 	r.mu.Lock()
 	r.closed = true
@@ -402,9 +411,12 @@ func (r *backendRelay) Close() error {
 	for _, c := range conns {
 		c.Close()
 	}
-	r.wg.Wait()
 	return nil
 }
+
+// Wait waits for the relay's goroutines once Close has returned and the
+// host is closed.
+func (r *backendRelay) Wait() { r.wg.Wait() }
 
 // refusedWhy says why a netstack node with allowed ports refuses backend
 // port k ("" when it serves it); agent names the agent's own ports.

@@ -742,8 +742,9 @@ func (n *netRuntime) stopLocked() {
 		f.Close()
 	}
 	n.proxies, n.forwards = nil, nil
-	if n.relay != nil {
-		n.relay.Close()
+	relay := n.relay
+	if relay != nil {
+		relay.Close()
 		n.relay = nil
 	}
 	n.repl.Stop()
@@ -758,7 +759,10 @@ func (n *netRuntime) stopLocked() {
 		n.uapi = nil
 	}
 	n.dev.Close()
-	n.engine.Close()
+	n.engine.Close() // and its host, which ends the relay's handshakes
+	if relay != nil {
+		relay.Wait()
+	}
 	if c, ok := n.res.(interface{ Close() error }); ok {
 		c.Close() // an OSReserver's sockets (the NAT released every port)
 	}

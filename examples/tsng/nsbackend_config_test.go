@@ -1,6 +1,8 @@
 package tsng
 
 import (
+	"time"
+
 	"fmt"
 	"io"
 	"net/netip"
@@ -155,5 +157,39 @@ func TestBackendRelayRefusesForwards(t *testing.T) {
 	d.forwardPort(k, false)
 	if d.agentPortNow(k) {
 		t.Error("a closed forward's port is still the agent's")
+	}
+}
+
+// TestBackendRelayCloseDoesNotWait: Close, which the network's stop calls
+// under its lock, returns while an attempt is still in the netstack
+// handshake (a reserve not yet matched); Wait, called once the host is
+// closed, is what waits for it.
+func TestBackendRelayCloseDoesNotWait(t *testing.T) {
+	r := &backendRelay{allowed: map[vip.PortKey]bool{}, agentPort: func(vip.PortKey) bool { return false }, conns: map[io.Closer]bool{}}
+	if !r.reserve(false) {
+		t.Fatal("reserve refused on an open relay")
+	}
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for an attempt still in its handshake")
+	}
+	if r.reserve(true) {
+		t.Fatal("a closed relay took a new flow")
+	}
+	waited := make(chan struct{})
+	go func() { r.Wait(); close(waited) }()
+	select {
+	case <-waited:
+		t.Fatal("Wait returned with an attempt outstanding")
+	default:
+	}
+	r.unreserve(false)
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return once the attempt ended")
 	}
 }

@@ -43,7 +43,9 @@ var ErrNoHandOver = errors.New("claim: no hand-over possible")
 // other member has answered: nil when it accepted (the move follows); a
 // *RefusalError matching ErrCheckFailing when its check does not pass,
 // another refusal or error when it cannot or did not answer. In every
-// case but nil this node keeps the VIP. No lock of the controller is held
+// case but nil this node keeps the VIP, unless the other member accepted
+// and its answer was lost on the way: the move then follows as for nil,
+// through the usual release. No lock of the controller is held
 // during the call (CallTimeout bounds it), so a hand-over never delays a
 // renewal or the fence; and a hand-over clears no fence.
 func (c *Controller) HandOver(ctx context.Context) error {
@@ -94,6 +96,13 @@ func (c *Controller) HandleHandOver(ctx context.Context, from netip.Addr) error 
 	}
 	if c.promoting > 0 {
 		return nil // a promote runs already: the move is under way
+	}
+	// The asker's call is over (its CallTimeout, or the connection gone):
+	// it counts the hand-over as unanswered and keeps the VIP, so no move
+	// starts. An answer can still be lost after this point; the holder
+	// then sees the move as its release request.
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("claim: hand-over request ended before it was accepted: %w", err)
 	}
 	c.promoting++
 	c.wg.Add(1)

@@ -227,3 +227,26 @@ func TestHandOverOverHTTP(t *testing.T) {
 		t.Fatalf("c routes to %v", got)
 	}
 }
+
+// TestHandOverLateRequestStartsNothing: a request whose asker has given
+// up (its call's context ended, so the holder counts it unanswered and
+// keeps the VIP) is refused, and no move follows.
+func TestHandOverLateRequestStartsNothing(t *testing.T) {
+	e := newEnv(t, true)
+	pass := func() error { return nil }
+	e.m("a").Cfg.Healthy, e.m("b").Cfg.Healthy = pass, pass
+	e.bootstrap()
+	watchCarriers(t, e)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.m("b").Ctl().HandleHandOver(ctx, e.f.A.Addr); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a hand-over its asker gave up on: %v, want context.Canceled", err)
+	}
+	e.advance(30 * time.Second)
+	if got := e.carriers(); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("carriers %v, want a kept it", got)
+	}
+	if st := e.m("a").Ctl().Status(); st.Role != claim.RoleHolder || st.Epoch != 1 {
+		t.Fatalf("a %+v", st)
+	}
+}

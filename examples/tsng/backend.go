@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -389,6 +390,7 @@ func (r *backendRelay) Stats() BackendRelayStats {
 	for k := range r.allowed {
 		st.Allowed = append(st.Allowed, k.String())
 	}
+	slices.Sort(st.Allowed)
 	r.mu.Lock()
 	st.TCPActive, st.UDPFlows = r.tcpActive, r.udpFlows
 	r.mu.Unlock()

@@ -193,7 +193,9 @@ func writeConfigs(t *testing.T, nodes []*e2eNode, ifs []netns.Iface) {
 		keys[i] = wg.GeneratePrivateKey()
 	}
 	for i, n := range nodes {
-		nc := tsng.NetworkConfig{Name: e2eNet, Overlay: e2eOverlay, Mode: "tun",
+		// Each agent's TUN has a name of its own: the namespaces share
+		// /var/run/wireguard, where wg show's socket is named after it.
+		nc := tsng.NetworkConfig{Name: e2eNet, Overlay: e2eOverlay, Mode: "tun", TUN: e2eTUN(n),
 			Node: tsng.NodeConfig{Name: n.name, Address: n.addr.String(), IdentityKey: base64.StdEncoding.EncodeToString(seeds[i]),
 				WireGuardKey: keys[i], ListenPort: wgPort}}
 		for j, p := range nodes {
@@ -334,13 +336,16 @@ func waitAgent(ctx context.Context, t *testing.T, bin string, n *e2eNode) {
 	})
 }
 
+// e2eTUN is node n's TUN name.
+func e2eTUN(n *e2eNode) string { return "tsng-" + n.name }
+
 // checkTUN checks the agent's kernel TUN in its namespace: up, MTU 1420,
 // the overlay address with the overlay's prefix, and no IPv6 (the overlay
 // carries IPv4 only).
 func checkTUN(t *testing.T, n *e2eNode) {
 	t.Helper()
 	nl := n.host.Netlink()
-	link, err := nl.LinkByName("tsng-" + e2eNet)
+	link, err := nl.LinkByName(e2eTUN(n))
 	if err != nil {
 		t.Fatalf("%s: the agent's TUN: %v", n.name, err)
 	}

@@ -336,7 +336,7 @@ func TestE2ETUN(t *testing.T) {
 	phase(t, "network down and up", func(t *testing.T) {
 		rev, vipAddr := created.Revision, created.Addr
 		mustCLI(ctx, t, bin, cl, "network", "down", e2eNet)
-		if ifs, err := cl.host.Interfaces(); err != nil || slices.Contains(ifs, "tsng-"+e2eNet) {
+		if ifs, err := cl.host.Interfaces(); err != nil || slices.Contains(ifs, e2eTUN(cl)) {
 			t.Fatalf("after network down the client still has its TUN: %v %v", ifs, err)
 		}
 		if d, err := showVIP(ctx, bin, cl); err != nil || d.Revision != rev {

@@ -77,10 +77,17 @@ func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage, nb, na 
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
 }
 
+// writeFile puts b in dir/name whole, by a rename, as a certificate
+// manager does: a watch reading the file at the same instant sees the old
+// contents or the new, never part of them.
 func writeFile(t *testing.T, dir, name string, b []byte) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o600); err != nil {
+	tmp := p + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
 		t.Fatal(err)
 	}
 	return p

@@ -224,3 +224,47 @@ func TestRoutedSetConvergesPastServiceLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileFloor: a member's port floor past MaxGeneration is refused
+// at merge and changes nothing; one at the bound empties the service's
+// listeners, and a new listener is then refused with ErrLimit rather than
+// accepted and dropped; one below the bound leaves room above it.
+func TestHostileFloor(t *testing.T) {
+	for _, fl := range []uint64{math.MaxUint64, MaxGeneration + 1, MaxGeneration, MaxGeneration - 1} {
+		t.Run(fmt.Sprint(fl), func(t *testing.T) {
+			tn := newTestNet(t, 2, 5)
+			ctx := context.Background()
+			r := tn.regs[0]
+			b := Backend{tn.nodes[0].ID, 8443}
+			v, err := r.Create(ctx, "api")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err = r.PortAdd(ctx, "api", PortKey{TCP, 443}, []Backend{b}); err != nil {
+				t.Fatal(err)
+			}
+			_, merr := tn.mergeInto(0, tn.hostileField(1, v.ID, keyFloor, encodeFloor(fl), 5))
+			v, err = r.PortAdd(ctx, "api", PortKey{TCP, 80}, []Backend{b})
+			switch {
+			case fl > MaxGeneration:
+				if merr == nil {
+					t.Fatalf("floor %d accepted", fl)
+				}
+				if err != nil || !v.Routable || len(v.Listeners) != 2 {
+					t.Fatalf("floor %d refused, yet the service changed: %v %+v", fl, err, v)
+				}
+			case fl == MaxGeneration:
+				if !errors.Is(err, ErrLimit) {
+					t.Fatalf("a listener above a floor at the bound: %v %+v, want ErrLimit", err, v)
+				}
+			default:
+				if err != nil {
+					t.Fatalf("floor %d: a new listener: %v", fl, err)
+				}
+				if l, ok := v.Listener(PortKey{TCP, 80}); !ok || len(l.Backends) != 1 {
+					t.Fatalf("floor %d: the new listener carries %+v", fl, l)
+				}
+			}
+		})
+	}
+}

@@ -252,13 +252,13 @@ type activeWriter struct {
 	w *socks5.IdleWatch
 }
 
-// Write implements http.ResponseWriter.
+// Write implements http.ResponseWriter. Like the watch's own connections,
+// it reports activity before the bytes can reach the client.
 func (a *activeWriter) Write(p []byte) (int, error) {
-	n, err := a.ResponseWriter.Write(p)
-	if n > 0 {
+	if len(p) > 0 {
 		a.w.Touch()
 	}
-	return n, err
+	return a.ResponseWriter.Write(p)
 }
 
 // Hijack implements http.Hijacker.

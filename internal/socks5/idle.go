@@ -123,13 +123,15 @@ func (c *activeConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Write implements net.Conn.
+// Write implements net.Conn. It reports activity before it writes: the
+// peer can read the bytes (and act on the time) the instant they are
+// written, so a report made after the write could land later than the
+// peer's next step and date the activity after it.
 func (c *activeConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	if n > 0 {
+	if len(p) > 0 {
 		c.w.Touch()
 	}
-	return n, err
+	return c.Conn.Write(p)
 }
 
 // CloseWrite half-closes the connection, or closes it when it cannot be

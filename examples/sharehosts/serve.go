@@ -134,6 +134,32 @@ func Reconcile(ctx context.Context, c Config, dry bool, out io.Writer) (hosting.
 	return rep, err
 }
 
+// InboxRetention is how long the daemon keeps a consumed event's id in
+// the inbox; it prunes the older ones every InboxPruneEvery.
+const (
+	InboxRetention  = 7 * 24 * time.Hour
+	InboxPruneEvery = time.Hour
+)
+
+// pruneInbox prunes the inbox on start and every InboxPruneEvery until
+// ctx is done.
+func pruneInbox(ctx context.Context, st *pgstore.Store, logf func(string, ...any)) {
+	t := time.NewTicker(InboxPruneEvery)
+	defer t.Stop()
+	for {
+		if n, err := st.PruneInbox(ctx, time.Now().Add(-InboxRetention)); err != nil && ctx.Err() == nil {
+			logf("inbox: prune: %v", err)
+		} else if n > 0 {
+			logf("inbox: pruned %d event id(s) older than %v", n, InboxRetention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // ErrLocked means another reconciler of the deployment holds the lock.
 var ErrLocked = errors.New("sharehosts: another reconciler holds the lock; try again later")
 
@@ -190,8 +216,17 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, OnDrift: rec.Kick,
-		Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
+	so := hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, OnDrift: rec.Kick,
+		Validator: hosting.Validator{MaxHosts: c.MaxHosts}}
+	if c.IngressURL != "" {
+		so.Ingress = HTTPIngress{Base: c.IngressURL}
+		logf("ingress gate: %s", c.IngressURL)
+	}
+	if c.NetworkURL != "" {
+		so.Network = HTTPNetwork{Base: c.NetworkURL, FrontdoorID: c.FrontdoorID}
+		logf("network gate: %s", c.NetworkURL)
+	}
+	svc, err := hosting.NewService(so)
 	if err != nil {
 		return err
 	}
@@ -212,7 +247,8 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); pruneInbox(bg, st, logf) }()
 	go func() { defer wg.Done(); _ = cons.Run(bg) }()
 	go func() { defer wg.Done(); _ = relay.Run(bg) }()
 	go func() { defer wg.Done(); _ = rec.Run(bg) }()

@@ -52,6 +52,7 @@ var (
 	_ hosting.Store    = (*Store)(nil)
 	_ hosting.Outbox   = (*Store)(nil)
 	_ hosting.OutboxTx = (*tx)(nil)
+	_ hosting.IntakeTx = (*tx)(nil)
 )
 
 // New returns a store on pool, which must be migrated (Migrate).
@@ -446,6 +447,63 @@ func (t *tx) AddEvents(ctx context.Context, msgs []hosting.EventMessage) error {
 		}
 	}
 	return nil
+}
+
+// ClaimEvent implements hosting.IntakeTx: an insert into the inbox that
+// waits, on the primary key, for another transaction that claimed the
+// same id, and reports false once that one committed.
+func (t *tx) ClaimEvent(ctx context.Context, id, routingKey string, at time.Time) (bool, error) {
+	tag, err := t.t.Exec(ctx, "INSERT INTO inbox (event_id, routing_key, occurred_at) VALUES ($1, $2, $3) ON CONFLICT (event_id) DO NOTHING", id, routingKey, at)
+	if err != nil {
+		return false, storeErr(err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ApplyAgent implements hosting.IntakeTx, in one statement: the row is
+// written unless it is deleted or holds a newer event.
+func (t *tx) ApplyAgent(ctx context.Context, a hosting.Agent, at time.Time) (bool, error) {
+	if a.ID == "" {
+		return false, fmt.Errorf("%w: agent without id", hosting.ErrStore)
+	}
+	var tag pgconn.CommandTag
+	var err error
+	if a.Deleted {
+		tag, err = t.t.Exec(ctx, `INSERT INTO agent (id, account_id, deleted_at, event_at) VALUES ($1, $2, $3, $3)
+			ON CONFLICT (id) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, event_at = GREATEST(agent.event_at, EXCLUDED.event_at)
+			WHERE agent.deleted_at IS NULL`, a.ID, a.AccountID, at)
+	} else {
+		tag, err = t.t.Exec(ctx, `INSERT INTO agent (id, account_id, event_at) VALUES ($1, $2, $3)
+			ON CONFLICT (id) DO UPDATE SET account_id = EXCLUDED.account_id, event_at = EXCLUDED.event_at
+			WHERE agent.deleted_at IS NULL AND (agent.event_at IS NULL OR agent.event_at < EXCLUDED.event_at)`, a.ID, a.AccountID, at)
+	}
+	if err != nil {
+		return false, storeErr(err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// DeleteAgentsOfAccount implements hosting.IntakeTx.
+func (t *tx) DeleteAgentsOfAccount(ctx context.Context, account string, at time.Time) error {
+	_, err := t.t.Exec(ctx, "UPDATE agent SET deleted_at = $2, event_at = GREATEST(event_at, $2) WHERE account_id = $1 AND deleted_at IS NULL", account, at)
+	return storeErr(err)
+}
+
+// LiveShareIDs implements hosting.IntakeTx.
+func (t *tx) LiveShareIDs(ctx context.Context) ([]string, error) {
+	return queryIDs(ctx, t.t, "SELECT id::text FROM share WHERE deleted_at IS NULL ORDER BY id")
+}
+
+// PruneInbox deletes the inbox rows handled before before, and returns
+// how many went. An event redelivered after its row was pruned would be
+// applied again, so the retention must exceed the longest redelivery
+// (the daemon keeps seven days).
+func (s *Store) PruneInbox(ctx context.Context, before time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, "DELETE FROM inbox WHERE handled_at < $1", before)
+	if err != nil {
+		return 0, storeErr(err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Pending implements hosting.Outbox.

@@ -26,6 +26,10 @@ import (
 	"github.com/vipkit/vipkit/hosting/ziti"
 )
 
+// MinPoolConns is the daemon's smallest PostgreSQL pool, unless its DSN
+// sets pool_max_conns.
+const MinPoolConns = 8
+
 // ShutdownTimeout bounds the graceful shutdown of the API.
 const ShutdownTimeout = 15 * time.Second
 
@@ -179,7 +183,16 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		logf("warning: the tokens of %s have no accounts and act on every account; write %s.<principal>.token and .accounts (%q or a list)",
 			strings.Join(c.Unscoped, ", "), KeyTokens, AllAccounts)
 	}
-	pool, err := pgxpool.New(ctx, c.PostgresDSN)
+	pcfg, err := pgxpool.ParseConfig(c.PostgresDSN)
+	if err != nil {
+		return fmt.Errorf("sharehosts: postgres: %w", err)
+	}
+	// The reconciler's and the relay's locks each keep a connection:
+	// leave room for the transactions (a pool_max_conns in the DSN wins).
+	if !strings.Contains(c.PostgresDSN, "pool_max_conns") && pcfg.MaxConns < MinPoolConns {
+		pcfg.MaxConns = MinPoolConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("sharehosts: postgres: %w", err)
 	}
@@ -212,7 +225,13 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
+	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, Lock: st, OnError: onErr, OnLock: func(held bool) {
+		if held {
+			logf("relay: holding the outbox lock")
+		} else {
+			logf("relay: the outbox lock is released")
+		}
+	}})
 	if err != nil {
 		return err
 	}

@@ -38,6 +38,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/internal/failpoint"
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/transport"
 )
@@ -294,6 +295,9 @@ func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, d amqp.Delivery
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.HandlerTimeout)
 		_, err = c.o.Handler.HandleIntake(hctx, in)
 		cancel()
+		if err == nil {
+			err = failpoint.Eval(failpoint.BeforeAck)
+		}
 	}
 	switch {
 	case err == nil:
@@ -384,6 +388,17 @@ type RelayOptions struct {
 	Batch int
 	// Backoff is the first wait before a reconnect; 0 means 500 ms.
 	Backoff time.Duration
+	// Lock, when set, is the outbox's relay lock: the relay publishes
+	// only while it holds it, so that with several replicas one relay
+	// runs at a time and a share's events keep their order. Without it
+	// every relay on the outbox publishes.
+	Lock hosting.RelayLocker
+	// Standby is how often a relay without the lock tries to take it;
+	// 0 means one second.
+	Standby time.Duration
+	// OnLock, when set, is told when the relay takes the lock (true) and
+	// when it stops holding it (false).
+	OnLock  func(held bool)
 	OnError func(error)
 }
 
@@ -392,13 +407,19 @@ type RelayStats struct {
 	Published int64 // confirmed and marked
 	Returned  int64 // returned by the broker: no queue was bound for them
 	Connects  int64
+	Leads     int64 // times it took the relay lock
+	Lost      int64 // times it found the lock lost while holding it
 }
+
+// errLockLost means the relay lock was lost: the relay stops publishing.
+var errLockLost = errors.New("events: relay: the relay lock was lost")
 
 // Relay publishes the outbox. Run it once.
 type Relay struct {
 	o                             RelayOptions
 	clk                           transport.Clock
 	published, returned, connects atomic.Int64
+	leads, lost                   atomic.Int64
 	kick                          chan struct{}
 }
 
@@ -419,12 +440,15 @@ func NewRelay(o RelayOptions) (*Relay, error) {
 	if o.Backoff <= 0 {
 		o.Backoff = 500 * time.Millisecond
 	}
+	if o.Standby <= 0 {
+		o.Standby = time.Second
+	}
 	return &Relay{o: o, clk: transport.Or(o.Clock), kick: make(chan struct{}, 1)}, nil
 }
 
 // Stats returns the counters.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Published: r.published.Load(), Returned: r.returned.Load(), Connects: r.connects.Load()}
+	return RelayStats{Published: r.published.Load(), Returned: r.returned.Load(), Connects: r.connects.Load(), Leads: r.leads.Load(), Lost: r.lost.Load()}
 }
 
 // Kick makes the relay look at the outbox now rather than at its next
@@ -436,12 +460,55 @@ func (r *Relay) Kick() {
 	}
 }
 
-// Run publishes until ctx is done; it returns ctx's error.
+// Run publishes until ctx is done; it returns ctx's error. With a Lock,
+// it waits as a standby until it takes the lock, publishes while it holds
+// it, and goes back to standby when it finds it lost.
 func (r *Relay) Run(ctx context.Context) error {
-	return loop(ctx, r.session, r.clk, r.o.Backoff, r.o.OnError)
+	if r.o.Lock == nil {
+		return loop(ctx, func(ctx context.Context) error { return r.session(ctx, nil) }, r.clk, r.o.Backoff, r.o.OnError)
+	}
+	for {
+		l, ok, err := r.o.Lock.TryLockRelay(ctx)
+		if ctx.Err() != nil {
+			if ok {
+				l.Unlock()
+			}
+			return ctx.Err()
+		}
+		report(r.o.OnError, err)
+		if ok {
+			r.lead(ctx, l)
+		}
+		if !transport.Sleep(r.clk, r.o.Standby, ctx.Done()) {
+			return ctx.Err()
+		}
+	}
 }
 
-func (r *Relay) session(ctx context.Context) error {
+// lead publishes under the lock l until ctx is done or the lock is lost,
+// then releases it.
+func (r *Relay) lead(ctx context.Context, l hosting.RelayLock) {
+	r.leads.Add(1)
+	if r.o.OnLock != nil {
+		r.o.OnLock(true)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	_ = loop(lctx, func(ctx context.Context) error {
+		err := r.session(ctx, l)
+		if errors.Is(err, errLockLost) {
+			r.lost.Add(1)
+			cancel()
+		}
+		return err
+	}, r.clk, r.o.Backoff, r.o.OnError)
+	cancel()
+	l.Unlock()
+	if r.o.OnLock != nil {
+		r.o.OnLock(false)
+	}
+}
+
+func (r *Relay) session(ctx context.Context, l hosting.RelayLock) error {
 	conn, err := amqp.DialConfig(r.o.URL, amqp.Config{Heartbeat: 10 * time.Second})
 	if err != nil {
 		return fmt.Errorf("events: relay: dial: %w", err)
@@ -467,6 +534,14 @@ func (r *Relay) session(ctx context.Context) error {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	r.connects.Add(1)
 	for {
+		if l != nil {
+			if err := l.Held(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("%w: %v", errLockLost, err)
+			}
+		}
 		n, err := r.round(ctx, ch)
 		if err != nil {
 			return err

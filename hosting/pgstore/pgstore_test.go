@@ -261,3 +261,41 @@ func TestInboxClaimIsOncePerCommit(t *testing.T) {
 		t.Fatalf("pruned %d (%v), %d left; want 1 and 1", n, err, left)
 	}
 }
+
+// One relay lock per database: a second try fails while the first holds
+// it, Held sees the holder's session end, and Unlock frees it.
+func TestRelayAdvisoryLock(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t, "")
+	a, b := pgstore.New(p, pgstore.Options{}), pgstore.New(p, pgstore.Options{})
+	l, ok, err := a.TryLockRelay(ctx)
+	if !ok || err != nil {
+		t.Fatalf("first lock %v %v", ok, err)
+	}
+	if err := l.Held(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := b.TryLockRelay(ctx); ok || err != nil {
+		t.Fatalf("second lock %v %v", ok, err)
+	}
+	l.Unlock()
+	l2, ok, err := b.TryLockRelay(ctx)
+	if !ok || err != nil {
+		t.Fatalf("after unlock %v %v", ok, err)
+	}
+	// The holder's session ends (its process died): Held says so, and
+	// the lock is free.
+	if _, err := p.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND ((classid::bigint << 32) | objid::bigint) = $1`, pgstore.RelayLockKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Held(ctx); err == nil {
+		t.Fatal("Held after the session ended")
+	}
+	l2.Unlock()
+	l3, ok, err := a.TryLockRelay(ctx)
+	if !ok || err != nil {
+		t.Fatalf("after the session ended %v %v", ok, err)
+	}
+	l3.Unlock()
+}

@@ -564,3 +564,63 @@ func (s *Store) TryLockReconciler(ctx context.Context) (func(), bool, error) {
 		conn.Release()
 	}, true, nil
 }
+
+// RelayLockKey is the key of the PostgreSQL advisory lock that the one
+// outbox relay of a database holds.
+const RelayLockKey int64 = 0x7669706b69740002 // "vipkit" and 2
+
+var _ hosting.RelayLocker = (*Store)(nil)
+
+// advisoryLock is a session advisory lock on a connection kept from the
+// pool until Unlock.
+type advisoryLock struct {
+	conn *pgxpool.Conn
+	key  int64
+}
+
+// TryLockRelay implements hosting.RelayLocker with a session advisory
+// lock (pg_try_advisory_lock) on a connection of its own. A relay that
+// dies ends its session, and the server releases the lock with it; Held
+// asks the server whether this session still holds it.
+func (s *Store) TryLockRelay(ctx context.Context) (hosting.RelayLock, bool, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, storeErr(err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", RelayLockKey).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, false, storeErr(err)
+	}
+	if !ok {
+		conn.Release()
+		return nil, false, nil
+	}
+	return &advisoryLock{conn: conn, key: RelayLockKey}, true, nil
+}
+
+// Held implements hosting.RelayLock.
+func (l *advisoryLock) Held(ctx context.Context) error {
+	var held bool
+	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+		AND ((classid::bigint << 32) | objid::bigint) = $1)`, l.key).Scan(&held)
+	if err != nil {
+		return storeErr(err)
+	}
+	if !held {
+		return fmt.Errorf("%w: the relay lock is not held", hosting.ErrStore)
+	}
+	return nil
+}
+
+// Unlock implements hosting.RelayLock; when the release fails it closes
+// the connection, which releases the lock too.
+func (l *advisoryLock) Unlock() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var released bool
+	if err := l.conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&released); err != nil || !released {
+		_ = l.conn.Conn().Close(ctx)
+	}
+	l.conn.Release()
+}

@@ -517,9 +517,14 @@ func (sv *Service) cascade(ctx context.Context,
 		if err != nil {
 			return err
 		}
-		for _, cur := range locked {
+		for i, cur := range locked {
 			if err := step(ctx, tx, cur, done); err != nil {
 				return err
+			}
+			if i < len(locked)-1 {
+				if err := failpoint.Eval(failpoint.CascadeStep); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

@@ -402,3 +402,130 @@ func TestReplicasShareTheWorkAndSurviveAKill(t *testing.T) {
 	t.Logf("setup %v; churn %v (replica 0 killed after %v); %d PATCHes applied, %d refused (overlap after a promotion); %d removals; %d events, %d duplicate deliveries; repairs by the reconcilers: %d %v",
 		setup.Round(time.Millisecond), churnTook.Round(time.Millisecond), killedAt.Round(time.Millisecond), okPatches, refused.Load(), removals, len(evs), dups, len(repaired), repaired)
 }
+
+// A daemon killed after an event's commit and before its ack: the broker
+// redelivers the event to the next daemon, and the inbox makes it a
+// no-op there (no second share event, no second Ziti write).
+func TestKilledBeforeTheAckAppliesOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pg, err := pgtest.Start(ctx)
+	if errors.Is(err, pgtest.ErrUnavailable) {
+		testenv.Skip(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	rmq, err := rmqtest.Start(ctx)
+	if errors.Is(err, rmqtest.ErrUnavailable) {
+		testenv.Skip(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rmq.Stop()
+	f := zitifake.Start(t, zititest.Options{})
+	f.AddUser("admin", "secret")
+	dsn, err := pg.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sharehosts.yaml")
+	cfgText := strings.NewReplacer(`"host=127.0.0.1"`, `"`+dsn+`"`, "amqp://guest:guest@127.0.0.1:5672/", rmq.URL(), "https://ctrl.example:1280", f.URL()).Replace(good) +
+		"deployment-id: dep-ack\n"
+	if err := os.WriteFile(cfg, []byte(cfgText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := amqp.Dial(rmq.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	topo := events.DefaultTopology()
+	if err := topo.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(in hosting.Intake) {
+		t.Helper()
+		m, _ := in.Message()
+		if err := events.Publish(ctx, ch, topo.Exchange, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(sql string) int {
+		var n int
+		if err := pool.QueryRow(ctx, sql).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	poll := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out: %s", what)
+			}
+			time.Sleep(20 * time.Millisecond) // poll interval
+		}
+	}
+	// a1 and a2 by agent.CREATED, two shares on them, through a daemon
+	// that runs normally.
+	d := startDaemon(t, cfg)
+	for _, a := range []string{"a1", "a2"} {
+		f.AddIdentity(a)
+		publish(hosting.Intake{ID: hosting.NewID(), Entity: hosting.EntityAgent, Type: hosting.EventCreated, AgentID: a, AccountID: "acct", At: time.Now()})
+	}
+	poll("two agents", func() bool { return count("SELECT count(*) FROM agent WHERE deleted_at IS NULL") == 2 })
+	for i, hosts := range []string{`"activeAgentIds":["a1"]`, `"activeAgentIds":["a1","a2"]`} {
+		if st, body, err := d.do(t, "POST", "/accounts/acct/tcp-shares", fmt.Sprintf(`{"name":"s%d","targetAddress":"10.0.0.5","targetPort":80,%s}`, i, hosts)); err != nil || st != 201 {
+			t.Fatalf("create: %d %s %v", st, body, err)
+		}
+	}
+	d.stop(t)
+	// The next daemon dies after the cascade of a1 committed, before the
+	// ack.
+	d = startDaemon(t, cfg, failpointEnv+"=hosting.events.before-ack=kill")
+	publish(hosting.Intake{ID: hosting.NewID(), Entity: hosting.EntityAgent, Type: hosting.EventDeleted, AgentID: "a1", AccountID: "acct", At: time.Now()})
+	d.waitKilled(t)
+	if n := count("SELECT count(*) FROM outbox"); n != 2 {
+		t.Fatalf("%d outbox rows after the committed cascade, want 2", n)
+	}
+	// The restarted daemon gets the redelivery, and it changes nothing.
+	f.ResetCalls()
+	d = startDaemon(t, cfg)
+	poll("the redelivery acked", func() bool {
+		q, err := ch.QueueDeclarePassive(topo.Queue, true, false, false, false, nil)
+		return err == nil && q.Messages == 0 && q.Consumers == 1 && count("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+	})
+	d.stop(t)
+	// Acked, not left for a next consumer: the queue is empty with no
+	// consumer.
+	if q, err := ch.QueueDeclarePassive(topo.Queue, true, false, false, false, nil); err != nil || q.Messages != 0 {
+		t.Fatalf("the queue holds %d messages (%v): the redelivery was not acked", q.Messages, err)
+	}
+	if n := count("SELECT count(*) FROM outbox"); n != 2 {
+		t.Fatalf("%d outbox rows after the redelivery, want 2: the cascade ran twice", n)
+	}
+	if n := count("SELECT count(*) FROM inbox"); n != 3 {
+		t.Fatalf("%d inbox rows, want 3", n)
+	}
+	for _, c := range f.Calls() {
+		if c.Method != "GET" && c.Path != "/authenticate" {
+			t.Fatalf("the redelivery wrote %s %s", c.Method, c.Path)
+		}
+	}
+}

@@ -23,7 +23,10 @@
 //     here, PostgreSQL in hosting/pgstore, one contract suite in
 //     hosting/storetest;
 //   - Service: create, update, dry run, delete, the cascades
-//     (RemoveDeletedAgent, RemoveAccount), single reads with the hosting
+//     (RemoveDeletedAgent, RemoveAccount), consumed events applied exactly
+//     once through the inbox (HandleIntake, DecodeIntake against the
+//     intake schema: agents created, updated and deleted, accounts and
+//     frontdoors deleted), single reads with the hosting
 //     block (Get) and listings without it (List); events through the
 //     outbox, written in the change's transaction (Options.Outbox), or a
 //     Publisher after commit; the audit principal from the context
@@ -51,7 +54,7 @@
 // bind policy.
 //
 // Subpackages: hosting/api is the HTTP API (HAL+JSON, problem+json);
-// hosting/events the RabbitMQ consumer of agent DELETED and the outbox
+// hosting/events the RabbitMQ consumer of the consumed events and the outbox
 // relay; hosting/pgstore the PostgreSQL store; hosting/ziti the controller
 // client (with updb and certificate login). hosting/zititest is a model
 // controller for tests: it checks every request against the published Edge

@@ -171,3 +171,23 @@ type Outbox interface {
 	// MarkPublished marks entries published (the broker confirmed them).
 	MarkPublished(ctx context.Context, seqs []int64, at time.Time) error
 }
+
+// RelayLock is the lock that the one relay publishing an outbox holds, so
+// that the events of a share go out in commit order even with several
+// replicas.
+type RelayLock interface {
+	// Held returns nil while the lock is still held; an error means it
+	// may be lost (its session ended), and the relay must stop
+	// publishing.
+	Held(ctx context.Context) error
+	// Unlock releases the lock.
+	Unlock()
+}
+
+// RelayLocker takes the relay lock of an outbox; pgstore.Store is one (a
+// PostgreSQL advisory lock).
+type RelayLocker interface {
+	// TryLockRelay takes the lock without waiting; ok is false when
+	// another relay holds it.
+	TryLockRelay(ctx context.Context) (l RelayLock, ok bool, err error)
+}

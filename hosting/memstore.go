@@ -33,16 +33,23 @@ type MemStore struct {
 	pubAt map[int64]time.Time
 	// +checklocks:mu
 	closed bool
+	// inbox holds the ids of the consumed events whose effect committed.
+	// +checklocks:mu
+	inbox map[string]bool
+	// agentAt is the time of the last event applied to each agent.
+	// +checklocks:mu
+	agentAt map[string]time.Time
 }
 
 var (
-	_ Store  = (*MemStore)(nil)
-	_ Outbox = (*MemStore)(nil)
+	_ Store    = (*MemStore)(nil)
+	_ Outbox   = (*MemStore)(nil)
+	_ IntakeTx = (*memTx)(nil)
 )
 
 // NewMemStore returns an empty store.
 func NewMemStore() *MemStore {
-	return &MemStore{shares: map[string]Share{}, agents: map[string]Agent{}, locks: map[string]chan struct{}{}}
+	return &MemStore{shares: map[string]Share{}, agents: map[string]Agent{}, locks: map[string]chan struct{}{}, inbox: map[string]bool{}, agentAt: map[string]time.Time{}}
 }
 
 // Close makes every later call fail with ErrClosed.
@@ -194,7 +201,7 @@ func (m *MemStore) InTx(ctx context.Context, fn func(ctx context.Context, tx Tx)
 		return err
 	}
 	m.mu.Unlock()
-	tx := &memTx{m: m, held: map[string]bool{}, writes: map[string]Share{}}
+	tx := &memTx{m: m, held: map[string]bool{}, writes: map[string]Share{}, agents: map[string]Agent{}, agentAt: map[string]time.Time{}}
 	defer tx.release()
 	if err := ctx.Err(); err != nil {
 		return err
@@ -209,6 +216,13 @@ func (m *MemStore) InTx(ctx context.Context, fn func(ctx context.Context, tx Tx)
 	}
 	for id, s := range tx.writes {
 		m.shares[id] = s
+	}
+	for id, a := range tx.agents {
+		m.agents[id] = a
+	}
+	maps.Copy(m.agentAt, tx.agentAt)
+	for _, id := range tx.claims {
+		m.inbox[id] = true
 	}
 	for _, msg := range tx.events {
 		m.outbox = append(m.outbox, OutboxEntry{Seq: int64(len(m.outbox) + 1), EventMessage: msg})
@@ -255,6 +269,10 @@ type memTx struct {
 	held   map[string]bool
 	writes map[string]Share // committed at the end
 	events []EventMessage   // committed at the end
+	// agents, agentAt and claims are committed at the end.
+	agents  map[string]Agent
+	agentAt map[string]time.Time
+	claims  []string
 }
 
 // AddEvents implements OutboxTx.
@@ -303,7 +321,107 @@ func (t *memTx) read(id string) (Share, bool) {
 }
 
 func (t *memTx) Agents(ctx context.Context, ids []string) (map[string]Agent, error) {
-	return t.m.Agents(ctx, ids)
+	out, err := t.m.Agents(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if a, ok := t.agents[id]; ok {
+			out[id] = a
+		}
+	}
+	return out, nil
+}
+
+// inboxLock is the lock key of an event id (share ids are UUIDs, so the
+// prefix keeps the two apart).
+const inboxLock = "inbox:"
+
+// ClaimEvent implements IntakeTx: it takes the event id's lock, held to
+// the end of the transaction, then looks in the committed inbox.
+func (t *memTx) ClaimEvent(ctx context.Context, id, routingKey string, at time.Time) (bool, error) {
+	if err := t.lockOne(ctx, inboxLock+id); err != nil {
+		return false, err
+	}
+	if slices.Contains(t.claims, id) {
+		return false, nil
+	}
+	t.m.mu.Lock()
+	done := t.m.inbox[id]
+	t.m.mu.Unlock()
+	if done {
+		return false, nil
+	}
+	t.claims = append(t.claims, id)
+	return true, nil
+}
+
+// agentLock is the lock key of an agent row.
+const agentLock = "agent:"
+
+// ApplyAgent implements IntakeTx.
+func (t *memTx) ApplyAgent(ctx context.Context, a Agent, at time.Time) (bool, error) {
+	if a.ID == "" {
+		return false, fmt.Errorf("%w: agent without id", ErrStore)
+	}
+	if err := t.lockOne(ctx, agentLock+a.ID); err != nil {
+		return false, err
+	}
+	cur, err := t.Agents(ctx, []string{a.ID})
+	if err != nil {
+		return false, err
+	}
+	old, exists := cur[a.ID]
+	last, ok := t.agentAt[a.ID]
+	if !ok {
+		t.m.mu.Lock()
+		last = t.m.agentAt[a.ID]
+		t.m.mu.Unlock()
+	}
+	switch {
+	case exists && old.Deleted:
+		return false, nil // deleted is final
+	case a.Deleted:
+		if exists && a.AccountID == "" {
+			a.AccountID = old.AccountID
+		}
+	case exists && !last.IsZero() && !at.After(last):
+		return false, nil // a newer event was applied
+	}
+	t.agents[a.ID] = a
+	if at.After(last) {
+		t.agentAt[a.ID] = at
+	}
+	return true, nil
+}
+
+// DeleteAgentsOfAccount implements IntakeTx.
+func (t *memTx) DeleteAgentsOfAccount(ctx context.Context, account string, at time.Time) error {
+	t.m.mu.Lock()
+	var ids []string
+	for id, a := range t.m.agents {
+		if a.AccountID == account {
+			ids = append(ids, id)
+		}
+	}
+	t.m.mu.Unlock()
+	for id, a := range t.agents {
+		if a.AccountID == account && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if _, err := t.ApplyAgent(ctx, Agent{ID: id, AccountID: account, Deleted: true}, at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// LiveShareIDs implements IntakeTx.
+func (t *memTx) LiveShareIDs(ctx context.Context) ([]string, error) {
+	return t.merged(Filter{}), nil
 }
 
 func (t *memTx) Lock(ctx context.Context, ids ...string) ([]Share, error) {

@@ -338,7 +338,10 @@ func (sv *Service) run(ctx context.Context, fn func(ctx context.Context, tx Tx, 
 	var done []change
 	var evs []Event
 	err := sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
-		done = done[:0]
+		done, evs = done[:0], nil
+		if skip, err := claimIntake(ctx, tx); err != nil || skip {
+			return err // skip: the event's effect committed before
+		}
 		if err := fn(ctx, tx, &done); err != nil {
 			return err
 		}
@@ -514,9 +517,14 @@ func (sv *Service) cascade(ctx context.Context,
 		if err != nil {
 			return err
 		}
-		for _, cur := range locked {
+		for i, cur := range locked {
 			if err := step(ctx, tx, cur, done); err != nil {
 				return err
+			}
+			if i < len(locked)-1 {
+				if err := failpoint.Eval(failpoint.CascadeStep); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

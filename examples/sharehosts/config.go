@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -46,6 +47,12 @@ const (
 	// KeyMetricsListen is the loopback address of the Prometheus
 	// metrics (GET /metrics); absent serves none.
 	KeyMetricsListen = "metrics.listen"
+	// KeyIngressURL is the base URL of the ingress service (HTTPIngress);
+	// absent means TCP shares have no ingress.
+	KeyIngressURL = "ingress.url"
+	// KeyNetworkURL is the base URL of the network service
+	// (HTTPNetwork); absent means a share delete always cleans Ziti up.
+	KeyNetworkURL = "network.url"
 )
 
 // ErrConfig means the config file is missing a setting, has one out of range,
@@ -82,6 +89,9 @@ type Config struct {
 	// MetricsListen is the loopback address of GET /metrics ("" for
 	// none).
 	MetricsListen string
+	// IngressURL and NetworkURL are the gates' services ("" for none).
+	IngressURL string
+	NetworkURL string
 	// Reconcile holds the reconciler's interval, orphan grace, minimum
 	// gap and repair bound (0: the hosting defaults).
 	Reconcile ReconcileConfig
@@ -95,7 +105,7 @@ type ReconcileConfig struct {
 	MaxRepairs int
 }
 
-var known = []string{KeyMetricsListen, KeyDeploymentID, KeyReconcileInterval, KeyReconcileGrace, KeyReconcileMaxRepairs, KeyReconcileMinGap, KeyFrontdoorID, KeyListen, KeyPostgresDSN, KeyAMQPURL, KeyZitiURL, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey, KeyZitiCA,
+var known = []string{KeyIngressURL, KeyNetworkURL, KeyMetricsListen, KeyDeploymentID, KeyReconcileInterval, KeyReconcileGrace, KeyReconcileMaxRepairs, KeyReconcileMinGap, KeyFrontdoorID, KeyListen, KeyPostgresDSN, KeyAMQPURL, KeyZitiURL, KeyZitiUser, KeyZitiPass, KeyZitiCert, KeyZitiKey, KeyZitiCA,
 	hosting.SettingInterval, hosting.SettingTimeout, hosting.SettingFailures, hosting.SettingMaxHosts}
 
 // LoadConfig reads and checks a YAML config file.
@@ -246,6 +256,21 @@ func ParseConfig(b []byte) (Config, error) {
 			errs = append(errs, fmt.Errorf("%w: %s is %q, want a loopback host:port", ErrConfig, KeyMetricsListen, v))
 		}
 		c.MetricsListen = v
+	}
+	for _, u := range []struct {
+		key string
+		to  *string
+	}{{KeyIngressURL, &c.IngressURL}, {KeyNetworkURL, &c.NetworkURL}} {
+		v, _ := get(u.key)
+		if v == "" {
+			continue
+		}
+		pu, err := url.Parse(v)
+		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" || pu.RawQuery != "" || pu.Fragment != "" {
+			errs = append(errs, fmt.Errorf("%w: %s is %q, want an http or https URL with no query", ErrConfig, u.key, v))
+			continue
+		}
+		*u.to = strings.TrimRight(v, "/")
 	}
 	dur := func(k string, least time.Duration) time.Duration {
 		v, ok := get(k)

@@ -26,6 +26,10 @@ import (
 	"github.com/vipkit/vipkit/hosting/ziti"
 )
 
+// MinPoolConns is the daemon's smallest PostgreSQL pool, unless its DSN
+// sets pool_max_conns.
+const MinPoolConns = 8
+
 // ShutdownTimeout bounds the graceful shutdown of the API.
 const ShutdownTimeout = 15 * time.Second
 
@@ -134,6 +138,32 @@ func Reconcile(ctx context.Context, c Config, dry bool, out io.Writer) (hosting.
 	return rep, err
 }
 
+// InboxRetention is how long the daemon keeps a consumed event's id in
+// the inbox; it prunes the older ones every InboxPruneEvery.
+const (
+	InboxRetention  = 7 * 24 * time.Hour
+	InboxPruneEvery = time.Hour
+)
+
+// pruneInbox prunes the inbox on start and every InboxPruneEvery until
+// ctx is done.
+func pruneInbox(ctx context.Context, st *pgstore.Store, logf func(string, ...any)) {
+	t := time.NewTicker(InboxPruneEvery)
+	defer t.Stop()
+	for {
+		if n, err := st.PruneInbox(ctx, time.Now().Add(-InboxRetention)); err != nil && ctx.Err() == nil {
+			logf("inbox: prune: %v", err)
+		} else if n > 0 {
+			logf("inbox: pruned %d event id(s) older than %v", n, InboxRetention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // ErrLocked means another reconciler of the deployment holds the lock.
 var ErrLocked = errors.New("sharehosts: another reconciler holds the lock; try again later")
 
@@ -153,7 +183,16 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		logf("warning: the tokens of %s have no accounts and act on every account; write %s.<principal>.token and .accounts (%q or a list)",
 			strings.Join(c.Unscoped, ", "), KeyTokens, AllAccounts)
 	}
-	pool, err := pgxpool.New(ctx, c.PostgresDSN)
+	pcfg, err := pgxpool.ParseConfig(c.PostgresDSN)
+	if err != nil {
+		return fmt.Errorf("sharehosts: postgres: %w", err)
+	}
+	// The reconciler's and the relay's locks each keep a connection:
+	// leave room for the transactions (a pool_max_conns in the DSN wins).
+	if !strings.Contains(c.PostgresDSN, "pool_max_conns") && pcfg.MaxConns < MinPoolConns {
+		pcfg.MaxConns = MinPoolConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("sharehosts: postgres: %w", err)
 	}
@@ -186,12 +225,27 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 	if err != nil {
 		return err
 	}
-	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, OnError: onErr})
+	relay, err := events.NewRelay(events.RelayOptions{URL: c.AMQPURL, Outbox: st, Lock: st, OnError: onErr, OnLock: func(held bool) {
+		if held {
+			logf("relay: holding the outbox lock")
+		} else {
+			logf("relay: the outbox lock is released")
+		}
+	}})
 	if err != nil {
 		return err
 	}
-	svc, err := hosting.NewService(hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, OnDrift: rec.Kick,
-		Validator: hosting.Validator{MaxHosts: c.MaxHosts}})
+	so := hosting.Options{Store: st, Projection: proj, Outbox: true, OnOutbox: relay.Kick, OnDrift: rec.Kick,
+		Validator: hosting.Validator{MaxHosts: c.MaxHosts}}
+	if c.IngressURL != "" {
+		so.Ingress = HTTPIngress{Base: c.IngressURL}
+		logf("ingress gate: %s", c.IngressURL)
+	}
+	if c.NetworkURL != "" {
+		so.Network = HTTPNetwork{Base: c.NetworkURL, FrontdoorID: c.FrontdoorID}
+		logf("network gate: %s", c.NetworkURL)
+	}
+	svc, err := hosting.NewService(so)
 	if err != nil {
 		return err
 	}
@@ -212,7 +266,8 @@ func Serve(ctx context.Context, c Config, l net.Listener, logw io.Writer) error 
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); pruneInbox(bg, st, logf) }()
 	go func() { defer wg.Done(); _ = cons.Run(bg) }()
 	go func() { defer wg.Done(); _ = relay.Run(bg) }()
 	go func() { defer wg.Done(); _ = rec.Run(bg) }()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -115,6 +116,8 @@ func TestConfig(t *testing.T) {
 		"reconcile interval":   {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.interval: 10ms", "reconcile.interval is 10ms, under 1s"},
 		"reconcile grace bad":  {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.orphan-grace: soon", `reconcile.orphan-grace: time: invalid duration "soon"`},
 		"metrics not loopback": {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nmetrics.listen: 0.0.0.0:9000", `metrics.listen is "0.0.0.0:9000", want a loopback host:port`},
+		"ingress url scheme":   {"frontdoor-id: fd-1", "frontdoor-id: fd-1\ningress.url: ftp://x", `ingress.url is "ftp://x", want an http or https URL with no query`},
+		"network url query":    {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nnetwork.url: http://n/?a=b", `network.url is "http://n/?a=b", want an http or https URL with no query`},
 		"max repairs 0":        {"frontdoor-id: fd-1", "frontdoor-id: fd-1\nreconcile.max-repairs: 0", `reconcile.max-repairs is "0", want an integer of at least 1`},
 	}
 	for name, tc := range cases {
@@ -186,6 +189,25 @@ func TestServe(t *testing.T) {
 	// A deployment id, so that the reconciler may remove this
 	// deployment's orphans and logs no warning about it.
 	cfgText += "deployment-id: dep-serve\n"
+	// The ingress and network gates: an ingress that is gone once torn
+	// down, and a network that exists.
+	var gmu sync.Mutex
+	var calls []string
+	torn := map[string]bool{}
+	gates := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gmu.Lock()
+		defer gmu.Unlock()
+		calls = append(calls, r.Method+" "+r.URL.Path)
+		switch {
+		case r.Method == "DELETE":
+			torn[r.URL.Path] = true
+		case strings.HasPrefix(r.URL.Path, "/ingress/") && torn[r.URL.Path]:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}))
+	defer gates.Close()
+	gateCalls := func() []string { gmu.Lock(); defer gmu.Unlock(); return slices.Clone(calls) }
+	cfgText += "ingress.url: " + gates.URL + "/ingress/\nnetwork.url: " + gates.URL + "/net\n"
 	c, err := sharehosts.ParseConfig([]byte(cfgText))
 	if err != nil {
 		t.Fatal(err)
@@ -229,31 +251,13 @@ func TestServe(t *testing.T) {
 		<-time.After(10 * time.Millisecond)
 	}
 	var migrations int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&migrations); err != nil || migrations != 3 {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM schema_migrations").Scan(&migrations); err != nil || migrations != 4 {
 		t.Fatalf("migrations %d, %v", migrations, err)
 	}
-	if _, err := pool.Exec(ctx, "INSERT INTO agent (id, account_id) VALUES ('a1', 'acct')"); err != nil {
-		t.Fatal(err)
-	}
-	f.AddIdentity("a1")
-	if st, _ := do("POST", base, `{"name":"db","targetAddress":"10.0.0.5","targetPort":5432,"activeAgentIds":["a1"]}`, ""); st != 401 {
-		t.Fatalf("without a token: %d", st)
-	}
-	st, body := do("POST", base, `{"name":"db","targetAddress":"10.0.0.5","targetPort":5432,"activeAgentIds":["a1"]}`, "ops-token-0123456789")
-	if st != 201 || !strings.Contains(body, `"createdBy":"ops"`) {
-		t.Fatalf("create: %d %s", st, body)
-	}
-	id := regexp.MustCompile(`"id":"([0-9a-f-]{36})"`).FindStringSubmatch(body)[1]
-	// tenant-a's token acts on acct-1 and acct-3 only: acct's share is not there.
-	if st, body := do("GET", base+"/"+id, "", "tenant-a-token-0123456789"); st != 404 || !strings.Contains(body, "share "+id+" does not exist") {
-		t.Fatalf("tenant-a reads acct's share: %d %s", st, body)
-	}
-	if strings.Contains(logs.String(), "warning") {
-		t.Fatalf("a warning with scoped tokens: %s", logs.String())
-	}
-	// The agent service deletes a1 and says so on the bus.
-	if _, err := pool.Exec(ctx, "UPDATE agent SET deleted_at = now() WHERE id = 'a1'"); err != nil {
-		t.Fatal(err)
+	for _, want := range []string{"ingress gate: " + gates.URL + "/ingress", "network gate: " + gates.URL + "/net"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("log lacks %q: %s", want, logs.String())
+		}
 	}
 	conn, err := amqp.Dial(rmq.URL())
 	if err != nil {
@@ -264,10 +268,9 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, _ := hosting.AgentDeletedMessage(hosting.NewID(), hosting.AgentDeleted{AgentID: "a1", AccountID: "acct"}, time.Now())
 	deadline = time.Now().Add(60 * time.Second)
-	// The consumer declares its queue and binding; publish once they exist
-	// (a message published before is routed nowhere).
+	// The consumer declares its queue and bindings; publish once they
+	// exist (a message published before is routed nowhere).
 	for {
 		if _, err := ch.QueueDeclarePassive(events.DefaultTopology().Queue, true, false, false, false, nil); err == nil {
 			break
@@ -283,29 +286,68 @@ func TestServe(t *testing.T) {
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	// The binding follows the queue by a moment: publish again (the same
-	// event: a redelivery is a no-op) while the cascade has not shown.
-	republish := time.Now()
-	if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if time.Since(republish) > 3*time.Second {
-			if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
-				t.Fatal(err)
+	// publishUntil publishes m (again every 3 s: the bindings follow the
+	// queue by a moment, and a repeat is a no-op by the inbox) until done.
+	publishUntil := func(what string, m hosting.EventMessage, done func() bool) {
+		t.Helper()
+		var last time.Time
+		for !done() {
+			if time.Since(last) > 3*time.Second {
+				if err := events.Publish(ctx, ch, events.DefaultTopology().Exchange, m); err != nil {
+					t.Fatal(err)
+				}
+				last = time.Now()
 			}
-			republish = time.Now()
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s", what, logs.String())
+			}
+			<-time.After(20 * time.Millisecond)
 		}
+	}
+	// The agent service creates a1 and says so on the bus: no other
+	// program writes the daemon's agents.
+	f.AddIdentity("a1")
+	if st, _ := do("POST", base, `{"name":"db","targetAddress":"10.0.0.5","targetPort":5432,"activeAgentIds":["a1"]}`, ""); st != 401 {
+		t.Fatalf("without a token: %d", st)
+	}
+	created, _ := (hosting.Intake{ID: hosting.NewID(), Entity: hosting.EntityAgent, Type: hosting.EventCreated, AgentID: "a1", AccountID: "acct", At: time.Now()}).Message()
+	var id string
+	publishUntil("agent.CREATED did not make a1 hostable", created, func() bool {
+		st, body := do("POST", base, `{"name":"db","targetAddress":"10.0.0.5","targetPort":5432,"activeAgentIds":["a1"]}`, "ops-token-0123456789")
+		if st == 201 && strings.Contains(body, `"createdBy":"ops"`) {
+			id = regexp.MustCompile(`"id":"([0-9a-f-]{36})"`).FindStringSubmatch(body)[1]
+			return true
+		}
+		if st != 422 { // 422 until the event is handled: "agent a1 does not exist"
+			t.Fatalf("create: %d %s", st, body)
+		}
+		return false
+	})
+	// tenant-a's token acts on acct-1 and acct-3 only: acct's share is not there.
+	if st, body := do("GET", base+"/"+id, "", "tenant-a-token-0123456789"); st != 404 || !strings.Contains(body, "share "+id+" does not exist") {
+		t.Fatalf("tenant-a reads acct's share: %d %s", st, body)
+	}
+	if strings.Contains(logs.String(), "warning") {
+		t.Fatalf("a warning with scoped tokens: %s", logs.String())
+	}
+	// The agent service deletes a1 and says so on the bus: the cascade
+	// marks it deleted, tears the ingress down and deletes the share,
+	// asking the network gate whether Ziti is cleaned up.
+	m, _ := hosting.AgentDeletedMessage(hosting.NewID(), hosting.AgentDeleted{AgentID: "a1", AccountID: "acct"}, time.Now())
+	publishUntil("the cascade did not run", m, func() bool {
 		st, _ := do("GET", base+"/"+id, "", "ops-token-0123456789")
 		var published int
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND routing_key = 'share.DELETED'").Scan(&published)
-		if st == 404 && published == 1 {
-			break
+		return st == 404 && published == 1
+	})
+	var deleted bool
+	if err := pool.QueryRow(ctx, "SELECT deleted_at IS NOT NULL FROM agent WHERE id = 'a1'").Scan(&deleted); err != nil || !deleted {
+		t.Fatalf("a1 deleted %v, %v", deleted, err)
+	}
+	for _, want := range []string{"DELETE /ingress/shares/" + id, "GET /ingress/shares/" + id, "GET /net/frontdoors/fd-1/network"} {
+		if !slices.Contains(gateCalls(), want) {
+			t.Fatalf("the gates saw %v, not %q", gateCalls(), want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cascade did not run: GET %d, published %d: %s", st, published, logs.String())
-		}
-		<-time.After(20 * time.Millisecond)
 	}
 	stop()
 	select {

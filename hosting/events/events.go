@@ -1,13 +1,16 @@
 // Package events puts share hosts on RabbitMQ (through amqp091-go), by
 // the contract in docs/hosting-events.md:
 //
-//   - Consumer takes agent DELETED events from a quorum queue and runs the
-//     cascade (hosting.Service.RemoveDeletedAgent), acknowledging only
-//     after its transaction committed. A transient failure is requeued,
-//     and after the queue's x-delivery-limit the broker dead-letters it; a
-//     permanent one (a body that is not the contract, the controller's
-//     "config is in use by identity" ordering fault) goes straight to the
-//     dead-letter exchange. A redelivered event finds nothing to do.
+//   - Consumer takes the events hosting consumes (hosting.IntakeRoutes:
+//     agents created, updated and deleted, accounts and frontdoors
+//     deleted) from a quorum queue, checks each against the intake
+//     schema and runs it (hosting.Service.HandleIntake, exactly once
+//     through the inbox), acknowledging only after its transaction
+//     committed. A transient failure is requeued, and after the queue's
+//     x-delivery-limit the broker dead-letters it; a permanent one (a
+//     body that fails the schema, the controller's "config is in use by
+//     identity" ordering fault) is dead-lettered at once with its reason
+//     (HeaderError). A redelivered event finds nothing to do.
 //   - Relay publishes the outbox (hosting.Outbox, written in the change's
 //     transaction) in commit order with publisher confirms, and marks a row
 //     published only once the broker confirmed it.
@@ -28,12 +31,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/vipkit/vipkit/hosting"
+	"github.com/vipkit/vipkit/hosting/internal/failpoint"
 	"github.com/vipkit/vipkit/hosting/ziti"
 	"github.com/vipkit/vipkit/transport"
 )
@@ -42,7 +47,7 @@ import (
 type Topology struct {
 	Exchange           string // topic exchange of every event
 	DeadLetterExchange string // fanout exchange of dead letters
-	Queue              string // quorum queue of agent DELETED for hosting
+	Queue              string // quorum queue of every event hosting consumes (hosting.IntakeRoutes)
 	DeadLetterQueue    string // quorum queue bound to DeadLetterExchange
 	DeliveryLimit      int    // x-delivery-limit of Queue
 }
@@ -96,13 +101,18 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	}); err != nil {
 		return err
 	}
-	return ch.QueueBind(t.Queue, hosting.RouteAgentDeleted, t.Exchange, false, nil)
+	for _, key := range hosting.IntakeRoutes() {
+		if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// AgentHandler runs the cascade of an agent's deletion; *hosting.Service
-// is one.
-type AgentHandler interface {
-	RemoveDeletedAgent(ctx context.Context, agent string) ([]hosting.Event, error)
+// Handler applies consumed events; *hosting.Service is one
+// (Service.HandleIntake: exactly once in its store, through the inbox).
+type Handler interface {
+	HandleIntake(ctx context.Context, in hosting.Intake) ([]hosting.Event, error)
 }
 
 // Permanent reports whether a failure of the handler cannot be fixed by a
@@ -112,11 +122,24 @@ func Permanent(err error) bool {
 	return errors.Is(err, hosting.ErrEvent) || errors.Is(err, ziti.ErrConfigInUse)
 }
 
+// Headers the consumer puts on a message it dead-letters itself (a
+// permanent failure), beside the message's own headers.
+const (
+	// HeaderDeathReason is "rejected", like the broker's
+	// x-first-death-reason.
+	HeaderDeathReason = "x-vipkit-death-reason"
+	// HeaderError is why: the schema violation or the handler's error,
+	// on one line, at most 1 KiB.
+	HeaderError = "x-vipkit-error"
+	// HeaderQueue is the queue the message was consumed from.
+	HeaderQueue = "x-vipkit-queue"
+)
+
 // ConsumerOptions configure a Consumer.
 type ConsumerOptions struct {
-	URL      string       // AMQP URL (required)
-	Handler  AgentHandler // required
-	Topology Topology     // zero means DefaultTopology
+	URL      string   // AMQP URL (required)
+	Handler  Handler  // required
+	Topology Topology // zero means DefaultTopology
 	Clock    transport.Clock
 	// Backoff is the first wait before a reconnect, doubled up to 30 s;
 	// 0 means 500 ms.
@@ -224,6 +247,10 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err := ch.Qos(1, 0, false); err != nil {
 		return fmt.Errorf("events: consumer: qos: %w", err)
 	}
+	// Confirm mode, for the dead letters this consumer publishes itself.
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("events: consumer: confirm mode: %w", err)
+	}
 	ds, err := ch.ConsumeWithContext(ctx, c.o.Topology.Queue, "", false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("events: consumer: consume: %w", err)
@@ -237,21 +264,40 @@ func (c *Consumer) session(ctx context.Context) error {
 			if !ok {
 				return fmt.Errorf("events: consumer: the delivery channel closed")
 			}
-			if err := c.handle(ctx, d); err != nil {
+			if err := c.handle(ctx, ch, d); err != nil {
 				return err
 			}
 		}
 	}
 }
 
+// decode checks a delivery: its body against the intake schema, and its
+// message_id, when set, against the body's id.
+func decode(d amqp.Delivery) (hosting.Intake, error) {
+	in, err := hosting.DecodeIntake(d.Body)
+	if err != nil {
+		return in, err
+	}
+	if d.MessageId != "" && d.MessageId != in.ID {
+		return in, fmt.Errorf("%w: message_id %q is not the body's id %q", hosting.ErrEvent, d.MessageId, in.ID)
+	}
+	if d.RoutingKey != in.RoutingKey() {
+		return in, fmt.Errorf("%w: routing key %q is not the body's %s", hosting.ErrEvent, d.RoutingKey, in.RoutingKey())
+	}
+	return in, nil
+}
+
 // handle runs one delivery and settles it; an error means the channel is
 // unusable (the delivery is then redelivered by the broker).
-func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) error {
-	_, ev, err := hosting.DecodeAgentDeleted(d.Body)
+func (c *Consumer) handle(ctx context.Context, ch *amqp.Channel, d amqp.Delivery) error {
+	in, err := decode(d)
 	if err == nil {
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.HandlerTimeout)
-		_, err = c.o.Handler.RemoveDeletedAgent(hctx, ev.AgentID)
+		_, err = c.o.Handler.HandleIntake(hctx, in)
 		cancel()
+		if err == nil {
+			err = failpoint.Eval(failpoint.BeforeAck)
+		}
 	}
 	switch {
 	case err == nil:
@@ -260,18 +306,50 @@ func (c *Consumer) handle(ctx context.Context, d amqp.Delivery) error {
 		}
 		c.acked.Add(1)
 	case Permanent(err):
-		report(c.o.OnError, fmt.Errorf("events: agent DELETED %s dead-lettered: %w", d.MessageId, err))
-		if err := d.Reject(false); err != nil {
-			return fmt.Errorf("events: consumer: reject: %w", err)
+		report(c.o.OnError, fmt.Errorf("events: %s %s dead-lettered: %w", d.RoutingKey, d.MessageId, err))
+		if err := c.deadLetter(ctx, ch, d, err); err != nil {
+			return err
 		}
 		c.dead.Add(1)
 	default:
-		report(c.o.OnError, fmt.Errorf("events: agent DELETED %s requeued: %w", d.MessageId, err))
+		report(c.o.OnError, fmt.Errorf("events: %s %s requeued: %w", d.RoutingKey, d.MessageId, err))
 		transport.Sleep(c.clk, c.o.RetryDelay, ctx.Done())
 		if err := d.Nack(false, true); err != nil {
 			return fmt.Errorf("events: consumer: nack: %w", err)
 		}
 		c.requeued.Add(1)
+	}
+	return nil
+}
+
+// maxReason bounds the error header of a dead letter.
+const maxReason = 1024
+
+// deadLetter publishes d to the dead-letter exchange with its reason
+// (confirmed), then acknowledges it. A crash between the two leaves the
+// delivery unacknowledged: it is redelivered and dead-lettered again.
+func (c *Consumer) deadLetter(ctx context.Context, ch *amqp.Channel, d amqp.Delivery, why error) error {
+	reason := strings.Join(strings.Fields(why.Error()), " ")
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	h := amqp.Table{}
+	for k, v := range d.Headers {
+		h[k] = v
+	}
+	h[HeaderDeathReason], h[HeaderError], h[HeaderQueue] = "rejected", reason, c.o.Topology.Queue
+	p := amqp.Publishing{Headers: h, ContentType: d.ContentType, DeliveryMode: amqp.Persistent, MessageId: d.MessageId, Type: d.Type, Timestamp: d.Timestamp, Body: d.Body}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.HandlerTimeout)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(pctx, c.o.Topology.DeadLetterExchange, d.RoutingKey, false, false, p)
+	if err != nil {
+		return fmt.Errorf("events: consumer: dead-letter: %w", err)
+	}
+	if ok, err := dc.WaitContext(pctx); err != nil || !ok {
+		return fmt.Errorf("events: consumer: the dead letter of %s was not confirmed (%v)", d.MessageId, err)
+	}
+	if err := d.Ack(false); err != nil {
+		return fmt.Errorf("events: consumer: ack: %w", err)
 	}
 	return nil
 }
@@ -310,6 +388,17 @@ type RelayOptions struct {
 	Batch int
 	// Backoff is the first wait before a reconnect; 0 means 500 ms.
 	Backoff time.Duration
+	// Lock, when set, is the outbox's relay lock: the relay publishes
+	// only while it holds it, so that with several replicas one relay
+	// runs at a time and a share's events keep their order. Without it
+	// every relay on the outbox publishes.
+	Lock hosting.RelayLocker
+	// Standby is how often a relay without the lock tries to take it;
+	// 0 means one second.
+	Standby time.Duration
+	// OnLock, when set, is told when the relay takes the lock (true) and
+	// when it stops holding it (false).
+	OnLock  func(held bool)
 	OnError func(error)
 }
 
@@ -318,13 +407,19 @@ type RelayStats struct {
 	Published int64 // confirmed and marked
 	Returned  int64 // returned by the broker: no queue was bound for them
 	Connects  int64
+	Leads     int64 // times it took the relay lock
+	Lost      int64 // times it found the lock lost while holding it
 }
+
+// errLockLost means the relay lock was lost: the relay stops publishing.
+var errLockLost = errors.New("events: relay: the relay lock was lost")
 
 // Relay publishes the outbox. Run it once.
 type Relay struct {
 	o                             RelayOptions
 	clk                           transport.Clock
 	published, returned, connects atomic.Int64
+	leads, lost                   atomic.Int64
 	kick                          chan struct{}
 }
 
@@ -345,12 +440,15 @@ func NewRelay(o RelayOptions) (*Relay, error) {
 	if o.Backoff <= 0 {
 		o.Backoff = 500 * time.Millisecond
 	}
+	if o.Standby <= 0 {
+		o.Standby = time.Second
+	}
 	return &Relay{o: o, clk: transport.Or(o.Clock), kick: make(chan struct{}, 1)}, nil
 }
 
 // Stats returns the counters.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Published: r.published.Load(), Returned: r.returned.Load(), Connects: r.connects.Load()}
+	return RelayStats{Published: r.published.Load(), Returned: r.returned.Load(), Connects: r.connects.Load(), Leads: r.leads.Load(), Lost: r.lost.Load()}
 }
 
 // Kick makes the relay look at the outbox now rather than at its next
@@ -362,12 +460,55 @@ func (r *Relay) Kick() {
 	}
 }
 
-// Run publishes until ctx is done; it returns ctx's error.
+// Run publishes until ctx is done; it returns ctx's error. With a Lock,
+// it waits as a standby until it takes the lock, publishes while it holds
+// it, and goes back to standby when it finds it lost.
 func (r *Relay) Run(ctx context.Context) error {
-	return loop(ctx, r.session, r.clk, r.o.Backoff, r.o.OnError)
+	if r.o.Lock == nil {
+		return loop(ctx, func(ctx context.Context) error { return r.session(ctx, nil) }, r.clk, r.o.Backoff, r.o.OnError)
+	}
+	for {
+		l, ok, err := r.o.Lock.TryLockRelay(ctx)
+		if ctx.Err() != nil {
+			if ok {
+				l.Unlock()
+			}
+			return ctx.Err()
+		}
+		report(r.o.OnError, err)
+		if ok {
+			r.lead(ctx, l)
+		}
+		if !transport.Sleep(r.clk, r.o.Standby, ctx.Done()) {
+			return ctx.Err()
+		}
+	}
 }
 
-func (r *Relay) session(ctx context.Context) error {
+// lead publishes under the lock l until ctx is done or the lock is lost,
+// then releases it.
+func (r *Relay) lead(ctx context.Context, l hosting.RelayLock) {
+	r.leads.Add(1)
+	if r.o.OnLock != nil {
+		r.o.OnLock(true)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	_ = loop(lctx, func(ctx context.Context) error {
+		err := r.session(ctx, l)
+		if errors.Is(err, errLockLost) {
+			r.lost.Add(1)
+			cancel()
+		}
+		return err
+	}, r.clk, r.o.Backoff, r.o.OnError)
+	cancel()
+	l.Unlock()
+	if r.o.OnLock != nil {
+		r.o.OnLock(false)
+	}
+}
+
+func (r *Relay) session(ctx context.Context, l hosting.RelayLock) error {
 	conn, err := amqp.DialConfig(r.o.URL, amqp.Config{Heartbeat: 10 * time.Second})
 	if err != nil {
 		return fmt.Errorf("events: relay: dial: %w", err)
@@ -393,6 +534,14 @@ func (r *Relay) session(ctx context.Context) error {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	r.connects.Add(1)
 	for {
+		if l != nil {
+			if err := l.Held(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("%w: %v", errLockLost, err)
+			}
+		}
 		n, err := r.round(ctx, ch)
 		if err != nil {
 			return err

@@ -194,7 +194,7 @@ func (e *env) publish(m hosting.EventMessage) {
 
 // run starts the consumer (over h, or the service) and the relay until
 // the test ends.
-func (e *env) run(h events.AgentHandler) (*events.Consumer, *events.Relay) {
+func (e *env) run(h events.Handler) (*events.Consumer, *events.Relay) {
 	e.t.Helper()
 	if h == nil {
 		h = e.svc
@@ -308,13 +308,18 @@ type scripted struct {
 	err   error
 }
 
-func (s *scripted) RemoveDeletedAgent(ctx context.Context, agent string) ([]hosting.Event, error) {
+func (s *scripted) HandleIntake(ctx context.Context, in hosting.Intake) ([]hosting.Event, error) {
 	s.calls.Add(1)
 	return nil, s.err
 }
 
 func deathReason(t *testing.T, d amqp.Delivery) string {
 	t.Helper()
+	// The broker's reason (delivery_limit), or the consumer's own
+	// dead letter (rejected, with the error).
+	if r, _ := d.Headers[events.HeaderDeathReason].(string); r != "" {
+		return r
+	}
 	r, _ := d.Headers["x-first-death-reason"].(string)
 	return r
 }
@@ -382,8 +387,8 @@ type counting struct {
 	done atomic.Int64
 }
 
-func (c *counting) RemoveDeletedAgent(ctx context.Context, agent string) ([]hosting.Event, error) {
-	evs, err := c.svc.RemoveDeletedAgent(ctx, agent)
+func (c *counting) HandleIntake(ctx context.Context, in hosting.Intake) ([]hosting.Event, error) {
+	evs, err := c.svc.HandleIntake(ctx, in)
 	if err == nil {
 		c.done.Add(1)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/vipkit/vipkit/hosting/pgstore"
 )
 
-// Consume agent DELETED events and relay the outbox of a service that
+// Consume the events hosting takes (agents, accounts, frontdoors) and relay the outbox of a service that
 // writes its events in the change's transaction.
 func Example() {
 	var st *pgstore.Store        // pgstore.New(pool, pgstore.Options{})

@@ -15,7 +15,7 @@ func TestMigrationsOrdered(t *testing.T) {
 	for _, m := range ms {
 		vs = append(vs, m.Version)
 	}
-	if !slices.Equal(vs, []string{"1.0.13", "1.0.14", "1.0.15"}) {
+	if !slices.Equal(vs, []string{"1.0.13", "1.0.14", "1.0.15", "1.0.16"}) {
 		t.Fatalf("versions %v", vs)
 	}
 	// 1.0.9 sorts before 1.0.13, numerically.

@@ -195,3 +195,107 @@ func TestReconcilerAdvisoryLock(t *testing.T) {
 	}
 	unlockB() // its connection is dead: unlock closes it
 }
+
+// Two transactions claim one event id: the second waits for the first
+// on the inbox's key and, once it committed, finds the id taken; after a
+// rollback the id is free again. PruneInbox removes the old ids only.
+func TestInboxClaimIsOncePerCommit(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t, "")
+	st := pgstore.New(p, pgstore.Options{})
+	id := hosting.NewID()
+	claim := func(ctx context.Context, tx hosting.Tx) (bool, error) {
+		return tx.(hosting.IntakeTx).ClaimEvent(ctx, id, hosting.RouteAgentCreated, time.Now())
+	}
+	// A claim that rolls back leaves the id free.
+	_ = st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+		if ok, err := claim(ctx, tx); !ok || err != nil {
+			t.Fatalf("first claim %v %v", ok, err)
+		}
+		return errors.New("roll back")
+	})
+	held, release := make(chan struct{}), make(chan struct{})
+	done := make(chan bool, 1)
+	go func() {
+		_ = st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+			ok, err := claim(ctx, tx)
+			if !ok || err != nil {
+				t.Errorf("claim after the rollback %v %v", ok, err)
+			}
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	<-held
+	go func() {
+		_ = st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+			ok, err := claim(ctx, tx)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- ok
+			return nil
+		})
+	}()
+	// The second claim waits on the first transaction's row lock.
+	var waiting bool
+	deadline := time.Now().Add(30 * time.Second)
+	for !waiting && time.Now().Before(deadline) {
+		_ = p.QueryRow(ctx, "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO inbox%'").Scan(&waiting)
+	}
+	if !waiting {
+		t.Fatal("the second claim did not wait for the first")
+	}
+	close(release)
+	if <-done {
+		t.Fatal("the same event id was claimed twice")
+	}
+	if _, err := p.Exec(ctx, "INSERT INTO inbox (event_id, routing_key, occurred_at, handled_at) VALUES ('old', 'agent.CREATED', now(), now() - interval '8 days')"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.PruneInbox(ctx, time.Now().Add(-7*24*time.Hour))
+	var left int
+	_ = p.QueryRow(ctx, "SELECT count(*) FROM inbox").Scan(&left)
+	if n != 1 || err != nil || left != 1 {
+		t.Fatalf("pruned %d (%v), %d left; want 1 and 1", n, err, left)
+	}
+}
+
+// One relay lock per database: a second try fails while the first holds
+// it, Held sees the holder's session end, and Unlock frees it.
+func TestRelayAdvisoryLock(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t, "")
+	a, b := pgstore.New(p, pgstore.Options{}), pgstore.New(p, pgstore.Options{})
+	l, ok, err := a.TryLockRelay(ctx)
+	if !ok || err != nil {
+		t.Fatalf("first lock %v %v", ok, err)
+	}
+	if err := l.Held(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := b.TryLockRelay(ctx); ok || err != nil {
+		t.Fatalf("second lock %v %v", ok, err)
+	}
+	l.Unlock()
+	l2, ok, err := b.TryLockRelay(ctx)
+	if !ok || err != nil {
+		t.Fatalf("after unlock %v %v", ok, err)
+	}
+	// The holder's session ends (its process died): Held says so, and
+	// the lock is free.
+	if _, err := p.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND ((classid::bigint << 32) | objid::bigint) = $1`, pgstore.RelayLockKey); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Held(ctx); err == nil {
+		t.Fatal("Held after the session ended")
+	}
+	l2.Unlock()
+	l3, ok, err := a.TryLockRelay(ctx)
+	if !ok || err != nil {
+		t.Fatalf("after the session ended %v %v", ok, err)
+	}
+	l3.Unlock()
+}

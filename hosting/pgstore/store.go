@@ -52,6 +52,7 @@ var (
 	_ hosting.Store    = (*Store)(nil)
 	_ hosting.Outbox   = (*Store)(nil)
 	_ hosting.OutboxTx = (*tx)(nil)
+	_ hosting.IntakeTx = (*tx)(nil)
 )
 
 // New returns a store on pool, which must be migrated (Migrate).
@@ -448,6 +449,63 @@ func (t *tx) AddEvents(ctx context.Context, msgs []hosting.EventMessage) error {
 	return nil
 }
 
+// ClaimEvent implements hosting.IntakeTx: an insert into the inbox that
+// waits, on the primary key, for another transaction that claimed the
+// same id, and reports false once that one committed.
+func (t *tx) ClaimEvent(ctx context.Context, id, routingKey string, at time.Time) (bool, error) {
+	tag, err := t.t.Exec(ctx, "INSERT INTO inbox (event_id, routing_key, occurred_at) VALUES ($1, $2, $3) ON CONFLICT (event_id) DO NOTHING", id, routingKey, at)
+	if err != nil {
+		return false, storeErr(err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ApplyAgent implements hosting.IntakeTx, in one statement: the row is
+// written unless it is deleted or holds a newer event.
+func (t *tx) ApplyAgent(ctx context.Context, a hosting.Agent, at time.Time) (bool, error) {
+	if a.ID == "" {
+		return false, fmt.Errorf("%w: agent without id", hosting.ErrStore)
+	}
+	var tag pgconn.CommandTag
+	var err error
+	if a.Deleted {
+		tag, err = t.t.Exec(ctx, `INSERT INTO agent (id, account_id, deleted_at, event_at) VALUES ($1, $2, $3, $3)
+			ON CONFLICT (id) DO UPDATE SET deleted_at = EXCLUDED.deleted_at, event_at = GREATEST(agent.event_at, EXCLUDED.event_at)
+			WHERE agent.deleted_at IS NULL`, a.ID, a.AccountID, at)
+	} else {
+		tag, err = t.t.Exec(ctx, `INSERT INTO agent (id, account_id, event_at) VALUES ($1, $2, $3)
+			ON CONFLICT (id) DO UPDATE SET account_id = EXCLUDED.account_id, event_at = EXCLUDED.event_at
+			WHERE agent.deleted_at IS NULL AND (agent.event_at IS NULL OR agent.event_at < EXCLUDED.event_at)`, a.ID, a.AccountID, at)
+	}
+	if err != nil {
+		return false, storeErr(err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// DeleteAgentsOfAccount implements hosting.IntakeTx.
+func (t *tx) DeleteAgentsOfAccount(ctx context.Context, account string, at time.Time) error {
+	_, err := t.t.Exec(ctx, "UPDATE agent SET deleted_at = $2, event_at = GREATEST(event_at, $2) WHERE account_id = $1 AND deleted_at IS NULL", account, at)
+	return storeErr(err)
+}
+
+// LiveShareIDs implements hosting.IntakeTx.
+func (t *tx) LiveShareIDs(ctx context.Context) ([]string, error) {
+	return queryIDs(ctx, t.t, "SELECT id::text FROM share WHERE deleted_at IS NULL ORDER BY id")
+}
+
+// PruneInbox deletes the inbox rows handled before before, and returns
+// how many went. An event redelivered after its row was pruned would be
+// applied again, so the retention must exceed the longest redelivery
+// (the daemon keeps seven days).
+func (s *Store) PruneInbox(ctx context.Context, before time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, "DELETE FROM inbox WHERE handled_at < $1", before)
+	if err != nil {
+		return 0, storeErr(err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Pending implements hosting.Outbox.
 func (s *Store) Pending(ctx context.Context, limit int) ([]hosting.OutboxEntry, error) {
 	rows, err := s.pool.Query(ctx, `SELECT seq, event_id::text, routing_key, body, occurred_at FROM outbox
@@ -505,4 +563,64 @@ func (s *Store) TryLockReconciler(ctx context.Context) (func(), bool, error) {
 		}
 		conn.Release()
 	}, true, nil
+}
+
+// RelayLockKey is the key of the PostgreSQL advisory lock that the one
+// outbox relay of a database holds.
+const RelayLockKey int64 = 0x7669706b69740002 // "vipkit" and 2
+
+var _ hosting.RelayLocker = (*Store)(nil)
+
+// advisoryLock is a session advisory lock on a connection kept from the
+// pool until Unlock.
+type advisoryLock struct {
+	conn *pgxpool.Conn
+	key  int64
+}
+
+// TryLockRelay implements hosting.RelayLocker with a session advisory
+// lock (pg_try_advisory_lock) on a connection of its own. A relay that
+// dies ends its session, and the server releases the lock with it; Held
+// asks the server whether this session still holds it.
+func (s *Store) TryLockRelay(ctx context.Context) (hosting.RelayLock, bool, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, storeErr(err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", RelayLockKey).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, false, storeErr(err)
+	}
+	if !ok {
+		conn.Release()
+		return nil, false, nil
+	}
+	return &advisoryLock{conn: conn, key: RelayLockKey}, true, nil
+}
+
+// Held implements hosting.RelayLock.
+func (l *advisoryLock) Held(ctx context.Context) error {
+	var held bool
+	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+		AND ((classid::bigint << 32) | objid::bigint) = $1)`, l.key).Scan(&held)
+	if err != nil {
+		return storeErr(err)
+	}
+	if !held {
+		return fmt.Errorf("%w: the relay lock is not held", hosting.ErrStore)
+	}
+	return nil
+}
+
+// Unlock implements hosting.RelayLock; when the release fails it closes
+// the connection, which releases the lock too.
+func (l *advisoryLock) Unlock() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var released bool
+	if err := l.conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", l.key).Scan(&released); err != nil || !released {
+		_ = l.conn.Conn().Close(ctx)
+	}
+	l.conn.Release()
 }

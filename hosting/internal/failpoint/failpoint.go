@@ -29,6 +29,13 @@ const (
 	// BeforeCommit is in a share change's transaction after its Ziti
 	// writes, just before the commit.
 	BeforeCommit = "hosting.service.before-commit"
+	// CascadeStep is in a cascade's transaction (agent, account or
+	// frontdoor) after one share's Ziti writes, when more shares remain:
+	// a crash there is in the middle of the cascade.
+	CascadeStep = "hosting.service.cascade-step"
+	// BeforeAck is in the consumer after an event's transaction
+	// committed, before its message is acknowledged.
+	BeforeAck = "hosting.events.before-ack"
 )
 
 // ErrInjected is the error of a point whose action is "error".

@@ -157,6 +157,9 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	r.mu.RLock()
 	s := r.services[id]
 	r.mu.RUnlock()
+	if create == nil && s == nil && r.cert != nil {
+		return nil, fmt.Errorf("%w: a new service takes Create (a creator-bound id) once a compaction certificate is held", ErrCompaction)
+	}
 	if create != nil && s != nil {
 		// Only a lost store could make the counter repeat; refuse rather
 		// than sign it again.

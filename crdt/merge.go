@@ -180,6 +180,15 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		st := make([]fieldState, len(g.ps))
 		states[gi] = st
 		held := r.services[g.id]
+		if !g.trusted {
+			if err := r.compactedRefusal(g); err != nil {
+				for i := range g.ps {
+					st[i] = fsRejected
+					g.setErr(i, err)
+				}
+				continue
+			}
+		}
 		for i := range g.ps {
 			p := &g.ps[i]
 			if err := r.checkField(p); err != nil {
@@ -304,7 +313,10 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			if g.trusted && !wasActive && !isTomb && active+1 > r.lim.MaxServices {
 				err = fmt.Errorf("%w: %d active services, limit %d", ErrServiceLimit, active, r.lim.MaxServices)
 			} else if !wasTomb && isTomb && tombs+1 > tombCap {
-				err = fmt.Errorf("%w: %d tombstones held, limit %d", ErrTombstoneLimit, tombs, tombCap)
+				r.mu.RLock()
+				note := r.waitingNote()
+				r.mu.RUnlock()
+				err = fmt.Errorf("%w: %d tombstones held, limit %d%s", ErrTombstoneLimit, tombs, tombCap, note)
 			}
 			if err != nil {
 				refuse(g, gr, err)

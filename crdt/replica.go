@@ -178,6 +178,23 @@ type Replica struct {
 	// over is the state held beyond the limits (refreshOver).
 	// +checklocks:mu
 	over OverLimit
+
+	// cert is the held compaction certificate (nil for none), written
+	// with writeMu and mu held, like the committed state.
+	cert *heldCert
+	// pools gathers acknowledgements of pending compactions.
+	// +checklocks:writeMu
+	pools map[[32]byte]*ackPool
+	// waiting lists the members the newest pending compaction lacks.
+	// +checklocks:mu
+	waiting []AuthorID
+	// +checklocks:mu
+	waitingEpoch uint64
+	// +checklocks:mu
+	poolsDropped uint64
+	// compacted counts the services dropped by certificates since Open.
+	// +checklocks:mu
+	compacted uint64
 }
 
 // service is one held service. It is immutable once published except for
@@ -265,6 +282,9 @@ func (r *Replica) load(ctx context.Context) error {
 		return fmt.Errorf("%w: store holds network %s, replica is %s", ErrWrongNetwork, m.network, r.net)
 	}
 	r.meta = m
+	if err := r.loadCompaction(); err != nil {
+		return err
+	}
 	var ps []parsed
 	for _, rec := range recs.Services {
 		body, err := checkCRC(rec.Data)

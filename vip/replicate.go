@@ -119,6 +119,13 @@ type ReplicatorOptions struct {
 	// NoPublishOnChange turns off sending a changed service's snapshot to
 	// every peer at once (tests of the rotation alone use it).
 	NoPublishOnChange bool
+	// NoCompaction turns off this node's part in compacting deletion
+	// markers: it neither proposes nor acknowledges compactions nor sends
+	// its certificate (certificates it receives complete are still
+	// applied). Tests of the digest and of the former-member list alone
+	// use it; an agent that sets it stalls compaction for the whole
+	// network, named in the full history's error.
+	NoCompaction bool
 	// Seed seeds the choice of peers (deterministic tests).
 	Seed uint64
 	// ReplyRate is each member's budget of reply bytes per second: the

@@ -63,6 +63,9 @@ func lowestMember(r *crdt.Replica) bool {
 // the pending compaction again, to every peer. It returns the frames of
 // the held certificate for the rotation's peers.
 func (p *Replicator) compactRound(ctx context.Context, peers []NodeID) [][]byte {
+	if p.o.NoCompaction {
+		return nil
+	}
 	replica := p.o.Registry.Replica()
 	var held [][]byte
 	if c, ok := replica.Certificate(); ok {
@@ -170,7 +173,7 @@ func (p *Replicator) handleCert(ctx context.Context, from NodeID, body []byte) e
 		p.rejected.Add(1)
 		return fmt.Errorf("vip: certificate from %s: %w", from.String()[:12], err)
 	}
-	if res.Stale || !slices.Contains(res.Missing, replica.Author()) {
+	if res.Stale || p.o.NoCompaction || !slices.Contains(res.Missing, replica.Author()) {
 		return nil
 	}
 	ack, err := replica.Acknowledge(ctx, cert.Compaction)

@@ -735,6 +735,8 @@ func (r *Replica) AddCertificate(ctx context.Context, cert Certificate) (CertRes
 
 // addPool adds a pool, forgetting the lowest epochs past maxPools.
 // Called with writeMu held.
+//
+// +checklocks:r.writeMu
 func (r *Replica) addPool(p *ackPool) {
 	if r.pools == nil {
 		r.pools = map[[32]byte]*ackPool{}
@@ -755,6 +757,8 @@ func (r *Replica) addPool(p *ackPool) {
 }
 
 // applyCert applies a complete pool. Called with writeMu held.
+//
+// +checklocks:r.writeMu
 func (r *Replica) applyCert(ctx context.Context, members map[AuthorID]struct{}, pool *ackPool) ([]ServiceID, error) {
 	c := &pool.c
 	if r.cert != nil {
@@ -826,6 +830,8 @@ func (r *Replica) applyCert(ctx context.Context, members map[AuthorID]struct{}, 
 
 // setWaiting records the members the newest pending compaction waits
 // for. Called with writeMu held.
+//
+// +checklocks:r.writeMu
 func (r *Replica) setWaiting() {
 	var newest *ackPool
 	for _, p := range r.pools {

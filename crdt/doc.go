@@ -58,6 +58,21 @@
 // id, which are dropped and never come back by replay; a recreated service
 // takes a fresh id. A field missing from a snapshot is never a deletion.
 //
+// # Creator-bound ids and compaction
+//
+// Create makes a service whose id is bound to its creator: CreatedID of
+// the network, the creator's key and the counter of the service's
+// creation field (CreationKey), which the creator signs first and which
+// stays beside its tombstone. Markers are compacted by certificates: the
+// lowest-key member proposes a Compaction (Propose), every member it
+// names acknowledges it when its held live services match it
+// (Acknowledge, committed before the acknowledgement is returned), and a
+// replica that gathers the acknowledgements (AddCertificate) drops the
+// tombstones it covers and from then on refuses every field of a service
+// it names deleted (ErrDeleted). So the markers held stay under
+// MaxTombstones while deletions are unbounded; ids made before creation
+// fields keep their tombstones for good. docs/crdt.md gives the argument.
+//
 // # Verification
 //
 // A field is accepted when its network is the replica's, its key is not
@@ -178,5 +193,5 @@
 // ids are not held (counted in OverLimit.Dropped), so the held set is the
 // lowest ids whatever the order; past the hard caps of tombstones and
 // fields, merges are refused with their error and the service's error
-// state is set. Tombstones are never dropped.
+// state is set. Tombstones are dropped only by a compaction certificate.
 package crdt

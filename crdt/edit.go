@@ -42,7 +42,7 @@ func (r *Replica) Edit(ctx context.Context, id ServiceID, base Revision, edits .
 		switch {
 		case e.Key == "":
 			return nil, ErrEmptyKey
-		case e.Key[0] == 0:
+		case e.Key[0] == 0, e.Key == CreationKey:
 			return nil, fmt.Errorf("%w: %q", ErrReservedKey, e.Key)
 		case len(e.Key) > r.lim.MaxKeyBytes:
 			return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLong, len(e.Key), r.lim.MaxKeyBytes)
@@ -54,7 +54,61 @@ func (r *Replica) Edit(ctx context.Context, id ServiceID, base Revision, edits .
 			fields[i].Value = append([]byte{}, e.Value...)
 		}
 	}
-	return r.local(ctx, id, base, fields)
+	return r.local(ctx, id, base, fields, nil)
+}
+
+// Create makes a new service with a creator-bound id: the id is
+// CreatedID(network, the replica's author, seq), where seq is the counter
+// of the service's creation field, the first field signed for it. mk
+// is given the id and returns the service's first fields (it may return
+// none); it runs with the replica's write lock held and must not call
+// the Replica. The creation field and the edits are committed together
+// before Create returns; the returned fields (the creation field first)
+// are ready to publish.
+//
+// The creation counter is the author counter, reserved durably in blocks
+// before anything is signed with it, so a crash may skip a number but
+// never reuses one, and a member re-added with a fresh store continues
+// past its former entry (MergeFormer).
+func (r *Replica) Create(ctx context.Context, mk func(id ServiceID) ([]Edit, error)) (ServiceID, []Field, error) {
+	var id ServiceID
+	out, err := r.local(ctx, ServiceID{}, NoRevision, nil, func(seq uint64) ([]Field, error) {
+		id = CreatedID(r.net, r.self, seq)
+		var edits []Edit
+		if mk != nil {
+			var err error
+			if edits, err = mk(id); err != nil {
+				return nil, err
+			}
+		}
+		fields := []Field{{Key: CreationKey}}
+		seen := map[string]bool{}
+		for _, e := range edits {
+			switch {
+			case seen[e.Key]:
+				return nil, fmt.Errorf("%w: key %q twice", ErrBadEdit, e.Key)
+			case e.Key == "":
+				return nil, ErrEmptyKey
+			case e.Key[0] == 0, e.Key == CreationKey:
+				return nil, fmt.Errorf("%w: %q", ErrReservedKey, e.Key)
+			case len(e.Key) > r.lim.MaxKeyBytes:
+				return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrKeyTooLong, len(e.Key), r.lim.MaxKeyBytes)
+			case len(e.Value) > r.lim.MaxValueBytes:
+				return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(e.Value), r.lim.MaxValueBytes)
+			}
+			seen[e.Key] = true
+			f := Field{Key: e.Key, HasValue: !e.Clear}
+			if !e.Clear {
+				f.Value = append([]byte{}, e.Value...)
+			}
+			fields = append(fields, f)
+		}
+		return fields, nil
+	})
+	if err != nil {
+		return ServiceID{}, nil, err
+	}
+	return id, out, nil
 }
 
 // Delete deletes a service with a permanent signed tombstone, dropping its
@@ -63,7 +117,7 @@ func (r *Replica) Edit(ctx context.Context, id ServiceID, base Revision, edits .
 // ErrUnknownService; a full tombstone history with ErrTombstoneLimit,
 // leaving the service as it was. base is checked as by Edit.
 func (r *Replica) Delete(ctx context.Context, id ServiceID, base Revision) (Field, error) {
-	out, err := r.local(ctx, id, base, []Field{{Key: TombstoneKey}})
+	out, err := r.local(ctx, id, base, []Field{{Key: TombstoneKey}}, nil)
 	if err != nil {
 		return Field{}, err
 	}
@@ -71,7 +125,10 @@ func (r *Replica) Delete(ctx context.Context, id ServiceID, base Revision) (Fiel
 }
 
 // local signs fields for service id and merges them as a trusted group.
-func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields []Field) ([]Field, error) {
+// With create set, the service is new: create is given the counter the
+// first field will carry and returns the fields, and the id is the one
+// the first field (the creation field) binds.
+func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields []Field, create func(seq uint64) ([]Field, error)) ([]Field, error) {
 	if r.signer == nil {
 		return nil, ErrNoSigner
 	}
@@ -82,11 +139,31 @@ func (r *Replica) local(ctx context.Context, id ServiceID, base Revision, fields
 	defer r.writeMu.Unlock()
 	r.mu.RLock()
 	closed := r.closed
-	s := r.services[id]
 	counter := r.used
 	r.mu.RUnlock()
 	if closed {
 		return nil, ErrClosed
+	}
+	if create != nil {
+		if counter >= MaxClock {
+			return nil, fmt.Errorf("%w: author %s has used its counters up to %d", ErrLamportRange, r.self, counter)
+		}
+		var err error
+		if fields, err = create(counter + 1); err != nil {
+			return nil, err
+		}
+		id = CreatedID(r.net, r.self, counter+1)
+	}
+	r.mu.RLock()
+	s := r.services[id]
+	r.mu.RUnlock()
+	if create == nil && s == nil && r.cert != nil {
+		return nil, fmt.Errorf("%w: a new service takes Create (a creator-bound id) once a compaction certificate is held", ErrCompaction)
+	}
+	if create != nil && s != nil {
+		// Only a lost store could make the counter repeat; refuse rather
+		// than sign it again.
+		return nil, fmt.Errorf("%w: service %s exists", ErrStaleRevision, id)
 	}
 	cur := NoRevision
 	if s != nil {

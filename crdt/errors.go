@@ -71,6 +71,10 @@ var (
 	ErrReservedKey = errors.New("crdt: reserved field key")
 	// ErrBadTombstone means a tombstone field carries a value.
 	ErrBadTombstone = errors.New("crdt: tombstone with a value")
+	// ErrBadCreation means a creation field (CreationKey) carries a value,
+	// or its author and counter do not give its service id (CreatedID).
+	// The field alone is refused; the rest of its snapshot merges.
+	ErrBadCreation = errors.New("crdt: creation field does not bind its service id")
 	// ErrLamportRange means a Lamport clock or author counter is above
 	// MaxClock, which would leave no room for later edits.
 	ErrLamportRange = errors.New("crdt: clock or counter out of range")
@@ -147,11 +151,18 @@ type Refusals struct {
 	Schema uint64
 	// Limit counts valid fields of services refused by a limit.
 	Limit uint64
+	// Creation counts creation fields that do not bind their service id
+	// (ErrBadCreation).
+	Creation uint64
+	// Deleted counts fields of services that a compaction certificate
+	// says are deleted (ErrDeleted): replays of compacted services and
+	// fresh fields signed for their ids.
+	Deleted uint64
 }
 
 // Total returns the sum of the counts.
 func (c Refusals) Total() uint64 {
-	return c.Encoding + c.WrongNetwork + c.ReservedKey + c.ClockRange + c.NotMember + c.Former + c.Signature + c.Schema + c.Limit
+	return c.Encoding + c.WrongNetwork + c.ReservedKey + c.ClockRange + c.NotMember + c.Former + c.Signature + c.Schema + c.Limit + c.Creation + c.Deleted
 }
 
 func (c *Refusals) add(d Refusals) {
@@ -164,6 +175,8 @@ func (c *Refusals) add(d Refusals) {
 	c.Signature += d.Signature
 	c.Schema += d.Schema
 	c.Limit += d.Limit
+	c.Creation += d.Creation
+	c.Deleted += d.Deleted
 }
 
 // count adds one refusal for err.
@@ -183,6 +196,10 @@ func (c *Refusals) count(err error) {
 		c.Signature++
 	case errors.Is(err, ErrInvalidField):
 		c.Schema++
+	case errors.Is(err, ErrBadCreation):
+		c.Creation++
+	case errors.Is(err, ErrDeleted):
+		c.Deleted++
 	default:
 		c.Encoding++
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"cmp"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -13,9 +15,10 @@ import (
 // are rejected by replicas of every other.
 type NetworkID [16]byte
 
-// ServiceID names one service (VIP). Ids are random and never reused: a
-// deleted service keeps its tombstone forever, and recreating it takes a
-// fresh id from NewServiceID.
+// ServiceID names one service (VIP). A service made by Replica.Create has
+// a creator-bound id (CreatedID); ids made before creation fields existed
+// are random (NewServiceID). Ids are never reused: recreating a deleted
+// service takes a fresh id.
 type ServiceID [16]byte
 
 // AuthorID is an author's Ed25519 public key: the 32 bytes of an
@@ -61,7 +64,40 @@ const (
 
 	// SignatureSize is the length of a field's signature.
 	SignatureSize = 64
+
+	// CreationKey is the key of a service's creation field: a field
+	// without a value, signed by the service's creator, whose author and
+	// counter determine the service id (CreatedID). It never changes. The
+	// key lies under the vip schema's "L/" prefix with a shape no
+	// listener key has, so that agents without creation fields refuse
+	// the field alone and keep the rest of the service (docs/wire.md).
+	CreationKey = "L/created"
+
+	// CreationDomain is the domain of a creator-bound service id.
+	CreationDomain = "vipkit-service-id/v1\x00"
 )
+
+// CreatedID returns the id of the service that creator creates with its
+// counter seq on network net: the first 16 bytes of SHA-256(CreationDomain
+// ‖ net ‖ creator ‖ seq as 8 bytes big endian). Only creator can sign the
+// creation field that binds the id, and it never signs two fields with one
+// counter, so the services of one creator are numbered by their counters.
+func CreatedID(net NetworkID, creator AuthorID, seq uint64) ServiceID {
+	h := sha256.New()
+	h.Write([]byte(CreationDomain))
+	h.Write(net[:])
+	h.Write(creator[:])
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seq)
+	h.Write(b[:])
+	var sum [sha256.Size]byte
+	var id ServiceID
+	copy(id[:], h.Sum(sum[:0]))
+	return id
+}
+
+// IsCreation reports whether f is a service's creation field.
+func (f *Field) IsCreation() bool { return f.Key == CreationKey }
 
 // Field is one signed register: the value of one key of one service, as
 // written by one author. Its wire encoding is documented in the package

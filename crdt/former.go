@@ -144,6 +144,9 @@ func (r *Replica) heldCounters(authors []AuthorID) map[AuthorID]uint64 {
 		if s.tomb != nil {
 			see(s.tomb)
 		}
+		if s.create != nil {
+			see(s.create)
+		}
 		for _, e := range s.fields {
 			see(e)
 		}

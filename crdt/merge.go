@@ -180,6 +180,15 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 		st := make([]fieldState, len(g.ps))
 		states[gi] = st
 		held := r.services[g.id]
+		if !g.trusted {
+			if err := r.compactedRefusal(g); err != nil {
+				for i := range g.ps {
+					st[i] = fsRejected
+					g.setErr(i, err)
+				}
+				continue
+			}
+		}
 		for i := range g.ps {
 			p := &g.ps[i]
 			if err := r.checkField(p); err != nil {
@@ -195,7 +204,7 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 					st[i] = fsIdentical
 					continue
 				}
-				if held.tomb != nil && string(p.key) != TombstoneKey {
+				if held.tomb != nil && string(p.key) != TombstoneKey && string(p.key) != CreationKey {
 					st[i] = fsIgnored
 					continue
 				}
@@ -211,7 +220,13 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 					continue
 				}
 			}
-			if r.check != nil && string(p.key) != TombstoneKey {
+			if string(p.key) == CreationKey {
+				if p.hasValue || CreatedID(r.net, p.author, p.counter) != g.id {
+					st[i] = fsRejected
+					g.setErr(i, fmt.Errorf("%w: author %s counter %d", ErrBadCreation, p.author, p.counter))
+					continue
+				}
+			} else if r.check != nil && string(p.key) != TombstoneKey {
 				f := p.field()
 				if err := r.check(&f); err != nil {
 					st[i] = fsRejected
@@ -298,7 +313,10 @@ func (r *Replica) mergeLocked(ctx context.Context, groups []group) (MergeResult,
 			if g.trusted && !wasActive && !isTomb && active+1 > r.lim.MaxServices {
 				err = fmt.Errorf("%w: %d active services, limit %d", ErrServiceLimit, active, r.lim.MaxServices)
 			} else if !wasTomb && isTomb && tombs+1 > tombCap {
-				err = fmt.Errorf("%w: %d tombstones held, limit %d", ErrTombstoneLimit, tombs, tombCap)
+				r.mu.RLock()
+				note := r.waitingNote()
+				r.mu.RUnlock()
+				err = fmt.Errorf("%w: %d tombstones held, limit %d%s", ErrTombstoneLimit, tombs, tombCap, note)
 			}
 			if err != nil {
 				refuse(g, gr, err)
@@ -392,8 +410,11 @@ func ptrField(p *parsed) *Field {
 
 // lookup returns the held entry for key, the tombstone included.
 func (s *service) lookup(key []byte) *entry {
-	if string(key) == TombstoneKey {
+	switch string(key) {
+	case TombstoneKey:
 		return s.tomb
+	case CreationKey:
+		return s.create
 	}
 	return s.fields[string(key)]
 }
@@ -411,6 +432,7 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 	ns := &service{id: g.id, fields: map[string]*entry{}}
 	if base != nil {
 		ns.tomb = base.tomb
+		ns.create = base.create
 		for k, e := range base.fields {
 			ns.fields[k] = e
 		}
@@ -437,6 +459,25 @@ func (r *Replica) applyGroup(base *service, g *group, st []fieldState) (*service
 			} else if bytes.Equal(ns.tomb.raw, p.raw) {
 				gr.Identical++
 			} else {
+				gr.Superseded++
+			}
+			continue
+		}
+		if string(p.key) == CreationKey {
+			// One creator, one counter: only one creation field binds
+			// an id, and a tombstone keeps it.
+			switch {
+			case ns.create == nil:
+				ns.create = r.newEntry(p)
+				gr.Accepted++
+				changed = true
+			case bytes.Equal(ns.create.raw, p.raw):
+				gr.Identical++
+			case compareRaw(&Field{Lamport: p.lamport, Author: p.author}, p.raw, &ns.create.f, ns.create.raw) > 0:
+				ns.create = r.newEntry(p)
+				gr.Accepted++
+				changed = true
+			default:
 				gr.Superseded++
 			}
 			continue
@@ -510,14 +551,12 @@ func (r *Replica) compareHeld(p *parsed, e *entry) int {
 
 // encodeRaw encodes s's snapshot from its fields' held encodings.
 func (r *Replica) encodeRaw(s *service) []byte {
-	keys := make([]string, 0, len(s.fields))
+	es := s.sortedEntries()
 	n := uvarintLen(SnapshotVersion) + 32 + 10
-	for k, e := range s.fields {
-		keys = append(keys, k)
+	for _, e := range es {
 		n += len(e.raw)
 	}
-	slices.Sort(keys)
-	cnt := len(keys)
+	cnt := len(es)
 	if s.tomb != nil {
 		cnt++
 		n += len(s.tomb.raw)
@@ -530,8 +569,8 @@ func (r *Replica) encodeRaw(s *service) []byte {
 	if s.tomb != nil {
 		b = append(b, s.tomb.raw...)
 	}
-	for _, k := range keys {
-		b = append(b, s.fields[k].raw...)
+	for _, e := range es {
+		b = append(b, e.raw...)
 	}
 	return b
 }

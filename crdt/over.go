@@ -105,7 +105,7 @@ func (r *Replica) refreshOver() {
 		for a, n := range by {
 			o.Authors[a] += n
 		}
-		errs = append(errs, fmt.Errorf("%w: %d tombstones held, limit %d (by %s)", ErrTombstoneLimit, o.Tombstones, r.lim.MaxTombstones, topAuthors(by)))
+		errs = append(errs, fmt.Errorf("%w: %d tombstones held, limit %d (by %s)%s", ErrTombstoneLimit, o.Tombstones, r.lim.MaxTombstones, topAuthors(by), r.waitingNote()))
 	}
 	o.Err = errors.Join(errs...)
 	r.over = o

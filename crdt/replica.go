@@ -178,14 +178,32 @@ type Replica struct {
 	// over is the state held beyond the limits (refreshOver).
 	// +checklocks:mu
 	over OverLimit
+
+	// cert is the held compaction certificate (nil for none), written
+	// with writeMu and mu held, like the committed state.
+	cert *heldCert
+	// pools gathers acknowledgements of pending compactions.
+	// +checklocks:writeMu
+	pools map[[32]byte]*ackPool
+	// waiting lists the members the newest pending compaction lacks.
+	// +checklocks:mu
+	waiting []AuthorID
+	// +checklocks:mu
+	waitingEpoch uint64
+	// +checklocks:mu
+	poolsDropped uint64
+	// compacted counts the services dropped by certificates since Open.
+	// +checklocks:mu
+	compacted uint64
 }
 
 // service is one held service. It is immutable once published except for
 // the error fields, which are guarded by Replica.mu.
 type service struct {
 	id        ServiceID
-	fields    map[string]*entry // without the tombstone
+	fields    map[string]*entry // without the tombstone and the creation field
 	tomb      *entry
+	create    *entry // the creation field (CreationKey), nil for a random id
 	rev       Revision
 	enc       []byte // the snapshot's encoding
 	schemaErr error
@@ -264,6 +282,9 @@ func (r *Replica) load(ctx context.Context) error {
 		return fmt.Errorf("%w: store holds network %s, replica is %s", ErrWrongNetwork, m.network, r.net)
 	}
 	r.meta = m
+	if err := r.loadCompaction(); err != nil {
+		return err
+	}
 	var ps []parsed
 	for _, rec := range recs.Services {
 		body, err := checkCRC(rec.Data)
@@ -295,6 +316,11 @@ func (r *Replica) load(ctx context.Context) error {
 			}
 			if e.f.IsTombstone() {
 				s.tomb = e
+			} else if e.f.IsCreation() {
+				if e.f.HasValue || CreatedID(r.net, e.f.Author, e.f.Counter) != rec.Service {
+					return fmt.Errorf("%w: service %s holds a creation field of another id", ErrCorrupt, rec.Service)
+				}
+				s.create = e
 			} else if _, dup := s.fields[e.f.Key]; dup {
 				return fmt.Errorf("%w: service %s holds key %q twice", ErrCorrupt, rec.Service, e.f.Key)
 			} else {
@@ -333,9 +359,10 @@ func (r *Replica) newEntry(p *parsed) *entry {
 	return e
 }
 
-// rankOf is Config.Rank of f (0 for the tombstone and without the hook).
+// rankOf is Config.Rank of f (0 for the tombstone, the creation field
+// and without the hook).
 func (r *Replica) rankOf(f *Field) uint64 {
-	if r.rank == nil || f.Key == TombstoneKey {
+	if r.rank == nil || f.Key == TombstoneKey || f.Key == CreationKey {
 		return 0
 	}
 	return r.rank(f)
@@ -450,6 +477,28 @@ func (r *Replica) Fields(id ServiceID) []Field {
 	return s.sortedFields(true)
 }
 
+// sortedEntries returns the fields and the creation field in key order,
+// without the tombstone.
+func (s *service) sortedEntries() []*entry {
+	out := make([]*entry, 0, len(s.fields)+1)
+	for _, e := range s.fields {
+		out = append(out, e)
+	}
+	if s.create != nil {
+		out = append(out, s.create)
+	}
+	slices.SortFunc(out, func(a, b *entry) int { return strings.Compare(a.f.Key, b.f.Key) })
+	return out
+}
+
+// creator returns the creator and counter of a creator-bound service.
+func (s *service) creator() (AuthorID, uint64, bool) {
+	if s.create == nil {
+		return AuthorID{}, 0, false
+	}
+	return s.create.f.Author, s.create.f.Counter, true
+}
+
 func (s *service) sortedFields(clone bool) []Field {
 	out := make([]Field, 0, len(s.fields))
 	for _, e := range s.fields {
@@ -520,13 +569,8 @@ func revisionOf(s *service) Revision {
 	if s.tomb != nil {
 		h.Write(s.tomb.raw)
 	}
-	keys := make([]string, 0, len(s.fields))
-	for k := range s.fields {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		h.Write(s.fields[k].raw)
+	for _, e := range s.sortedEntries() {
+		h.Write(e.raw)
 	}
 	var sum [sha256.Size]byte
 	rev := Revision(binary.BigEndian.Uint64(h.Sum(sum[:0])))

@@ -181,9 +181,14 @@ func checkCRC(rec []byte) ([]byte, error) {
 	return body, nil
 }
 
-// metaVersion is the format version of the meta record written;
-// decodeMeta reads version 1 too (no member set, no former members).
-const metaVersion = 2
+// metaVersion is the format version of the meta record written while the
+// replica holds no compaction state; metaVersionCompact the one written
+// once it does (version 2 and two options after it). decodeMeta reads
+// version 1 too (no member set, no former members).
+const (
+	metaVersion        = 2
+	metaVersionCompact = 3
+)
 
 // meta is the replica-wide durable state.
 type meta struct {
@@ -195,6 +200,10 @@ type meta struct {
 	members []AuthorID
 	// former is the former-member list: author to last counter.
 	former map[AuthorID]uint64
+	// acked is the encoding of the last compaction this replica
+	// acknowledged (nil for none); cert the encoding of the certificate
+	// it holds (nil for none). Both are written with version 3.
+	acked, cert []byte
 	// version is the version of the decoded record (0 for none).
 	version uint32
 }
@@ -205,7 +214,11 @@ type meta struct {
 // (author [32], last counter u64), each vector in strict author order,
 // followed by the CRC-32C. Version 1 ends after the counters.
 func encodeMeta(m *meta) []byte {
-	b := appendUvarint(nil, metaVersion)
+	ver := uint64(metaVersion)
+	if m.acked != nil || m.cert != nil {
+		ver = metaVersionCompact
+	}
+	b := appendUvarint(nil, ver)
 	b = append(b, m.network[:]...)
 	b = appendUvarint(b, m.lamport)
 	b = appendAuthorMap(b, m.counter)
@@ -214,7 +227,41 @@ func encodeMeta(m *meta) []byte {
 		b = append(b, a[:]...)
 	}
 	b = appendAuthorMap(b, m.former)
+	if ver == metaVersionCompact {
+		b = appendOptBytes(b, m.acked)
+		b = appendOptBytes(b, m.cert)
+	}
 	return appendCRC(b, 0)
+}
+
+func appendOptBytes(b, v []byte) []byte {
+	if v == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	b = appendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+func readOptBytes(b []byte, off int) ([]byte, int, error) {
+	if off >= len(b) {
+		return nil, 0, fmt.Errorf("%w: meta truncated", ErrCorrupt)
+	}
+	switch b[off] {
+	case 0:
+		return nil, off + 1, nil
+	case 1:
+	default:
+		return nil, 0, fmt.Errorf("%w: %w in meta record", ErrCorrupt, ErrBadOption)
+	}
+	n, off, err := readUvarint(b, off+1, 10, uint64(len(b)))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if n > uint64(len(b)-off) {
+		return nil, 0, fmt.Errorf("%w: meta truncated", ErrCorrupt)
+	}
+	return bytes.Clone(b[off : off+int(n)]), off + int(n), nil
 }
 
 func sortedAuthors[V any](m map[AuthorID]V) []AuthorID {
@@ -247,7 +294,7 @@ func decodeMeta(rec []byte) (meta, error) {
 	if err != nil {
 		return m, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	if ver != 1 && ver != metaVersion {
+	if ver != 1 && ver != metaVersion && ver != metaVersionCompact {
 		return m, fmt.Errorf("%w: meta record version %d", ErrUnknownVersion, ver)
 	}
 	m.version = uint32(ver)
@@ -281,6 +328,14 @@ func decodeMeta(rec []byte) (meta, error) {
 		}
 		m.former = map[AuthorID]uint64{}
 		if off, err = readAuthorMap(b, off, m.former, MaxClock, "former members"); err != nil {
+			return m, err
+		}
+	}
+	if ver == metaVersionCompact {
+		if m.acked, off, err = readOptBytes(b, off); err != nil {
+			return m, err
+		}
+		if m.cert, off, err = readOptBytes(b, off); err != nil {
 			return m, err
 		}
 	}

@@ -34,9 +34,22 @@ func TestMetaRecord(t *testing.T) {
 		}
 	}
 	// A record with a good checksum but another version.
-	v3 := appendCRC(append([]byte{3}, rec[1:len(rec)-4]...), 0)
-	if _, err := decodeMeta(v3); !errors.Is(err, ErrUnknownVersion) {
-		t.Fatalf("version 3: %v", err)
+	v4 := appendCRC(append([]byte{4}, rec[1:len(rec)-4]...), 0)
+	if _, err := decodeMeta(v4); !errors.Is(err, ErrUnknownVersion) {
+		t.Fatalf("version 4: %v", err)
+	}
+	// Version 3 carries the compaction state, and only then is written.
+	m3 := m
+	m3.acked, m3.cert = []byte{1, 2}, []byte{3}
+	rec3 := encodeMeta(&m3)
+	got3, err := decodeMeta(rec3)
+	if err != nil || got3.version != 3 || !bytes.Equal(got3.acked, m3.acked) || !bytes.Equal(got3.cert, m3.cert) {
+		t.Fatalf("version 3: %+v %v", got3, err)
+	}
+	for n := 0; n < len(rec3); n++ {
+		if _, err := decodeMeta(rec3[:n]); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("version 3 prefix %d: %v", n, err)
+		}
 	}
 	// A former member's last counter above MaxClock is corrupt.
 	m.former[authorOf(testKey(6))] = MaxClock + 1

@@ -53,7 +53,10 @@ type RegistryOptions struct {
 	FormerNodes func() []NodeInfo
 	// Limits bounds the configuration; zero fields take their defaults.
 	Limits Limits
-	// Rand is the source of fresh service ids; nil means crypto/rand.
+	// Rand is no longer read: a new service's id is bound to this node's
+	// key and creation counter (crdt.Replica.Create), so that deleted
+	// services can be compacted (docs/crdt.md). It is kept so that
+	// existing callers compile.
 	Rand io.Reader
 	// OnChange, when set, is called after a change is committed to the
 	// store, with the services that changed; local is true for this node's
@@ -431,7 +434,8 @@ func (r *Registry) isMember(id NodeID) bool {
 	return false
 }
 
-// Create makes a new, empty service with a fresh id and an address
+// Create makes a new, empty service with a fresh creator-bound id
+// (crdt.CreatedID of this node's key and creation counter) and an address
 // reservation that avoids every node address and known VIP.
 func (r *Registry) Create(ctx context.Context, name string) (ServiceView, error) {
 	r.mu.Lock()
@@ -446,14 +450,6 @@ func (r *Registry) Create(ctx context.Context, name string) (ServiceView, error)
 			return ServiceView{}, fmt.Errorf("%w: %q is a node's name in network %s", ErrExists, name, r.o.Network)
 		}
 	}
-	cid, err := crdt.NewServiceID(r.o.Rand)
-	if err != nil {
-		return ServiceView{}, err
-	}
-	svc := Service{ID: ServiceID(cid), Name: name, Network: r.o.Network}
-	if err := svc.Validate(r.o.Limits, r.isMember); err != nil {
-		return ServiceView{}, err
-	}
 	if n := len(r.List()); n >= r.o.Limits.ActiveServices {
 		return ServiceView{}, &LimitError{Limit: "ActiveServices", Max: r.o.Limits.ActiveServices, Have: n + 1, Where: "network " + r.o.Network}
 	}
@@ -464,15 +460,26 @@ func (r *Registry) Create(ctx context.Context, name string) (ServiceView, error)
 	for _, v := range r.List() {
 		taken[v.Addr] = true
 	}
-	addr, err := Allocate(svc.ID, r.o.Prefix, func(a netip.Addr) bool { return taken[a] })
+	// The id is bound to this node's key and creation counter
+	// (crdt.Replica.Create): known only once the counter is reserved, so
+	// the service is validated and its address allocated inside.
+	var svc Service
+	cid, _, err := r.o.Replica.Create(ctx, func(id crdt.ServiceID) ([]crdt.Edit, error) {
+		svc = Service{ID: ServiceID(id), Name: name, Network: r.o.Network}
+		if err := svc.Validate(r.o.Limits, r.isMember); err != nil {
+			return nil, err
+		}
+		addr, err := Allocate(svc.ID, r.o.Prefix, func(a netip.Addr) bool { return taken[a] })
+		if err != nil {
+			return nil, err
+		}
+		a4 := addr.As4()
+		return []crdt.Edit{{Key: keyName, Value: []byte(name)}, {Key: keyAddr, Value: a4[:]}}, nil
+	})
 	if err != nil {
-		return ServiceView{}, err
+		return ServiceView{}, mapCrdtErr(err, Service{Name: name, Network: r.o.Network}, "", "")
 	}
-	a4 := addr.As4()
-	edits := []crdt.Edit{{Key: keyName, Value: []byte(name)}, {Key: keyAddr, Value: a4[:]}}
-	if _, err := r.o.Replica.Edit(ctx, cid, crdt.NoRevision, edits...); err != nil {
-		return ServiceView{}, mapCrdtErr(err, svc, "", "")
-	}
+	svc.ID = ServiceID(cid)
 	r.changed([]ServiceID{svc.ID})
 	v, _ := r.ByID(svc.ID)
 	return v, nil

@@ -67,6 +67,7 @@ const (
 	frameDigest   = 2 // uvarint n, n × (service id [16], revision u64 big endian)
 	frameRequest  = 3 // uvarint n, n × service id [16]
 	frameFormer   = 4 // uvarint n, n × (author [32], last counter uvarint), authors in strict order
+	frameCert     = 5 // a crdt.Certificate encoding, its acknowledgements split between frames (replicate_compact.go)
 	frameHeader   = 3
 )
 
@@ -118,6 +119,13 @@ type ReplicatorOptions struct {
 	// NoPublishOnChange turns off sending a changed service's snapshot to
 	// every peer at once (tests of the rotation alone use it).
 	NoPublishOnChange bool
+	// NoCompaction turns off this node's part in compacting deletion
+	// markers: it neither proposes nor acknowledges compactions nor sends
+	// its certificate (certificates it receives complete are still
+	// applied). Tests of the digest and of the former-member list alone
+	// use it; an agent that sets it stalls compaction for the whole
+	// network, named in the full history's error.
+	NoCompaction bool
 	// Seed seeds the choice of peers (deterministic tests).
 	Seed uint64
 	// ReplyRate is each member's budget of reply bytes per second: the
@@ -156,6 +164,13 @@ type ReplicationStats struct {
 	// answers); FormerReceived those received well formed; FormerMerged
 	// those that changed the replica's former-member list.
 	FormerSent, FormerReceived, FormerMerged uint64
+	// CertSent counts certificate frames sent (proposals, gathered and
+	// held certificates, acknowledgements); CertReceived those received
+	// well formed; CertApplied the certificates applied; AcksSent the
+	// acknowledgements this node made and sent; CertRefused the
+	// compactions this node could not propose or acknowledge (its state
+	// differs, or a bound) and certificates too large for a frame.
+	CertSent, CertReceived, CertApplied, AcksSent, CertRefused uint64
 }
 
 // Replicator publishes a network's services to its peers and merges what
@@ -193,6 +208,7 @@ type Replicator struct {
 	framesSent, bytesSent, framesRecv, bytesRecv, merged, rejected, rotations atomic.Uint64
 	budgetRefused, budgetRefusedBytes, budgetsDropped                         atomic.Uint64
 	formerSent, formerRecv, formerMerged                                      atomic.Uint64
+	certSent, certRecv, certApplied, acksSent, certRefused                    atomic.Uint64
 }
 
 // replyBudget is a token bucket of reply bytes: tokens at time at.
@@ -274,6 +290,8 @@ func (p *Replicator) Stats() ReplicationStats {
 		BudgetRefused: p.budgetRefused.Load(), BudgetRefusedBytes: p.budgetRefusedBytes.Load(),
 		BudgetsDropped: p.budgetsDropped.Load(),
 		FormerSent:     p.formerSent.Load(), FormerReceived: p.formerRecv.Load(), FormerMerged: p.formerMerged.Load(),
+		CertSent: p.certSent.Load(), CertReceived: p.certRecv.Load(), CertApplied: p.certApplied.Load(),
+		AcksSent: p.acksSent.Load(), CertRefused: p.certRefused.Load(),
 	}
 }
 
@@ -424,13 +442,18 @@ func (p *Replicator) rotate() {
 	p.mu.Unlock()
 	p.rotations.Add(1)
 	former := p.formerFrames()
+	certs := p.compactRound(context.Background(), peers)
 	parts := p.digestParts()
 	for _, peer := range chosen {
 		// The list goes first: a peer that joined after a member left
 		// then accepts that member's fields (its tombstones above all)
-		// when the digest exchange brings them.
+		// when the digest exchange brings them. The certificate follows,
+		// so that the digest exchange brings nothing it deleted.
 		for _, f := range former {
 			p.sendFormer(context.Background(), peer, f)
+		}
+		for _, f := range certs {
+			p.sendCert(context.Background(), peer, f)
 		}
 		for _, part := range parts {
 			p.send(context.Background(), peer, part)
@@ -572,15 +595,15 @@ func (p *Replicator) handleFormer(ctx context.Context, from NodeID, body []byte)
 	if !ahead {
 		return nil
 	}
-	return p.answerFrames(ctx, from, p.formerFrames(), "former-member frames")
+	return p.answerFrames(ctx, from, p.formerFrames(), "former-member frames", p.sendFormer)
 }
 
 // answerFrames sends frames to from as far as its reply budget goes,
 // each costing its size; what does not fit is left out, counted and
 // reported with ErrReplyBudget.
-func (p *Replicator) answerFrames(ctx context.Context, from NodeID, frames [][]byte, what string) error {
+func (p *Replicator) answerFrames(ctx context.Context, from NodeID, frames [][]byte, what string, send func(context.Context, NodeID, []byte)) error {
 	now := p.clock.Now()
-	var send [][]byte
+	var out [][]byte
 	refused, refusedBytes := 0, 0
 	p.mu.Lock()
 	b := p.budgetLocked(from, now)
@@ -591,12 +614,12 @@ func (p *Replicator) answerFrames(ctx context.Context, from NodeID, frames [][]b
 			continue
 		}
 		b.tokens -= float64(len(f))
-		send = append(send, f)
+		out = append(out, f)
 	}
 	p.budgets[from] = b
 	p.mu.Unlock()
-	for _, f := range send {
-		p.sendFormer(ctx, from, f)
+	for _, f := range out {
+		send(ctx, from, f)
 	}
 	if refused == 0 {
 		return nil
@@ -653,6 +676,8 @@ func (p *Replicator) HandleFrame(ctx context.Context, from NodeID, frame []byte)
 		return p.handleRequest(ctx, from, body)
 	case frameFormer:
 		return p.handleFormer(ctx, from, body)
+	case frameCert:
+		return p.handleCert(ctx, from, body)
 	}
 	p.rejected.Add(1)
 	return fmt.Errorf("%w: unknown type %d", ErrFrame, frame[2])

@@ -150,6 +150,10 @@ type netRuntime struct {
 	// host's loopback (netstack mode only).
 	// +checklocks:mu
 	relay *backendRelay
+	// backendPorts is backend_ports as in force (nil: cfg's), which a
+	// reload swaps whole; stored under mu, so that a start that makes a
+	// relay and a reload that updates one see one another.
+	backendPorts atomic.Pointer[[]string]
 	// tunName is the TUN interface in tun mode.
 	// +checklocks:mu
 	tunName string

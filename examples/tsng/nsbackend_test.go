@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -303,4 +306,122 @@ func relayOf(n *netRuntime) *backendRelay {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.relay
+}
+
+// TestReloadBackendPorts: a reload applies a change of backend_ports to
+// the running relay. A port added is served at once; a port removed is
+// refused from then on, and a connection relayed to it is closed; the
+// reload reports the ports in force, and a restart of the network keeps
+// them.
+func TestReloadBackendPorts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	port, _ := serveHostHTTP(t, "server1-host")
+	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []*Daemon
+	var path string
+	for i, c := range cfgs {
+		c.Networks[0].ProbeFast = true
+		d, p := startReloadable(t, c, DaemonOptions{NoAPI: true})
+		ds = append(ds, d)
+		if i == 0 {
+			path = p
+		}
+	}
+	server1, client := ds[0].Runtime("home"), ds[1].Runtime("home")
+	reg := server1.Registry()
+	if _, err := reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := reg.ResolveBackend(fmt.Sprintf("server1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, []vip.Backend{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api90 := netip.AddrPortFrom(v.Addr, 90)
+	pollUntil(t, 30*time.Second, "the client routes tcp/90", func() (bool, string) {
+		l, ok := listenerAt(client, "tcp/90")
+		return ok && l.Routed, fmt.Sprintf("%+v", l)
+	})
+	if got, err := vipGet(ctx, client.Host(), api90); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET before the port is allowed: %q, %v; want connection refused", got, err)
+	}
+
+	reload := func(ports []string) ReloadResult {
+		t.Helper()
+		c := cloneConfig(t, cfgs[0])
+		c.Networks[0].BackendPorts = ports
+		rewriteConfig(t, path, c)
+		res, err := ds[0].Reload(ctx)
+		if err != nil {
+			t.Fatalf("reload with backend_ports %v: %v", ports, err)
+		}
+		if !res.Changed || len(res.Networks) != 1 || !res.Networks[0].BackendPortsChanged || !slices.Equal(res.Networks[0].BackendPorts, ports) {
+			t.Fatalf("reload with backend_ports %v: %+v", ports, res)
+		}
+		return res
+	}
+	allow := []string{fmt.Sprintf("tcp/%d", port)}
+	reload(allow)
+	pollUntil(t, 30*time.Second, "GET through the VIP once the port is allowed", func() (bool, string) {
+		got, err := vipGet(ctx, client.Host(), api90)
+		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
+	})
+	if st := relayOf(server1).Stats(); !slices.Equal(st.Allowed, allow) {
+		t.Errorf("relay allows %v; want %v", st.Allowed, allow)
+	}
+	if w := server1.backendWarnings(mustGet(t, server1, "api").Service); len(w) != 0 {
+		t.Errorf("warnings of an allowed backend: %q", w)
+	}
+
+	// A network restart keeps the reloaded ports.
+	if err := ds[0].Down("home"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].Up(ctx, "home"); err != nil {
+		t.Fatal(err)
+	}
+	if st := relayOf(server1).Stats(); !slices.Equal(st.Allowed, allow) {
+		t.Errorf("relay after a restart of the network allows %v; want %v", st.Allowed, allow)
+	}
+	var held net.Conn
+	pollUntil(t, 30*time.Second, "a connection through the VIP after the restart", func() (bool, string) {
+		got, err := vipGet(ctx, client.Host(), api90)
+		if err != nil || got != "server1-host" {
+			return false, fmt.Sprintf("%q, %v", got, err)
+		}
+		// A connection held open: half a request, which the server waits on.
+		held, err = client.Host().DialContext(ctx, "tcp", api90.String())
+		if err == nil {
+			_, err = io.WriteString(held, "GET / HTTP/1.1\r\n")
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+	defer held.Close()
+	pollUntil(t, 10*time.Second, "the held connection relayed", func() (bool, string) {
+		st := relayOf(server1).Stats()
+		return st.TCPActive == 1, fmt.Sprintf("%+v", st)
+	})
+
+	// The port removed: the held connection is closed, new ones refused.
+	reload(nil)
+	held.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if n, err := held.Read(make([]byte, 512)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the connection relayed to a removed port: read %d, %v; want it closed", n, err)
+	}
+	if got, err := vipGet(ctx, client.Host(), api90); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET after the port is removed: %q, %v; want connection refused", got, err)
+	}
+	if st := relayOf(server1).Stats(); len(st.Allowed) != 0 || st.TCPActive != 0 {
+		t.Errorf("relay after the port is removed: %+v", st)
+	}
+	if w := server1.backendWarnings(mustGet(t, server1, "api").Service); len(w) != 1 || !strings.Contains(w[0], fmt.Sprintf("does not list tcp/%d", port)) {
+		t.Errorf("warnings of a removed backend port: %q", w)
+	}
 }

@@ -100,8 +100,9 @@ func parseBackendPorts(list []string) (map[vip.PortKey]bool, error) {
 
 // agentPorts returns the ports the agent itself uses, on the host or on
 // overlay addresses, by what uses them: no backend_ports entry may name
-// one. The editor's port when it is chosen at start (ui empty) is not
-// known here; the relay refuses it at run time.
+// one. The ports chosen at start (ui empty; metrics, socks5 or
+// http_proxy at port 0; listen_port 0) are not known here; the relay
+// refuses them at run time (Daemon.agentPortWhat).
 func (c *Config) agentPorts() map[vip.PortKey]string {
 	out := map[vip.PortKey]string{}
 	add := func(proto vip.Proto, port uint16, what string) {
@@ -509,15 +510,7 @@ func (n *netRuntime) backendWarnings(svc vip.Service) []string {
 	}
 	self := n.self()
 	allowed, _ := parseBackendPorts(n.backendPortsNow()) // validated
-	agent := func(k vip.PortKey) (string, bool) {
-		if what, ok := n.d.agentPorts[k]; ok {
-			return what, true
-		}
-		if n.d.agentPortNow(k) {
-			return "ui", true
-		}
-		return "", false
-	}
+	agent := n.d.agentPortWhat
 	field := fmt.Sprintf("networks[%d] (%s).backend_ports", n.index.Load(), n.cfg.Name)
 	var out []string
 	for _, l := range svc.Listeners {

@@ -144,16 +144,16 @@ func TestBackendRelayLimits(t *testing.T) {
 func TestBackendRelayRefusesForwards(t *testing.T) {
 	d := &Daemon{agentPorts: map[vip.PortKey]string{}}
 	k := vip.PortKey{Proto: vip.UDP, Port: 8090}
-	d.forwardPort(k, true)
-	d.forwardPort(k, true)
-	d.forwardPort(k, false)
+	d.holdPort(k, "vip forward", true)
+	d.holdPort(k, "vip forward", true)
+	d.holdPort(k, "vip forward", false)
 	if !d.agentPortNow(k) {
 		t.Error("an open forward's port is not the agent's")
 	}
 	if d.agentPortNow(vip.PortKey{Proto: vip.TCP, Port: 8090}) {
 		t.Error("tcp/8090 taken by a udp forward")
 	}
-	d.forwardPort(k, false)
+	d.holdPort(k, "vip forward", false)
 	if d.agentPortNow(k) {
 		t.Error("a closed forward's port is still the agent's")
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -423,5 +424,160 @@ func TestReloadBackendPorts(t *testing.T) {
 	}
 	if w := server1.backendWarnings(mustGet(t, server1, "api").Service); len(w) != 1 || !strings.Contains(w[0], fmt.Sprintf("does not list tcp/%d", port)) {
 		t.Errorf("warnings of a removed backend port: %q", w)
+	}
+}
+
+// TestBackendRelayRuntimeAgentPorts: the ports the agent takes at run
+// time, when metrics, socks5 and http_proxy listen on port 0 and
+// WireGuard's listen_port is 0, are the agent's own: the relay refuses
+// them, and counts the refusals, even when backend_ports lists them (a
+// reload may, as config validation cannot know them). A VIP backend on
+// one of them is never the agent's metrics, proxy or WireGuard socket.
+func TestBackendRelayRuntimeAgentPorts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := cfgs[0]
+	s1.Metrics = "127.0.0.1:0"
+	s1.Networks[0].SOCKS5 = "127.0.0.1:0"
+	s1.Networks[0].HTTPProxy = "127.0.0.1:0"
+	s1.Networks[0].Node.ListenPort = 0
+	// The client learns server1's endpoint from its handshakes.
+	cfgs[1].Networks[0].Peers[0].Endpoint = ""
+	var logs syncBuffer
+	var ds []*Daemon
+	var path string
+	for i, c := range cfgs {
+		c.Networks[0].ProbeFast = true
+		o := DaemonOptions{NoAPI: true}
+		if i == 0 {
+			o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		}
+		d, p := startReloadable(t, c, o)
+		ds = append(ds, d)
+		if i == 0 {
+			path = p
+		}
+	}
+	server1, client := ds[0].Runtime("home"), ds[1].Runtime("home")
+
+	// The ports chosen at start.
+	ports := map[string]vip.PortKey{}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var rec struct{ Msg, Address string }
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if what, ok := map[string]string{"SOCKS5 proxy listening": "socks5", "HTTP proxy listening": "http_proxy"}[rec.Msg]; ok {
+			ap := netip.MustParseAddrPort(rec.Address)
+			ports[what] = vip.PortKey{Proto: vip.TCP, Port: ap.Port()}
+		}
+	}
+	ports["metrics"] = vip.PortKey{Proto: vip.TCP, Port: netip.MustParseAddrPort(ds[0].MetricsAddr()).Port()}
+	wcfg, err := devOf(server1).Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports["wireguard"] = vip.PortKey{Proto: vip.UDP, Port: wcfg.ListenPort}
+	if len(ports) != 4 || wcfg.ListenPort == 0 {
+		t.Fatalf("run-time ports %v; want socks5, http_proxy, metrics and wireguard", ports)
+	}
+	t.Logf("run-time ports: %v", ports)
+
+	// backend_ports lists them all; validation cannot tell.
+	c := cloneConfig(t, s1)
+	for _, k := range ports {
+		c.Networks[0].BackendPorts = append(c.Networks[0].BackendPorts, k.String())
+	}
+	slices.Sort(c.Networks[0].BackendPorts)
+	rewriteConfig(t, path, c)
+	if _, err := ds[0].Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := server1.Registry()
+	if _, err := reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	var v vip.ServiceView
+	vipPort := map[string]uint16{}
+	next := uint16(90)
+	for what, k := range ports {
+		b, err := reg.ResolveBackend(fmt.Sprintf("server1:%d", k.Port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vipPort[what] = next
+		if v, err = reg.PortAdd(ctx, "api", vip.PortKey{Proto: k.Proto, Port: next}, []vip.Backend{b}); err != nil {
+			t.Fatal(err)
+		}
+		next++
+	}
+	for what, k := range ports {
+		l := vip.PortKey{Proto: k.Proto, Port: vipPort[what]}.String()
+		pollUntil(t, 30*time.Second, "the client routes "+l, func() (bool, string) {
+			ls, ok := listenerAt(client, l)
+			return ok && ls.Routed, fmt.Sprintf("%+v", ls)
+		})
+	}
+	before := relayOf(server1).Stats()
+	for what, k := range ports {
+		to := netip.AddrPortFrom(v.Addr, vipPort[what])
+		if k.Proto == vip.TCP {
+			if got, err := vipGet(ctx, client.Host(), to); err == nil || !strings.Contains(err.Error(), "connection refused") {
+				t.Errorf("GET through the VIP to server1's %s port %v: %q, %v; want connection refused", what, k, got, err)
+			}
+			continue
+		}
+		// Datagrams to WireGuard's port: none is relayed.
+		for range 3 {
+			c, err := client.Host().DialUDP(netip.AddrPort{}, to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Write([]byte("not a handshake"))
+			c.Close()
+		}
+	}
+	pollUntil(t, 10*time.Second, "the refusals counted", func() (bool, string) {
+		st := relayOf(server1).Stats()
+		return st.NotAllowed >= before.NotAllowed+4, fmt.Sprintf("%+v (before %+v)", st, before)
+	})
+	if st := relayOf(server1).Stats(); st.TCPAccepted != before.TCPAccepted || st.UDPAccepted != before.UDPAccepted || st.UDPFlows != 0 {
+		t.Errorf("relay stats %+v (before %+v): an agent port was relayed", st, before)
+	}
+	// A TCP backend fails its connect checks, and server1 says why; a UDP
+	// backend has no connect check (the warning below says it).
+	pollUntil(t, 30*time.Second, "server1's status of its TCP backends on agent ports", func() (bool, string) {
+		st, _ := server1.status(mustGet(t, server1, "api").ID).(vip.ServiceStatus)
+		var got []string
+		for _, l := range st.Listeners {
+			if !strings.HasPrefix(l.Listener, "tcp/") {
+				continue
+			}
+			for _, b := range l.Backends {
+				if b.Reason != reasonAgentPort {
+					return false, fmt.Sprintf("%s %+v", l.Listener, b)
+				}
+				got = append(got, l.Listener)
+			}
+		}
+		return len(got) == 3, fmt.Sprint(got)
+	})
+	w := server1.backendWarnings(mustGet(t, server1, "api").Service)
+	for what, k := range ports {
+		want := fmt.Sprintf("%s is a port of the agent itself (", k)
+		if what != "metrics" {
+			want += "networks home "
+		}
+		if what == "wireguard" {
+			what = "node.listen_port (WireGuard)"
+		}
+		if !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, want+what+")") }) {
+			t.Errorf("warnings %q: none says %s is the agent's %s", w, k, what)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/vip"
 )
@@ -110,11 +112,19 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	sock := socketDir(t, "nsback") + "/tsng.sock"
 	cfgs[0].Socket = sock
 	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port), fmt.Sprintf("udp/%d", udpPort)}
+	// The client serves a SOCKS5 proxy, for curl.
+	curl := testenv.NeedBinary(t, "curl")
+	cfgs[2].Networks[0].SOCKS5 = "127.0.0.1:0"
+	var clientLog syncBuffer
 	var ds []*Daemon
 	var path1 string
 	for i, c := range cfgs {
 		c.Networks[0].ProbeFast = true
-		d, path := startReloadable(t, c, DaemonOptions{NoAPI: i > 0})
+		o := DaemonOptions{NoAPI: i > 0}
+		if i == 2 {
+			o.Logger = slog.New(slog.NewJSONHandler(&clientLog, nil))
+		}
+		d, path := startReloadable(t, c, o)
 		ds = append(ds, d)
 		if i == 0 {
 			path1 = path
@@ -143,6 +153,29 @@ func TestNetstackBackendLoopback(t *testing.T) {
 		got, err = vipGet(ctx, client.Host(), api90)
 		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
 	})
+	var socks string
+	for _, line := range strings.Split(clientLog.String(), "\n") {
+		var rec struct{ Msg, Address string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "SOCKS5 proxy listening" {
+			socks = rec.Address
+		}
+	}
+	if socks == "" {
+		t.Fatal("the client logged no SOCKS5 address")
+	}
+	// curl through the client's SOCKS5 proxy, the VIP's name resolved by
+	// the agent.
+	curlGet := func() string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, curl, "-sS", "--max-time", "10", "--socks5-hostname", socks, "http://api.home:90/").CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl --socks5-hostname %s http://api.home:90/: %v\n%s", socks, err, out)
+		}
+		return string(out)
+	}
+	if got := curlGet(); got != "server1-host" {
+		t.Errorf("curl through the VIP: %q; want server1-host", got)
+	}
 
 	// UDP: datagrams to the VIP reach the loopback echo server and back.
 	if _, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.UDP, Port: 53}, []vip.Backend{be(fmt.Sprintf("server1:%d", udpPort))}); err != nil {
@@ -175,6 +208,9 @@ func TestNetstackBackendLoopback(t *testing.T) {
 		if got, err := vipGet(ctx, client.Host(), api90); err != nil || got != "server2-overlay" {
 			t.Fatalf("GET after failover: %q, %v; want server2-overlay", got, err)
 		}
+	}
+	if got := curlGet(); got != "server2-overlay" {
+		t.Errorf("curl through the VIP after failover: %q; want server2-overlay", got)
 	}
 
 	// A port server1 does not allow: refused, and shown so at server1.

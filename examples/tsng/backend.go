@@ -100,8 +100,9 @@ func parseBackendPorts(list []string) (map[vip.PortKey]bool, error) {
 
 // agentPorts returns the ports the agent itself uses, on the host or on
 // overlay addresses, by what uses them: no backend_ports entry may name
-// one. The editor's port when it is chosen at start (ui empty) is not
-// known here; the relay refuses it at run time.
+// one. The ports chosen at start (ui empty; metrics, socks5 or
+// http_proxy at port 0; listen_port 0) are not known here; the relay
+// refuses them at run time (Daemon.agentPortWhat).
 func (c *Config) agentPorts() map[vip.PortKey]string {
 	out := map[vip.PortKey]string{}
 	add := func(proto vip.Proto, port uint16, what string) {
@@ -150,8 +151,10 @@ func nonZero(v, def uint16) uint16 {
 // netstack node's overlay address at an allowed port to the host's
 // loopback.
 type backendRelay struct {
-	self    netip.Addr
-	allowed map[vip.PortKey]bool
+	self netip.Addr
+	// allowed is backend_ports as in force, swapped whole by a reload
+	// (setAllowed).
+	allowed atomic.Pointer[map[vip.PortKey]bool]
 	// agentPort reports the agent's own ports at run time (the editor's
 	// chosen port included); they are refused even when allowed.
 	agentPort func(vip.PortKey) bool
@@ -164,11 +167,11 @@ type backendRelay struct {
 	tcpAccepted atomic.Uint64
 	udpAccepted atomic.Uint64
 
-	// mu guards conns (the relayed connections and flows open, to close),
-	// tcpActive, udpFlows and closed.
+	// mu guards conns (the relayed connections and flows open, to close,
+	// with the port each was relayed to), tcpActive, udpFlows and closed.
 	mu syncx.Mutex
 	// +checklocks:mu
-	conns map[io.Closer]bool
+	conns map[io.Closer]vip.PortKey
 	// +checklocks:mu
 	tcpActive int
 	// +checklocks:mu
@@ -178,29 +181,84 @@ type backendRelay struct {
 	wg     sync.WaitGroup
 }
 
+// newBackendRelay returns a relay for the node at self that takes the
+// ports in allowed, except those agentPort reports; log may be nil.
+func newBackendRelay(self netip.Addr, allowed map[vip.PortKey]bool, agentPort func(vip.PortKey) bool, log *slog.Logger) *backendRelay {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &backendRelay{self: self, agentPort: agentPort, log: log, conns: map[io.Closer]vip.PortKey{}}
+	r.allowed.Store(&allowed)
+	return r
+}
+
+// allowedNow returns backend_ports as in force.
+func (r *backendRelay) allowedNow() map[vip.PortKey]bool { return *r.allowed.Load() }
+
+// setAllowed puts allowed in force (a reload of backend_ports): a port
+// no longer allowed is refused from now on, and the connections and
+// flows relayed to it are closed.
+func (r *backendRelay) setAllowed(allowed map[vip.PortKey]bool) {
+	r.allowed.Store(&allowed)
+	var gone []io.Closer
+	r.mu.Lock()
+	for c, k := range r.conns {
+		if !allowed[k] {
+			gone = append(gone, c)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range gone {
+		c.Close()
+	}
+}
+
 // startBackendRelayLocked installs the network's backend relay on host.
 //
 // +checklocks:n.mu
 func (n *netRuntime) startBackendRelayLocked(host *netstack.Host) error {
-	allowed, err := parseBackendPorts(n.cfg.BackendPorts)
+	ports := n.backendPortsNow()
+	allowed, err := parseBackendPorts(ports)
 	if err != nil {
 		return fmt.Errorf("backend_ports%v", err) // validated
 	}
-	r := &backendRelay{self: n.self().Addr, allowed: allowed, agentPort: n.d.agentPortNow,
-		log: n.d.log.With("network", n.cfg.Name, "part", "backend-relay"), conns: map[io.Closer]bool{}}
+	r := newBackendRelay(n.self().Addr, allowed, n.d.agentPortNow, n.d.log.With("network", n.cfg.Name, "part", "backend-relay"))
 	if err := host.SetInbound(netstack.Inbound{Want: r.want, TCP: r.tcp, UDP: r.udp, MaxPendingTCP: backendTCPPending}); err != nil {
 		return err
 	}
 	n.relay = r
 	if len(allowed) > 0 {
-		r.log.Info("relaying backend ports to the host's loopback", "ports", n.cfg.BackendPorts)
+		r.log.Info("relaying backend ports to the host's loopback", "ports", ports)
 	}
 	return nil
 }
 
+// backendPortsNow returns the network's backend_ports as in force: the
+// start's, then each reload's.
+func (n *netRuntime) backendPortsNow() []string {
+	if p := n.backendPorts.Load(); p != nil {
+		return *p
+	}
+	return n.cfg.BackendPorts
+}
+
+// applyBackendPorts puts ports (validated) in force: the running relay
+// takes them at once, and the network's next start uses them.
+func (n *netRuntime) applyBackendPorts(ports []string) {
+	allowed, _ := parseBackendPorts(ports) // validated
+	n.mu.Lock()
+	n.backendPorts.Store(&ports)
+	relay := n.relay
+	n.mu.Unlock()
+	if relay != nil {
+		relay.setAllowed(allowed)
+	}
+	n.d.log.Info("backend ports reloaded", "network", n.cfg.Name, "ports", ports)
+}
+
 // allows reports whether the relay takes k: listed, and not the agent's.
 func (r *backendRelay) allows(k vip.PortKey) bool {
-	return r.allowed[k] && !r.agentPort(k)
+	return r.allowedNow()[k] && !r.agentPort(k)
 }
 
 // want is netstack.Inbound.Want: only the node's own address, at an
@@ -250,19 +308,28 @@ func (r *backendRelay) unreserve(udp bool) {
 	r.wg.Done()
 }
 
-// track keeps c for Close to close; false (c closed) when the relay is
-// closed already.
-func (r *backendRelay) track(c io.Closer) bool {
+// track keeps c, relayed to port k, for Close (and setAllowed) to close;
+// false (c closed) when the relay is closed already, or k is no longer
+// allowed.
+func (r *backendRelay) track(c io.Closer, k vip.PortKey) bool {
 	r.mu.Lock()
 	closed := r.closed
 	if !closed {
-		r.conns[c] = true
+		r.conns[c] = k
 	}
 	r.mu.Unlock()
 	if closed {
 		c.Close()
+		return false
 	}
-	return !closed
+	// A reload that removed k since the SYN: setAllowed stores the new
+	// set before it looks through conns, so either it saw c there or c
+	// sees the new set here.
+	if !r.allowedNow()[k] {
+		r.forget(c)
+		return false
+	}
+	return true
 }
 
 // forget closes c and drops it from the tracked ones.
@@ -286,6 +353,7 @@ func (r *backendRelay) tcp(req *netstack.InboundTCP) {
 	}
 	defer r.unreserve(false)
 	port := req.Local().Port()
+	k := vip.PortKey{Proto: vip.TCP, Port: port}
 	ctx, cancel := context.WithTimeout(context.Background(), backendDialTimeout)
 	var d net.Dialer
 	out, err := d.DialContext(ctx, "tcp", loopback(port))
@@ -296,13 +364,13 @@ func (r *backendRelay) tcp(req *netstack.InboundTCP) {
 		req.Refuse()
 		return
 	}
-	if !r.track(out) {
+	if !r.track(out, k) {
 		req.Refuse()
 		return
 	}
 	defer r.forget(out)
 	in, err := req.Accept()
-	if err != nil || !r.track(in) {
+	if err != nil || !r.track(in, k) {
 		return
 	}
 	defer r.forget(in)
@@ -319,20 +387,21 @@ func (r *backendRelay) udp(in *netstack.UDPConn) {
 	}
 	go func() {
 		defer r.unreserve(true)
-		if !r.track(in) {
-			return
-		}
-		defer r.forget(in)
 		port := uint16(0)
 		if ua, ok := in.LocalAddr().(*net.UDPAddr); ok {
 			port = uint16(ua.Port)
 		}
+		k := vip.PortKey{Proto: vip.UDP, Port: port}
+		if !r.track(in, k) {
+			return
+		}
+		defer r.forget(in)
 		out, err := net.Dial("udp", loopback(port))
 		if err != nil {
 			r.dialFailed.Add(1)
 			return
 		}
-		if !r.track(out) {
+		if !r.track(out, k) {
 			return
 		}
 		defer r.forget(out)
@@ -358,6 +427,7 @@ const (
 // stack (an application embedding the agent, as the demo does), which
 // takes precedence over the relay, and keeps its reason.
 func (r *backendRelay) annotate(ss *vip.ServiceStatus) {
+	allowed := r.allowedNow()
 	for i := range ss.Listeners {
 		l := &ss.Listeners[i]
 		lk, err := vip.ParsePortKey(l.Listener)
@@ -374,7 +444,7 @@ func (r *backendRelay) annotate(ss *vip.ServiceStatus) {
 			case r.agentPort(k):
 				b.Reason = reasonAgentPort
 				b.CheckError = fmt.Sprintf("%s is a port of the agent itself: never relayed to a backend", k)
-			case !r.allowed[k]:
+			case !allowed[k]:
 				b.Reason = reasonNotAllowed
 				b.CheckError = fmt.Sprintf("%s is not in this node's backend_ports: a netstack node relays only the loopback ports its own config lists", k)
 			}
@@ -387,7 +457,7 @@ func (r *backendRelay) Stats() BackendRelayStats {
 	st := BackendRelayStats{Allowed: []string{}, TCPLimit: backendTCPConns, UDPLimit: backendUDPFlows,
 		TCPAccepted: r.tcpAccepted.Load(), UDPAccepted: r.udpAccepted.Load(),
 		NotAllowed: r.notAllowed.Load(), DialFailed: r.dialFailed.Load(), OverLimit: r.overLimit.Load()}
-	for k := range r.allowed {
+	for k := range r.allowedNow() {
 		st.Allowed = append(st.Allowed, k.String())
 	}
 	slices.Sort(st.Allowed)
@@ -439,16 +509,8 @@ func (n *netRuntime) backendWarnings(svc vip.Service) []string {
 		return nil
 	}
 	self := n.self()
-	allowed, _ := parseBackendPorts(n.cfg.BackendPorts) // validated
-	agent := func(k vip.PortKey) (string, bool) {
-		if what, ok := n.d.agentPorts[k]; ok {
-			return what, true
-		}
-		if n.d.agentPortNow(k) {
-			return "ui", true
-		}
-		return "", false
-	}
+	allowed, _ := parseBackendPorts(n.backendPortsNow()) // validated
+	agent := n.d.agentPortWhat
 	field := fmt.Sprintf("networks[%d] (%s).backend_ports", n.index.Load(), n.cfg.Name)
 	var out []string
 	for _, l := range svc.Listeners {

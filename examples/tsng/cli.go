@@ -632,6 +632,13 @@ func runReload(ctx context.Context, c *cliCtx, _ *opts, _ []string) error {
 		if len(n.Changed) > 0 {
 			parts = append(parts, "changed "+strings.Join(n.Changed, "; "))
 		}
+		if n.BackendPortsChanged {
+			ports := "none"
+			if len(n.BackendPorts) > 0 {
+				ports = strings.Join(n.BackendPorts, ", ")
+			}
+			parts = append(parts, "backend_ports now "+ports)
+		}
 		if len(parts) == 0 {
 			parts = []string{"no change"}
 		}

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,14 +72,17 @@ type Daemon struct {
 	// uiPort is the editor's TCP port once it listens (0: none), which
 	// the backend relay refuses.
 	uiPort atomic.Uint32
-	// fwdMu guards fwdPorts, the host ports of `vip forward` listeners
-	// open now (with their counts), which the backend relay refuses. It
-	// is taken on the packet path, so never held while blocking.
-	fwdMu syncx.Mutex
-	// +checklocks:fwdMu
-	fwdPorts map[vip.PortKey]int
-	lock     *os.File
-	wg       sync.WaitGroup
+	// heldMu guards heldPorts, the host ports the agent took at run time
+	// and holds now, each with what holds it (one entry per holder): the
+	// ports chosen at start (metrics, socks5 and http_proxy on port 0,
+	// WireGuard's listen_port 0) and those of `vip forward` listeners.
+	// The backend relay refuses them. It is taken on the packet path, so
+	// never held while blocking.
+	heldMu syncx.Mutex
+	// +checklocks:heldMu
+	heldPorts map[vip.PortKey][]string
+	lock      *os.File
+	wg        sync.WaitGroup
 
 	// reloading is set while a reload runs; a second one is refused
 	// (ErrReloadBusy) rather than queued.
@@ -150,12 +154,20 @@ type netRuntime struct {
 	// host's loopback (netstack mode only).
 	// +checklocks:mu
 	relay *backendRelay
+	// backendPorts is backend_ports as in force (nil: cfg's), which a
+	// reload swaps whole; stored under mu, so that a start that makes a
+	// relay and a reload that updates one see one another.
+	backendPorts atomic.Pointer[[]string]
 	// tunName is the TUN interface in tun mode.
 	// +checklocks:mu
 	tunName string
 	// uapi is `wg show`'s socket, when served.
 	// +checklocks:mu
 	uapi *wg.UAPIServer
+	// held are the host ports the network took at start and holds
+	// (Daemon.heldPorts) until it stops.
+	// +checklocks:mu
+	held []heldPort
 
 	// collMu guards collisions, the address collisions already logged.
 	collMu syncx.Mutex
@@ -235,6 +247,9 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 			d.Close()
 			return nil, fmt.Errorf("tsng: metrics: %w", err)
 		}
+		if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+			d.holdPort(vip.PortKey{Proto: vip.TCP, Port: ap.Port()}, "metrics", true) // for the agent's lifetime
+		}
 		lim := d.httpLimitsFor(serverMetrics)
 		d.metricsLn = lim.listen(ln, serverMetrics)
 		d.metrics = lim.server(d.metricsHandler())
@@ -245,31 +260,79 @@ func NewDaemon(ctx context.Context, cfg *Config, o DaemonOptions) (*Daemon, erro
 }
 
 // agentPortNow reports whether k is one of the agent's own ports, as
-// configured or (the editor's) chosen at start.
+// configured or taken at run time (agentPortWhat).
 func (d *Daemon) agentPortNow(k vip.PortKey) bool {
-	if _, ok := d.agentPorts[k]; ok {
-		return true
-	}
-	if k.Proto == vip.TCP && uint32(k.Port) == d.uiPort.Load() {
-		return true
-	}
-	d.fwdMu.Lock()
-	defer d.fwdMu.Unlock()
-	return d.fwdPorts[k] > 0
+	_, ok := d.agentPortWhat(k)
+	return ok
 }
 
-// forwardPort counts a `vip forward` listener's host port in (add) or out.
-func (d *Daemon) forwardPort(k vip.PortKey, add bool) {
-	d.fwdMu.Lock()
-	defer d.fwdMu.Unlock()
-	if d.fwdPorts == nil {
-		d.fwdPorts = map[vip.PortKey]int{}
+// agentPortWhat says what of the agent's uses k: by the config it started
+// with, or at run time (the editor's port chosen at start, and the ports
+// in heldPorts).
+func (d *Daemon) agentPortWhat(k vip.PortKey) (string, bool) {
+	if what, ok := d.agentPorts[k]; ok {
+		return what, true
 	}
+	if k.Proto == vip.TCP && uint32(k.Port) == d.uiPort.Load() {
+		return "ui", true
+	}
+	d.heldMu.Lock()
+	defer d.heldMu.Unlock()
+	if held := d.heldPorts[k]; len(held) > 0 {
+		return held[0], true
+	}
+	return "", false
+}
+
+// holdPort counts what's hold of host port k in (add) or out.
+func (d *Daemon) holdPort(k vip.PortKey, what string, add bool) {
+	d.heldMu.Lock()
+	defer d.heldMu.Unlock()
+	if d.heldPorts == nil {
+		d.heldPorts = map[vip.PortKey][]string{}
+	}
+	held := d.heldPorts[k]
 	if add {
-		d.fwdPorts[k]++
-	} else if d.fwdPorts[k]--; d.fwdPorts[k] <= 0 {
-		delete(d.fwdPorts, k)
+		d.heldPorts[k] = append(held, what)
+		return
 	}
+	if i := slices.Index(held, what); i >= 0 {
+		held = slices.Delete(held, i, i+1)
+	}
+	if len(held) == 0 {
+		delete(d.heldPorts, k)
+	} else {
+		d.heldPorts[k] = held
+	}
+}
+
+// holdPortLocked holds host port k for the network while it runs:
+// stopLocked lets it go.
+//
+// +checklocks:n.mu
+func (n *netRuntime) holdPortLocked(k vip.PortKey, what string) {
+	if k.Port == 0 {
+		return
+	}
+	what = "networks " + n.cfg.Name + " " + what
+	n.d.holdPort(k, what, true)
+	n.held = append(n.held, heldPort{k, what})
+}
+
+// releasePortsLocked lets go of the ports holdPortLocked held.
+//
+// +checklocks:n.mu
+func (n *netRuntime) releasePortsLocked() {
+	for _, h := range n.held {
+		n.d.holdPort(h.k, h.what, false)
+	}
+	n.held = nil
+}
+
+// heldPort is a host port a network holds, and what holds it.
+type heldPort struct {
+	k    vip.PortKey
+	what string
 }
 
 // UIAddr returns the editor's listen address ("" when off).
@@ -593,6 +656,11 @@ func (n *netRuntime) startOnLocked(ctx context.Context, host transport.PacketIO,
 		return err
 	}
 	cleanup = append(cleanup, func() { dev.Close() })
+	// WireGuard's port, chosen at start when listen_port is 0.
+	if live, err := dev.Config(); err == nil {
+		n.holdPortLocked(vip.PortKey{Proto: vip.UDP, Port: live.ListenPort}, "node.listen_port (WireGuard)")
+		cleanup = append(cleanup, func() { n.releasePortsLocked() })
+	}
 	if err := n.startUAPILocked(dev); err != nil {
 		return err
 	}
@@ -742,6 +810,7 @@ func (n *netRuntime) stopLocked() {
 		f.Close()
 	}
 	n.proxies, n.forwards = nil, nil
+	n.releasePortsLocked()
 	relay := n.relay
 	if relay != nil {
 		relay.Close()

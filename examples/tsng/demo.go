@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -157,23 +158,35 @@ func nextBackend(n *netRuntime, listener string) string {
 	return ""
 }
 
+// printDemoStatus prints st as tsng vip status does: a row per listener
+// (its totals), then one per backend, with the same columns.
 func printDemoStatus(out io.Writer, st vip.Status) {
 	fmt.Fprintln(out, "\nstatus on the client:")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VIP\tLISTENER\tBACKEND\tHEALTH\tRTT\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tNEXT")
+	fmt.Fprintln(tw, "VIP\tLISTENER\tBACKEND\tHEALTH\tRTT\tAGE\tBINDINGS\tPKTS OUT/IN\tBYTES OUT/IN\tDROPS\tFAILOVERS\tNEXT")
 	for _, s := range st.Services {
+		name := s.Name + "." + st.Network
 		for _, l := range s.Listeners {
 			next := "-"
 			if l.Next != nil {
-				next = fmt.Sprintf("%s:%d", l.Next.NodeName, l.Next.Port)
+				next = fmt.Sprintf("%s:%d", nameOr(*l.Next), l.Next.Port)
 			}
+			// UDP bindings fail over; TCP ones never do.
+			failovers := func(n uint64) string {
+				if !strings.HasPrefix(l.Listener, "udp/") {
+					return "-"
+				}
+				return strconv.FormatUint(n, 10)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t%d\t%d/%d\t%d/%d\t%d\t%s\t%s\n", name, l.Listener, l.Active, l.PacketsOut, l.PacketsIn,
+				l.BytesOut, l.BytesIn, dropCount(l.Drops), failovers(l.Failovers), next)
 			for _, b := range l.Backends {
 				rtt := "-"
 				if rttCurrent(b) {
 					rtt = fmt.Sprintf("%.2fms", b.RTTMillis)
 				}
-				fmt.Fprintf(tw, "%s.%s\t%s\t%s:%d\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\n", s.Name, st.Network, l.Listener, nameOr(b.BackendRef), b.Port, b.Reason, rtt,
-					b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, next)
+				fmt.Fprintf(tw, "%s\t%s\t%s:%d\t%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%d\t%s\t%s\n", name, l.Listener, nameOr(b.BackendRef), b.Port, b.Reason, rtt,
+					sampleAge(b.SampleAgeMillis), b.Active, b.PacketsOut, b.PacketsIn, b.BytesOut, b.BytesIn, dropCount(b.Drops), failovers(b.Failovers), next)
 			}
 		}
 	}

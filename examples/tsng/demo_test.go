@@ -24,4 +24,10 @@ func TestDemo(t *testing.T) {
 			t.Errorf("demo output lacks %q", want)
 		}
 	}
+	// The status table has the columns of tsng vip status.
+	for _, col := range []string{"LISTENER", "BACKEND", "HEALTH", "RTT", "AGE", "BINDINGS", "PKTS OUT/IN", "BYTES OUT/IN", "DROPS", "FAILOVERS", "NEXT"} {
+		if !strings.Contains(s, "  "+col) {
+			t.Errorf("demo status lacks the %s column", col)
+		}
+	}
 }

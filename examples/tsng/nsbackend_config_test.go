@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"fmt"
-	"io"
 	"net/netip"
 	"strings"
 	"testing"
@@ -64,8 +63,8 @@ func TestBackendPortsConfig(t *testing.T) {
 // a socket of the node's own stack), keep their reasons.
 func TestBackendRelayAgentPort(t *testing.T) {
 	self := netip.MustParseAddr("100.80.0.1")
-	r := &backendRelay{self: self, allowed: map[vip.PortKey]bool{{Proto: vip.TCP, Port: 8470}: true, {Proto: vip.TCP, Port: 8090}: true},
-		agentPort: func(k vip.PortKey) bool { return k == vip.PortKey{Proto: vip.TCP, Port: 8470} }}
+	r := newBackendRelay(self, map[vip.PortKey]bool{{Proto: vip.TCP, Port: 8470}: true, {Proto: vip.TCP, Port: 8090}: true},
+		func(k vip.PortKey) bool { return k == vip.PortKey{Proto: vip.TCP, Port: 8470} }, nil)
 	from := netip.MustParseAddrPort("100.80.0.2:40000")
 	for _, c := range []struct {
 		proto string
@@ -103,7 +102,7 @@ func TestBackendRelayAgentPort(t *testing.T) {
 // connections and backendUDPFlows UDP flows; one more of either is
 // refused and counted, and a released slot is taken again.
 func TestBackendRelayLimits(t *testing.T) {
-	r := &backendRelay{allowed: map[vip.PortKey]bool{}, agentPort: func(vip.PortKey) bool { return false }, conns: map[io.Closer]bool{}}
+	r := newBackendRelay(netip.Addr{}, map[vip.PortKey]bool{}, func(vip.PortKey) bool { return false }, nil)
 	for _, c := range []struct {
 		udp   bool
 		limit int
@@ -145,16 +144,16 @@ func TestBackendRelayLimits(t *testing.T) {
 func TestBackendRelayRefusesForwards(t *testing.T) {
 	d := &Daemon{agentPorts: map[vip.PortKey]string{}}
 	k := vip.PortKey{Proto: vip.UDP, Port: 8090}
-	d.forwardPort(k, true)
-	d.forwardPort(k, true)
-	d.forwardPort(k, false)
+	d.holdPort(k, "vip forward", true)
+	d.holdPort(k, "vip forward", true)
+	d.holdPort(k, "vip forward", false)
 	if !d.agentPortNow(k) {
 		t.Error("an open forward's port is not the agent's")
 	}
 	if d.agentPortNow(vip.PortKey{Proto: vip.TCP, Port: 8090}) {
 		t.Error("tcp/8090 taken by a udp forward")
 	}
-	d.forwardPort(k, false)
+	d.holdPort(k, "vip forward", false)
 	if d.agentPortNow(k) {
 		t.Error("a closed forward's port is still the agent's")
 	}
@@ -165,7 +164,7 @@ func TestBackendRelayRefusesForwards(t *testing.T) {
 // handshake (a reserve not yet matched); Wait, called once the host is
 // closed, is what waits for it.
 func TestBackendRelayCloseDoesNotWait(t *testing.T) {
-	r := &backendRelay{allowed: map[vip.PortKey]bool{}, agentPort: func(vip.PortKey) bool { return false }, conns: map[io.Closer]bool{}}
+	r := newBackendRelay(netip.Addr{}, map[vip.PortKey]bool{}, func(vip.PortKey) bool { return false }, nil)
 	if !r.reserve(false) {
 		t.Fatal("reserve refused on an open relay")
 	}

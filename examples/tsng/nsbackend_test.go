@@ -4,17 +4,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/vipkit/vipkit/internal/testenv"
 	"github.com/vipkit/vipkit/transport/netstack"
 	"github.com/vipkit/vipkit/vip"
 )
@@ -106,11 +112,19 @@ func TestNetstackBackendLoopback(t *testing.T) {
 	sock := socketDir(t, "nsback") + "/tsng.sock"
 	cfgs[0].Socket = sock
 	cfgs[0].Networks[0].BackendPorts = []string{fmt.Sprintf("tcp/%d", port), fmt.Sprintf("udp/%d", udpPort)}
+	// The client serves a SOCKS5 proxy, for curl.
+	curl := testenv.NeedBinary(t, "curl")
+	cfgs[2].Networks[0].SOCKS5 = "127.0.0.1:0"
+	var clientLog syncBuffer
 	var ds []*Daemon
 	var path1 string
 	for i, c := range cfgs {
 		c.Networks[0].ProbeFast = true
-		d, path := startReloadable(t, c, DaemonOptions{NoAPI: i > 0})
+		o := DaemonOptions{NoAPI: i > 0}
+		if i == 2 {
+			o.Logger = slog.New(slog.NewJSONHandler(&clientLog, nil))
+		}
+		d, path := startReloadable(t, c, o)
 		ds = append(ds, d)
 		if i == 0 {
 			path1 = path
@@ -139,6 +153,29 @@ func TestNetstackBackendLoopback(t *testing.T) {
 		got, err = vipGet(ctx, client.Host(), api90)
 		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
 	})
+	var socks string
+	for _, line := range strings.Split(clientLog.String(), "\n") {
+		var rec struct{ Msg, Address string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "SOCKS5 proxy listening" {
+			socks = rec.Address
+		}
+	}
+	if socks == "" {
+		t.Fatal("the client logged no SOCKS5 address")
+	}
+	// curl through the client's SOCKS5 proxy, the VIP's name resolved by
+	// the agent.
+	curlGet := func() string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, curl, "-sS", "--max-time", "10", "--socks5-hostname", socks, "http://api.home:90/").CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl --socks5-hostname %s http://api.home:90/: %v\n%s", socks, err, out)
+		}
+		return string(out)
+	}
+	if got := curlGet(); got != "server1-host" {
+		t.Errorf("curl through the VIP: %q; want server1-host", got)
+	}
 
 	// UDP: datagrams to the VIP reach the loopback echo server and back.
 	if _, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.UDP, Port: 53}, []vip.Backend{be(fmt.Sprintf("server1:%d", udpPort))}); err != nil {
@@ -171,6 +208,9 @@ func TestNetstackBackendLoopback(t *testing.T) {
 		if got, err := vipGet(ctx, client.Host(), api90); err != nil || got != "server2-overlay" {
 			t.Fatalf("GET after failover: %q, %v; want server2-overlay", got, err)
 		}
+	}
+	if got := curlGet(); got != "server2-overlay" {
+		t.Errorf("curl through the VIP after failover: %q; want server2-overlay", got)
 	}
 
 	// A port server1 does not allow: refused, and shown so at server1.
@@ -303,4 +343,277 @@ func relayOf(n *netRuntime) *backendRelay {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.relay
+}
+
+// TestReloadBackendPorts: a reload applies a change of backend_ports to
+// the running relay. A port added is served at once; a port removed is
+// refused from then on, and a connection relayed to it is closed; the
+// reload reports the ports in force, and a restart of the network keeps
+// them.
+func TestReloadBackendPorts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	port, _ := serveHostHTTP(t, "server1-host")
+	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds []*Daemon
+	var path string
+	for i, c := range cfgs {
+		c.Networks[0].ProbeFast = true
+		d, p := startReloadable(t, c, DaemonOptions{NoAPI: true})
+		ds = append(ds, d)
+		if i == 0 {
+			path = p
+		}
+	}
+	server1, client := ds[0].Runtime("home"), ds[1].Runtime("home")
+	reg := server1.Registry()
+	if _, err := reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := reg.ResolveBackend(fmt.Sprintf("server1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := reg.PortAdd(ctx, "api", vip.PortKey{Proto: vip.TCP, Port: 90}, []vip.Backend{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api90 := netip.AddrPortFrom(v.Addr, 90)
+	pollUntil(t, 30*time.Second, "the client routes tcp/90", func() (bool, string) {
+		l, ok := listenerAt(client, "tcp/90")
+		return ok && l.Routed, fmt.Sprintf("%+v", l)
+	})
+	if got, err := vipGet(ctx, client.Host(), api90); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET before the port is allowed: %q, %v; want connection refused", got, err)
+	}
+
+	reload := func(ports []string) ReloadResult {
+		t.Helper()
+		c := cloneConfig(t, cfgs[0])
+		c.Networks[0].BackendPorts = ports
+		rewriteConfig(t, path, c)
+		res, err := ds[0].Reload(ctx)
+		if err != nil {
+			t.Fatalf("reload with backend_ports %v: %v", ports, err)
+		}
+		if !res.Changed || len(res.Networks) != 1 || !res.Networks[0].BackendPortsChanged || !slices.Equal(res.Networks[0].BackendPorts, ports) {
+			t.Fatalf("reload with backend_ports %v: %+v", ports, res)
+		}
+		return res
+	}
+	allow := []string{fmt.Sprintf("tcp/%d", port)}
+	reload(allow)
+	pollUntil(t, 30*time.Second, "GET through the VIP once the port is allowed", func() (bool, string) {
+		got, err := vipGet(ctx, client.Host(), api90)
+		return err == nil && got == "server1-host", fmt.Sprintf("%q, %v", got, err)
+	})
+	if st := relayOf(server1).Stats(); !slices.Equal(st.Allowed, allow) {
+		t.Errorf("relay allows %v; want %v", st.Allowed, allow)
+	}
+	if w := server1.backendWarnings(mustGet(t, server1, "api").Service); len(w) != 0 {
+		t.Errorf("warnings of an allowed backend: %q", w)
+	}
+
+	// A network restart keeps the reloaded ports.
+	if err := ds[0].Down("home"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].Up(ctx, "home"); err != nil {
+		t.Fatal(err)
+	}
+	if st := relayOf(server1).Stats(); !slices.Equal(st.Allowed, allow) {
+		t.Errorf("relay after a restart of the network allows %v; want %v", st.Allowed, allow)
+	}
+	var held net.Conn
+	pollUntil(t, 30*time.Second, "a connection through the VIP after the restart", func() (bool, string) {
+		got, err := vipGet(ctx, client.Host(), api90)
+		if err != nil || got != "server1-host" {
+			return false, fmt.Sprintf("%q, %v", got, err)
+		}
+		// A connection held open: half a request, which the server waits on.
+		held, err = client.Host().DialContext(ctx, "tcp", api90.String())
+		if err == nil {
+			_, err = io.WriteString(held, "GET / HTTP/1.1\r\n")
+		}
+		return err == nil, fmt.Sprint(err)
+	})
+	defer held.Close()
+	pollUntil(t, 10*time.Second, "the held connection relayed", func() (bool, string) {
+		st := relayOf(server1).Stats()
+		return st.TCPActive == 1, fmt.Sprintf("%+v", st)
+	})
+
+	// The port removed: the held connection is closed, new ones refused.
+	reload(nil)
+	held.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if n, err := held.Read(make([]byte, 512)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the connection relayed to a removed port: read %d, %v; want it closed", n, err)
+	}
+	if got, err := vipGet(ctx, client.Host(), api90); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("GET after the port is removed: %q, %v; want connection refused", got, err)
+	}
+	if st := relayOf(server1).Stats(); len(st.Allowed) != 0 || st.TCPActive != 0 {
+		t.Errorf("relay after the port is removed: %+v", st)
+	}
+	if w := server1.backendWarnings(mustGet(t, server1, "api").Service); len(w) != 1 || !strings.Contains(w[0], fmt.Sprintf("does not list tcp/%d", port)) {
+		t.Errorf("warnings of a removed backend port: %q", w)
+	}
+}
+
+// TestBackendRelayRuntimeAgentPorts: the ports the agent takes at run
+// time, when metrics, socks5 and http_proxy listen on port 0 and
+// WireGuard's listen_port is 0, are the agent's own: the relay refuses
+// them, and counts the refusals, even when backend_ports lists them (a
+// reload may, as config validation cannot know them). A VIP backend on
+// one of them is never the agent's metrics, proxy or WireGuard socket.
+func TestBackendRelayRuntimeAgentPorts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfgs, err := demoConfigs(t.TempDir(), []string{"server1", "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := cfgs[0]
+	s1.Metrics = "127.0.0.1:0"
+	s1.Networks[0].SOCKS5 = "127.0.0.1:0"
+	s1.Networks[0].HTTPProxy = "127.0.0.1:0"
+	s1.Networks[0].Node.ListenPort = 0
+	// The client learns server1's endpoint from its handshakes.
+	cfgs[1].Networks[0].Peers[0].Endpoint = ""
+	var logs syncBuffer
+	var ds []*Daemon
+	var path string
+	for i, c := range cfgs {
+		c.Networks[0].ProbeFast = true
+		o := DaemonOptions{NoAPI: true}
+		if i == 0 {
+			o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		}
+		d, p := startReloadable(t, c, o)
+		ds = append(ds, d)
+		if i == 0 {
+			path = p
+		}
+	}
+	server1, client := ds[0].Runtime("home"), ds[1].Runtime("home")
+
+	// The ports chosen at start.
+	ports := map[string]vip.PortKey{}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var rec struct{ Msg, Address string }
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if what, ok := map[string]string{"SOCKS5 proxy listening": "socks5", "HTTP proxy listening": "http_proxy"}[rec.Msg]; ok {
+			ap := netip.MustParseAddrPort(rec.Address)
+			ports[what] = vip.PortKey{Proto: vip.TCP, Port: ap.Port()}
+		}
+	}
+	ports["metrics"] = vip.PortKey{Proto: vip.TCP, Port: netip.MustParseAddrPort(ds[0].MetricsAddr()).Port()}
+	wcfg, err := devOf(server1).Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports["wireguard"] = vip.PortKey{Proto: vip.UDP, Port: wcfg.ListenPort}
+	if len(ports) != 4 || wcfg.ListenPort == 0 {
+		t.Fatalf("run-time ports %v; want socks5, http_proxy, metrics and wireguard", ports)
+	}
+	t.Logf("run-time ports: %v", ports)
+
+	// backend_ports lists them all; validation cannot tell.
+	c := cloneConfig(t, s1)
+	for _, k := range ports {
+		c.Networks[0].BackendPorts = append(c.Networks[0].BackendPorts, k.String())
+	}
+	slices.Sort(c.Networks[0].BackendPorts)
+	rewriteConfig(t, path, c)
+	if _, err := ds[0].Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := server1.Registry()
+	if _, err := reg.Create(ctx, "api"); err != nil {
+		t.Fatal(err)
+	}
+	var v vip.ServiceView
+	vipPort := map[string]uint16{}
+	next := uint16(90)
+	for what, k := range ports {
+		b, err := reg.ResolveBackend(fmt.Sprintf("server1:%d", k.Port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vipPort[what] = next
+		if v, err = reg.PortAdd(ctx, "api", vip.PortKey{Proto: k.Proto, Port: next}, []vip.Backend{b}); err != nil {
+			t.Fatal(err)
+		}
+		next++
+	}
+	for what, k := range ports {
+		l := vip.PortKey{Proto: k.Proto, Port: vipPort[what]}.String()
+		pollUntil(t, 30*time.Second, "the client routes "+l, func() (bool, string) {
+			ls, ok := listenerAt(client, l)
+			return ok && ls.Routed, fmt.Sprintf("%+v", ls)
+		})
+	}
+	before := relayOf(server1).Stats()
+	for what, k := range ports {
+		to := netip.AddrPortFrom(v.Addr, vipPort[what])
+		if k.Proto == vip.TCP {
+			if got, err := vipGet(ctx, client.Host(), to); err == nil || !strings.Contains(err.Error(), "connection refused") {
+				t.Errorf("GET through the VIP to server1's %s port %v: %q, %v; want connection refused", what, k, got, err)
+			}
+			continue
+		}
+		// Datagrams to WireGuard's port: none is relayed.
+		for range 3 {
+			c, err := client.Host().DialUDP(netip.AddrPort{}, to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Write([]byte("not a handshake"))
+			c.Close()
+		}
+	}
+	pollUntil(t, 10*time.Second, "the refusals counted", func() (bool, string) {
+		st := relayOf(server1).Stats()
+		return st.NotAllowed >= before.NotAllowed+4, fmt.Sprintf("%+v (before %+v)", st, before)
+	})
+	if st := relayOf(server1).Stats(); st.TCPAccepted != before.TCPAccepted || st.UDPAccepted != before.UDPAccepted || st.UDPFlows != 0 {
+		t.Errorf("relay stats %+v (before %+v): an agent port was relayed", st, before)
+	}
+	// A TCP backend fails its connect checks, and server1 says why; a UDP
+	// backend has no connect check (the warning below says it).
+	pollUntil(t, 30*time.Second, "server1's status of its TCP backends on agent ports", func() (bool, string) {
+		st, _ := server1.status(mustGet(t, server1, "api").ID).(vip.ServiceStatus)
+		var got []string
+		for _, l := range st.Listeners {
+			if !strings.HasPrefix(l.Listener, "tcp/") {
+				continue
+			}
+			for _, b := range l.Backends {
+				if b.Reason != reasonAgentPort {
+					return false, fmt.Sprintf("%s %+v", l.Listener, b)
+				}
+				got = append(got, l.Listener)
+			}
+		}
+		return len(got) == 3, fmt.Sprint(got)
+	})
+	w := server1.backendWarnings(mustGet(t, server1, "api").Service)
+	for what, k := range ports {
+		want := fmt.Sprintf("%s is a port of the agent itself (", k)
+		if what != "metrics" {
+			want += "networks home "
+		}
+		if what == "wireguard" {
+			what = "node.listen_port (WireGuard)"
+		}
+		if !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, want+what+")") }) {
+			t.Errorf("warnings %q: none says %s is the agent's %s", w, k, what)
+		}
+	}
 }

@@ -120,6 +120,12 @@ func (c noProbePort) WriteTo(b []byte, addr net.Addr) (int, error) {
 	return c.PacketConn.WriteTo(b, addr)
 }
 
+// listenPort returns the TCP port of a listener's address.
+func listenPort(a net.Addr) vip.PortKey {
+	ap, _ := netip.ParseAddrPort(a.String())
+	return vip.PortKey{Proto: vip.TCP, Port: ap.Port()}
+}
+
 // startProxiesLocked starts the network's configured proxies on host.
 //
 // +checklocks:n.mu
@@ -131,6 +137,7 @@ func (n *netRuntime) startProxiesLocked(host *netstack.Host) error {
 		if err != nil {
 			return fmt.Errorf("socks5 proxy: %w", err)
 		}
+		n.holdPortLocked(listenPort(ln.Addr()), "socks5")
 		s := &socks5.Server{Dial: o.dial, ListenPacket: o.listenPacket, Resolve: o.resolve, Logger: log.With("part", "socks5")}
 		go s.Serve(ln)
 		n.proxies = append(n.proxies, s)
@@ -143,6 +150,7 @@ func (n *netRuntime) startProxiesLocked(host *netstack.Host) error {
 		if err != nil {
 			return err
 		}
+		n.holdPortLocked(listenPort(p.ln.Addr()), "http_proxy")
 		n.proxies = append(n.proxies, p)
 		log.Info("HTTP proxy listening", "address", p.ln.Addr().String())
 	}
@@ -449,11 +457,11 @@ func (n *netRuntime) forward(ctx context.Context, req ForwardRequest) (ForwardDo
 	// VIP's traffic never loops back into the agent.
 	lap, _ := netip.ParseAddrPort(laddr)
 	hostPort := vip.PortKey{Proto: k.Proto, Port: lap.Port()}
-	n.d.forwardPort(hostPort, true)
+	n.d.holdPort(hostPort, "vip forward", true)
 	stop := context.AfterFunc(ctx, func() { f.Close() })
 	go func() {
 		<-f.done
-		n.d.forwardPort(hostPort, false)
+		n.d.holdPort(hostPort, "vip forward", false)
 		stop()
 		n.mu.Lock()
 		for i, x := range n.forwards {

@@ -20,9 +20,12 @@ import (
 // session and join replication and the control channel; removed peers
 // leave all three (their backends show as departed); a peer's changed
 // endpoint, address or keys take effect. Unchanged peers keep their
-// WireGuard sessions, and so every NAT binding through them. Everything
-// else is read at start only: a reload that changes it is refused with
-// ErrRestartNeeded, naming the field, and changes nothing.
+// WireGuard sessions, and so every NAT binding through them. A change of
+// a network's backend_ports takes effect at once too: a port added is
+// relayed from then on, and a port removed is refused, its relayed
+// connections closed. Everything else is read at start only: a reload
+// that changes it is refused with ErrRestartNeeded, naming the field, and
+// changes nothing.
 
 var (
 	// ErrReloadBusy refuses a reload while another one runs.
@@ -54,6 +57,10 @@ type NetworkReload struct {
 	// Changed lists a peer that stays with what changed, such as
 	// "server2: endpoint".
 	Changed []string `json:"changed,omitempty"`
+	// BackendPortsChanged says that the reload changed the node's
+	// backend_ports; BackendPorts then lists those now in force.
+	BackendPortsChanged bool     `json:"backend_ports_changed,omitempty"`
+	BackendPorts        []string `json:"backend_ports,omitempty"`
 }
 
 // Reloader is implemented by a Manager that can reload its config (the
@@ -94,8 +101,8 @@ func credentialNote(path, credDir string) string {
 }
 
 // ReloadConfig applies cfg to the running agent: it validates cfg, refuses
-// (ErrRestartNeeded) any change but to the networks' peers and stopped
-// flags (stopped is read at the next start), refuses a peer address that
+// (ErrRestartNeeded) any change but to the networks' peers, backend_ports
+// and stopped flags (stopped is read at the next start), refuses a peer address that
 // is a VIP's address, and then applies each network's new peers. A
 // refused config changes nothing. A second reload while one runs is
 // refused with ErrReloadBusy.
@@ -122,6 +129,10 @@ func (d *Daemon) ReloadConfig(ctx context.Context, cfg *Config) (ReloadResult, e
 	res := ReloadResult{Networks: []NetworkReload{}}
 	for _, p := range plans {
 		res.Networks = append(res.Networks, p.report)
+		if p.ports != nil {
+			res.Changed = true
+			p.n.applyBackendPorts(*p.ports)
+		}
 		if p.unchanged {
 			continue
 		}
@@ -151,9 +162,12 @@ type netPlan struct {
 	keep map[wg.Key]bool
 	// forget are the members whose control-channel state goes: those that
 	// left and those whose address or WireGuard key changed.
-	forget    []vip.NodeID
-	report    NetworkReload
+	forget []vip.NodeID
+	report NetworkReload
+	// unchanged: the peers stay as they are.
 	unchanged bool
+	// ports are the new backend_ports; nil when they stay.
+	ports *[]string
 }
 
 // planReload checks cfg against the config in force and returns each
@@ -180,12 +194,17 @@ func (d *Daemon) planReload(cfg *Config) ([]*netPlan, error) {
 		if n == nil {
 			return nil, fmt.Errorf("%w: %s is a new network; a reload neither adds nor removes networks: restart the agent to apply it", ErrRestartNeeded, where)
 		}
-		if f := changedField(n.cfg, nc, "peers", "stopped"); f != "" {
+		if f := changedField(n.cfg, nc, "peers", "stopped", "backend_ports"); f != "" {
 			return nil, restart(where + "." + f)
 		}
 		p, err := n.planPeers(where, nc)
 		if err != nil {
 			return nil, err
+		}
+		if !slices.Equal(n.backendPortsNow(), nc.BackendPorts) {
+			p.ports = &nc.BackendPorts
+			p.report.BackendPortsChanged = true
+			p.report.BackendPorts = nc.BackendPorts
 		}
 		plans = append(plans, p)
 	}
@@ -195,7 +214,7 @@ func (d *Daemon) planReload(cfg *Config) ([]*netPlan, error) {
 // restart refuses a reload that changes field, which is read at start
 // only.
 func restart(field string) error {
-	return fmt.Errorf("%w: %s changed; a reload applies only the networks' peers: restart the agent (systemctl restart tsng) to apply it", ErrRestartNeeded, field)
+	return fmt.Errorf("%w: %s changed; a reload applies only the networks' peers and backend_ports: restart the agent (systemctl restart tsng) to apply it", ErrRestartNeeded, field)
 }
 
 // planPeers diffs nc's peers (validated) against the member set in force.

@@ -46,12 +46,9 @@ func tendChild(ctx context.Context, args []string) error {
 }
 
 // etcdChild runs one embedded etcd member: name dir initial-cluster
-// peer-url client-url tick-ms election-ms, and for an https client URL
-// cert-file key-file client-ca-file: the member's certificate and key,
-// and the CA every client's certificate must chain to (etcd's
-// --client-cert-auth).
+// peer-url client-url tick-ms election-ms.
 func etcdChild(ctx context.Context, args []string) error {
-	if len(args) != 7 && len(args) != 10 {
+	if len(args) != 7 {
 		return fmt.Errorf("etcd child: %d args", len(args))
 	}
 	name, dir, cluster := args[0], args[1], args[2]
@@ -74,10 +71,6 @@ func etcdChild(ctx context.Context, args []string) error {
 	cfg.InitialClusterToken = "keel-vip-e2e"
 	cfg.TickMs, cfg.ElectionMs = uint(tick), uint(elect)
 	cfg.UnsafeNoFsync = true
-	if len(args) == 10 {
-		cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile, cfg.ClientTLSInfo.TrustedCAFile = args[7], args[8], args[9]
-		cfg.ClientTLSInfo.ClientCertAuth = true
-	}
 	// The member logs at info to etcd.log beside its data directory
 	// (appended across restarts): the tests show it when a run fails.
 	lc := zap.NewProductionConfig()

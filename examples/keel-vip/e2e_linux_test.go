@@ -75,9 +75,6 @@ type cluster struct {
 	nodes []*node
 	etcd  bool
 	pair  *claim.PairRecord
-	// tls is the etcd TLS of a cluster with etcd: every member requires
-	// client certificates, and every controller and test client has one.
-	tls *clusterTLS
 }
 
 func (c *cluster) node(name string) *node {
@@ -143,9 +140,6 @@ func newCluster(t *testing.T, seed uint64, withEtcd bool, impair map[string]any,
 	}
 	for _, n := range c.nodes {
 		capRTO(t, n)
-	}
-	if withEtcd {
-		c.tls = newClusterTLS(t, c.nodes)
 	}
 	var ifs []netns.Iface
 	c.sw, ifs = netns.LANT(t, hosts...)
@@ -223,6 +217,10 @@ func (c *cluster) meshJSON(n *node, impair map[string]any) []byte {
 		m["impair"] = impair
 	}
 	var peers []any
+	// The controller talks to its own namespace's etcd member: a member
+	// cut off from the majority then fails the controller's calls, and no
+	// call waits on an unreachable endpoint.
+	eps := []string{fmt.Sprintf("http://[%v]:2379", n.addr)}
 	for _, p := range c.nodes {
 		if p == n {
 			continue
@@ -240,11 +238,7 @@ func (c *cluster) meshJSON(n *node, impair map[string]any) []byte {
 		m["appliance"] = map[string]any{"observe": testVIP.String()}
 	}
 	if c.etcd {
-		// The controller talks to its own namespace's etcd member (over
-		// https, with its client certificate): a member cut off from the
-		// majority then fails the controller's calls, and no call waits
-		// on an unreachable endpoint.
-		m["etcd"] = c.tls.meshEtcd(n)
+		m["etcd"] = map[string]any{"endpoints": eps}
 	}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	return b
@@ -269,9 +263,7 @@ func (c *cluster) start() {
 }
 
 // startEtcd runs one etcd member per namespace, on the overlay, and waits
-// for one leader. The members serve clients over https only and require
-// a client certificate of the cluster's CA; their peer traffic is plain
-// http.
+// for one leader.
 func (c *cluster) startEtcd(tickMs, electionMs int) {
 	c.t.Helper()
 	var parts []string
@@ -279,9 +271,8 @@ func (c *cluster) startEtcd(tickMs, electionMs int) {
 		parts = append(parts, fmt.Sprintf("%s=http://[%v]:2380", n.name, n.addr))
 	}
 	for _, n := range c.nodes {
-		n.etcdArgs = append([]string{n.name, filepath.Join(n.dir, "etcd"), strings.Join(parts, ","),
-			fmt.Sprintf("http://[%v]:2380", n.addr), fmt.Sprintf("https://[%v]:2379", n.addr), fmt.Sprint(tickMs), fmt.Sprint(electionMs)},
-			c.tls.etcdArgs(n)...)
+		n.etcdArgs = []string{n.name, filepath.Join(n.dir, "etcd"), strings.Join(parts, ","),
+			fmt.Sprintf("http://[%v]:2380", n.addr), fmt.Sprintf("http://[%v]:2379", n.addr), fmt.Sprint(tickMs), fmt.Sprint(electionMs)}
 		n.etcd = netns.StartChildT(c.t, n.h, "etcd", n.etcdArgs...)
 	}
 	t0 := time.Now()
@@ -295,7 +286,7 @@ func (c *cluster) startEtcd(tickMs, electionMs int) {
 }
 
 // etcdClient is a client from the observer's namespace to the given
-// members (all when none), with the test's client certificate.
+// members (all when none).
 func (c *cluster) etcdClient(members ...*node) *clientv3.Client {
 	obs := c.nodes[len(c.nodes)-1]
 	if len(members) == 0 {
@@ -305,7 +296,7 @@ func (c *cluster) etcdClient(members ...*node) *clientv3.Client {
 	for _, m := range members {
 		eps = append(eps, fmt.Sprintf("[%v]:2379", m.addr))
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 10 * time.Second, Logger: zap.NewNop(), TLS: c.tls.test,
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 10 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return obs.h.Dial(ctx, "tcp", addr)
 		})}})
@@ -486,9 +477,6 @@ func (c *cluster) holdAtA() {
 	c.t.Helper()
 	A, B := c.nodes[0], c.nodes[1]
 	waitFor(c.t, 60*time.Second, "leases", func() bool {
-		if !c.etcd {
-			return true // no etcd, no lease
-		}
 		for _, n := range []*node{A, B} {
 			st, err := c.status(n)
 			if err != nil || st.RenewalAgeMs < 0 {

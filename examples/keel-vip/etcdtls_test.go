@@ -58,20 +58,14 @@ func newCA(t *testing.T, name string) *testCA {
 // issue returns a certificate and key (PEM) for cn, valid from nb to na.
 func (ca *testCA) issue(t *testing.T, cn string, usage x509.ExtKeyUsage, nb, na time.Time) (certPEM, keyPEM []byte) {
 	t.Helper()
-	return ca.issueFor(t, cn, []x509.ExtKeyUsage{usage}, nb, na, []net.IP{net.ParseIP("127.0.0.1")}, []string{"etcd.test"})
-}
-
-// issueFor is issue with the extended key usages and the names (IP
-// addresses and DNS names) given.
-func (ca *testCA) issueFor(t *testing.T, cn string, usages []x509.ExtKeyUsage, nb, na time.Time, ips []net.IP, dns []string) (certPEM, keyPEM []byte) {
-	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	serial++
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, NotBefore: nb, NotAfter: na,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usages, IPAddresses: ips, DNSNames: dns}
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"etcd.test"}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ import (
 // (no overlay leg in the way).
 func (c *cluster) ownMember(n *node) *clientv3.Client {
 	ep := fmt.Sprintf("[%v]:2379", n.addr)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: c.tls.test,
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return n.h.Dial(ctx, "tcp", addr)
 		})}})

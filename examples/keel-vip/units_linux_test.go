@@ -137,17 +137,6 @@ func (c *cluster) startUnits() {
 			}
 			credential(t, ctlCreds, "pair", pair, n.ctlUID)
 		}
-		if c.etcd {
-			// LoadCredential=etcd-ca:..., etcd-cert and etcd-key (the
-			// README's drop-in for keel-vip-control.service).
-			for cred, f := range map[string]string{"etcd-ca": "ca.pem", "etcd-cert": "client.pem", "etcd-key": "client-key.pem"} {
-				b, err := os.ReadFile(filepath.Join(n.tlsDir(), f))
-				if err != nil {
-					t.Fatal(err)
-				}
-				credential(t, ctlCreds, cred, b, n.ctlUID)
-			}
-		}
 		n.tend = netns.StartChildT(t, n.h, "keel-tend-units", n.meshPath, c.exe, ctlPath, lisPath)
 		n.ctl = netns.StartChildT(t, n.h, "keel-unit", ctlCg, strconv.Itoa(int(n.ctlUID)), ctlCreds, c.exe, "control")
 		n.lis = netns.StartChildT(t, n.h, "keel-unit", lisCg, strconv.Itoa(int(n.lisUID)), lisCreds, c.exe, "listen")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/vipkit/vipkit/hosting"
 )
@@ -194,5 +195,33 @@ func TestOutboxEventsAndTheKick(t *testing.T) {
 	}
 	if fmt.Sprint(keys) != "[share.UPDATED share.DELETED]" || kicks != 2 || len(e.pub.evs) != 0 {
 		t.Fatalf("outbox %v, kicks %d, published %d", keys, kicks, len(e.pub.evs))
+	}
+}
+
+// A redelivered frontdoor DELETED changes nothing: not in the store (the
+// inbox), and not at the ingress either. The shares created after the
+// first delivery keep their ingress up.
+func TestRedeliveredFrontdoorDeletedKeepsIngress(t *testing.T) {
+	ing := &fakeIngress{down: map[string]bool{}}
+	e := newEnvWith(t, hosting.NewMemStore(), func(o *hosting.Options) { o.Ingress = ing })
+	e.agents(account, "a1")
+	old := e.create("old", []string{"a1"}, nil)
+	del := hosting.Intake{ID: "fd-del-1", Entity: hosting.EntityFrontdoor, Type: hosting.EventDeleted, FrontdoorID: frontdoo, At: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	if _, err := e.svc.HandleIntake(e.ctx, del); err != nil {
+		t.Fatal(err)
+	}
+	if !ing.down[old.ID] {
+		t.Fatalf("the first delivery left %s's ingress up", old.ID)
+	}
+	s := e.create("new", []string{"a1"}, nil)
+	evs, err := e.svc.HandleIntake(e.ctx, del)
+	if err != nil || len(evs) != 0 {
+		t.Fatalf("redelivery: %+v, %v", evs, err)
+	}
+	if ing.down[s.ID] {
+		t.Fatalf("the redelivery tore down the ingress of %s, created after the first delivery (torn %v)", s.ID, ing.torn)
+	}
+	if cur, _ := e.store.Get(e.ctx, s.ID); !cur.Live() {
+		t.Fatal("the redelivery deleted a share")
 	}
 }

@@ -130,6 +130,9 @@ type IntakeTx interface {
 	// the id is there already (the event's effect happened), and blocks
 	// while another transaction holds the same claim uncommitted.
 	ClaimEvent(ctx context.Context, id, routingKey string, at time.Time) (bool, error)
+	// Handled reports whether the event id is in the inbox: its effect
+	// committed. Unlike ClaimEvent it claims nothing.
+	Handled(ctx context.Context, id string) (bool, error)
 	// ApplyAgent writes an agent row as of event time at: a live agent
 	// is created or updated unless the row holds a newer event or is
 	// deleted (deleted is final); a deleted one is marked deleted. It
@@ -205,6 +208,28 @@ func (sv *Service) HandleIntake(ctx context.Context, in Intake) ([]Event, error)
 			})
 	}
 	return nil, fmt.Errorf("%w: hosting does not consume %s", ErrEvent, in.RoutingKey())
+}
+
+// handledIntake reports whether ctx carries an intake event whose effect
+// committed already. A cascade asks before its teardown outside the
+// transaction, so a redelivered event touches no ingress; the claim in
+// the transaction still decides whether the store changes.
+func (sv *Service) handledIntake(ctx context.Context) (bool, error) {
+	ic, ok := ctx.Value(intakeKey{}).(*intakeCtx)
+	if !ok {
+		return false, nil
+	}
+	var done bool
+	err := sv.st.InTx(ctx, func(ctx context.Context, tx Tx) error {
+		itx, ok := tx.(IntakeTx)
+		if !ok {
+			return fmt.Errorf("%w: the store's transactions hold no inbox", ErrStore)
+		}
+		var err error
+		done, err = itx.Handled(ctx, ic.in.ID)
+		return err
+	})
+	return done, err
 }
 
 // claimIntake runs first in the transaction of a change made for an

@@ -356,6 +356,16 @@ func (t *memTx) ClaimEvent(ctx context.Context, id, routingKey string, at time.T
 	return true, nil
 }
 
+// Handled implements IntakeTx.
+func (t *memTx) Handled(ctx context.Context, id string) (bool, error) {
+	if slices.Contains(t.claims, id) {
+		return true, nil
+	}
+	t.m.mu.Lock()
+	defer t.m.mu.Unlock()
+	return t.m.inbox[id], nil
+}
+
 // agentLock is the lock key of an agent row.
 const agentLock = "agent:"
 

@@ -500,6 +500,9 @@ func (sv *Service) cascade(ctx context.Context,
 	step func(ctx context.Context, tx Tx, cur Share, done *[]change) error,
 ) ([]Event, error) {
 	if sv.ing != nil {
+		if done, err := sv.handledIntake(ctx); err != nil || done {
+			return nil, err
+		}
 		ss, err := unlocked(ctx)
 		if err != nil {
 			return nil, err

@@ -251,6 +251,17 @@ func TestInboxClaimIsOncePerCommit(t *testing.T) {
 	if <-done {
 		t.Fatal("the same event id was claimed twice")
 	}
+	// Handled sees the committed id and claims nothing for an unknown one.
+	_ = st.InTx(ctx, func(ctx context.Context, tx hosting.Tx) error {
+		itx := tx.(hosting.IntakeTx)
+		if ok, err := itx.Handled(ctx, id); !ok || err != nil {
+			t.Errorf("Handled(committed) = %v, %v", ok, err)
+		}
+		if ok, err := itx.Handled(ctx, "never-seen"); ok || err != nil {
+			t.Errorf("Handled(unknown) = %v, %v", ok, err)
+		}
+		return nil
+	})
 	if _, err := p.Exec(ctx, "INSERT INTO inbox (event_id, routing_key, occurred_at, handled_at) VALUES ('old', 'agent.CREATED', now(), now() - interval '8 days')"); err != nil {
 		t.Fatal(err)
 	}

@@ -460,6 +460,15 @@ func (t *tx) ClaimEvent(ctx context.Context, id, routingKey string, at time.Time
 	return tag.RowsAffected() == 1, nil
 }
 
+// Handled implements hosting.IntakeTx.
+func (t *tx) Handled(ctx context.Context, id string) (bool, error) {
+	var done bool
+	if err := t.t.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM inbox WHERE event_id = $1)", id).Scan(&done); err != nil {
+		return false, storeErr(err)
+	}
+	return done, nil
+}
+
 // ApplyAgent implements hosting.IntakeTx, in one statement: the row is
 // written unless it is deleted or holds a newer event.
 func (t *tx) ApplyAgent(ctx context.Context, a hosting.Agent, at time.Time) (bool, error) {

@@ -503,6 +503,16 @@ func (r *Replica) dominates(members map[AuthorID]struct{}, c, old *Compaction, w
 	return nil
 }
 
+// maxEpochStep is how far past its last epoch a replica acknowledges a
+// compaction. A proposer's epoch grows by one per proposal it
+// acknowledged, so an honest gap is the number of proposals a member
+// missed: 2^32 of them is more than a century at one a second. Without a
+// step, one validly signed proposal at MaxClock that honest members
+// acknowledge would leave no epoch for any later compaction; with it,
+// reaching MaxClock takes 2^31 rounds that every member acknowledges and
+// syncs. A var so that tests can reach the epoch bound.
+var maxEpochStep uint64 = 1 << 32
+
 func (r *Replica) checkCompaction(c *Compaction) error {
 	if c.Network != r.net {
 		return fmt.Errorf("%w: %w", ErrCompaction, ErrWrongNetwork)
@@ -554,6 +564,8 @@ func (r *Replica) Acknowledge(ctx context.Context, c Compaction) (Ack, error) {
 	if !again {
 		if last := r.lastEpoch(); c.Epoch <= last {
 			return Ack{}, fmt.Errorf("%w: epoch %d, already at %d", ErrCompaction, c.Epoch, last)
+		} else if c.Epoch-last > maxEpochStep {
+			return Ack{}, fmt.Errorf("%w: epoch %d is more than %d past this replica's %d", ErrCompaction, c.Epoch, maxEpochStep, last)
 		}
 		if r.active >= r.lim.MaxHeldServices {
 			return Ack{}, fmt.Errorf("%w: %d active services at the hard cap %d", ErrCompaction, r.active, r.lim.MaxHeldServices)

@@ -261,6 +261,11 @@ func TestCompactionReturningAndJoining(t *testing.T) {
 // and past it.
 func TestCompactionEpochBounds(t *testing.T) {
 	ctx := context.Background()
+	// The step rule (TestCompactionEpochStep) would take 2^31 rounds to
+	// get here; lift it to test the bound itself.
+	step := maxEpochStep
+	maxEpochStep = MaxClock
+	t.Cleanup(func() { maxEpochStep = step })
 	a := openReplica(t, 0, 1, nil)
 	churn(t, a, 2, nil)
 	c, ok, err := a.Propose()
@@ -368,5 +373,35 @@ func TestCertificateHostile(t *testing.T) {
 	// acknowledged by a member that holds its tombstone.
 	if res, err := rs[0].AddCertificate(ctx, cert); err != nil || !res.Applied {
 		t.Fatal(res, err)
+	}
+}
+
+// TestCompactionEpochStep: a member acknowledges a compaction at most
+// maxEpochStep past its last epoch, so one validly signed proposal at
+// MaxClock cannot end compaction for the whole network.
+func TestCompactionEpochStep(t *testing.T) {
+	ctx := context.Background()
+	a := openReplica(t, 0, 1, nil)
+	churn(t, a, 2, nil)
+	c, ok, err := a.Propose()
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	c.Epoch = MaxClock
+	if _, err := a.Acknowledge(ctx, c); !errors.Is(err, ErrCompaction) {
+		t.Fatalf("a jump from epoch 0 to MaxClock: %v, want ErrCompaction", err)
+	}
+	for _, tc := range []struct {
+		epoch uint64
+		ok    bool
+	}{{maxEpochStep + 1, false}, {maxEpochStep, true}, {2 * maxEpochStep, true}, {3*maxEpochStep + 1, false}} {
+		c.Epoch = tc.epoch
+		_, err := a.Acknowledge(ctx, c)
+		if tc.ok != (err == nil) {
+			t.Fatalf("epoch %d: %v", tc.epoch, err)
+		}
+	}
+	if _, ok, err := a.Propose(); err != nil || !ok {
+		t.Fatalf("propose after the steps: %v %v", ok, err)
 	}
 }

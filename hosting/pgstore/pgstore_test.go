@@ -175,7 +175,8 @@ func TestReconcilerAdvisoryLock(t *testing.T) {
 	// The holder's session dies (as with a SIGKILLed replica): the
 	// server releases the lock.
 	var n int
-	if err := p.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()").Scan(&n); err != nil || n != 1 {
+	if err := p.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND pid <> pg_backend_pid()
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("terminate the holder: %d %v", n, err)
 	}
 	deadline := time.Now().Add(time.Minute)
@@ -296,17 +297,31 @@ func TestRelayAdvisoryLock(t *testing.T) {
 	}
 	// The holder's session ends (its process died): Held says so, and
 	// the lock is free.
-	if _, err := p.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND ((classid::bigint << 32) | objid::bigint) = $1`, pgstore.RelayLockKey); err != nil {
-		t.Fatal(err)
+	var n int
+	if err := p.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND ((classid::bigint << 32) | objid::bigint) = $1`, pgstore.RelayLockKey).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("terminate the holder: %d %v", n, err)
 	}
 	if err := l2.Held(ctx); err == nil {
 		t.Fatal("Held after the session ended")
 	}
 	l2.Unlock()
-	l3, ok, err := a.TryLockRelay(ctx)
-	if !ok || err != nil {
-		t.Fatalf("after the session ended %v %v", ok, err)
+	// pg_terminate_backend only signals the backend: the server frees
+	// the lock when that process has exited, a moment later.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l3, ok, err := a.TryLockRelay(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			l3.Unlock()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay lock outlived its holder's session")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	l3.Unlock()
 }

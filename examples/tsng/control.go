@@ -444,9 +444,10 @@ func (c *Control) dropLegacy(id vip.NodeID, drop []net.Conn) {
 	}
 }
 
-// member returns the member that conn comes from.
+// member returns the member that conn comes from. A connection whose
+// endpoint has closed has no remote address and is no member's.
 func (c *Control) member(conn net.Conn) (vip.NodeID, bool) {
-	ap, err := netip.ParseAddrPort(conn.RemoteAddr().String())
+	ap, err := tcpAddrPort(conn.RemoteAddr())
 	if err != nil {
 		return vip.NodeID{}, false
 	}

@@ -193,25 +193,29 @@ func (t *authTranscript) verify(key vip.NodeID, role byte, sig []byte) bool {
 	return ed25519.Verify(key[:], t.message(role), sig)
 }
 
+// tcpAddrPort returns a connection endpoint's address and port. A nil
+// address (gVisor's gonet reports one once the endpoint has closed) is
+// an error.
+func tcpAddrPort(a net.Addr) (netip.AddrPort, error) {
+	if a == nil {
+		return netip.AddrPort{}, errAuthAddr
+	}
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.AddrPort(), nil
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return ap, fmt.Errorf("%w: %v", errAuthAddr, err)
+	}
+	return ap, nil
+}
+
 // endpoints returns conn's local and remote TCP endpoints.
 func endpoints(conn net.Conn) (local, remote netip.AddrPort, err error) {
-	parse := func(a net.Addr) (netip.AddrPort, error) {
-		if a == nil {
-			return netip.AddrPort{}, errAuthAddr
-		}
-		if ta, ok := a.(*net.TCPAddr); ok {
-			return ta.AddrPort(), nil
-		}
-		ap, err := netip.ParseAddrPort(a.String())
-		if err != nil {
-			return ap, fmt.Errorf("%w: %v", errAuthAddr, err)
-		}
-		return ap, nil
-	}
-	if local, err = parse(conn.LocalAddr()); err != nil {
+	if local, err = tcpAddrPort(conn.LocalAddr()); err != nil {
 		return
 	}
-	remote, err = parse(conn.RemoteAddr())
+	remote, err = tcpAddrPort(conn.RemoteAddr())
 	return
 }
 

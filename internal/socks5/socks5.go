@@ -196,7 +196,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			defer s.forget(c)
 			defer c.Close()
 			if err := s.handle(c); err != nil {
-				s.log().Debug("socks5: request ended", "client", c.RemoteAddr().String(), "err", err)
+				s.log().Debug("socks5: request ended", "client", c.RemoteAddr(), "err", err)
 			}
 		}()
 	}
@@ -423,7 +423,7 @@ func (s *Server) connect(ctx context.Context, c net.Conn, dst Addr) error {
 	}
 	defer s.forget(out)
 	defer out.Close()
-	bound, _ := netip.ParseAddrPort(out.LocalAddr().String())
+	bound, _ := addrPort(out.LocalAddr())
 	if err := writeReply(c, replySucceeded, bound); err != nil {
 		return err
 	}
@@ -455,3 +455,22 @@ func relay(a, b net.Conn) error {
 // Relay copies both ways between two connections until both directions
 // end (a half-close passes through where the connections support it).
 func Relay(a, b net.Conn) error { return relay(a, b) }
+
+// addrPort returns a connection endpoint's IP address and port. A nil
+// address (gVisor's gonet reports one once the endpoint has closed) or
+// one that is not IP:port is an error.
+func addrPort(a net.Addr) (netip.AddrPort, error) {
+	switch a := a.(type) {
+	case nil:
+		return netip.AddrPort{}, errors.New("socks5: endpoint has no address (closed)")
+	case *net.TCPAddr:
+		return unmap(a.AddrPort()), nil
+	case *net.UDPAddr:
+		return unmap(a.AddrPort()), nil
+	}
+	return netip.ParseAddrPort(a.String())
+}
+
+func unmap(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}

@@ -60,8 +60,8 @@ func (s *Server) associate(ctx context.Context, c net.Conn, want Addr) error {
 		writeReply(c, replyCommandUnsupported, netip.AddrPort{})
 		return errors.New("socks5: UDP ASSOCIATE not offered")
 	}
-	local, err1 := netip.ParseAddrPort(c.LocalAddr().String())
-	client, err2 := netip.ParseAddrPort(c.RemoteAddr().String())
+	local, err1 := addrPort(c.LocalAddr())
+	client, err2 := addrPort(c.RemoteAddr())
 	if err1 != nil || err2 != nil {
 		writeReply(c, replyGeneralFailure, netip.AddrPort{})
 		return errors.New("socks5: UDP ASSOCIATE needs an IP connection")

@@ -224,12 +224,30 @@ func checkFence(t *testing.T, es []addrEvent, node string, renewed time.Duration
 	return gone, ok
 }
 
-// controllerPid returns the pid of n's controller (its only process with
-// the controller's uid).
+// controllerPid returns the pid of n's controller: its only process in
+// n's namespace with the controller's uid. (The uids are fixed, so a
+// second run of these tests on the machine has processes with the same
+// uid in its own namespaces.)
 func (c *cluster) controllerPid(n *node) int {
 	var pids []int
-	waitFor(c.t, 30*time.Second, n.name+"'s controller", func() bool { pids = pidsOfUID(n.ctlUID); return len(pids) == 1 })
+	waitFor(c.t, 30*time.Second, n.name+"'s controller", func() bool {
+		pids = inNetns(pidsOfUID(n.ctlUID), n.h.Inode())
+		return len(pids) == 1
+	})
 	return pids[0]
+}
+
+// inNetns returns the pids among pids whose network namespace has inode
+// ino.
+func inNetns(pids []int, ino uint64) []int {
+	var out []int
+	for _, pid := range pids {
+		var st syscall.Stat_t
+		if syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == ino {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // freshRenewal waits until n's last answered renewal was sent under 1.2 s

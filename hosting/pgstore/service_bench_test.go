@@ -86,7 +86,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 // runs it in rounds and prints the table. With VIPKIT_BENCH_PGWAITS=1 it
 // also samples pg_stat_activity every 5 ms and logs what the sessions were
 // waiting for (pg-lock-waits is the mean number of sessions waiting for a
-// lock).
+// lock). pool-waits/op counts the acquires that found the pgx pool empty.
 func BenchmarkAPI(b *testing.B) {
 	for _, op := range []string{"create", "update"} {
 		for _, clients := range []int{1, 2, 4, 8} {
@@ -140,6 +140,7 @@ func BenchmarkAPI(b *testing.B) {
 				}
 				b.ResetTimer()
 				cpu0, pg0 := selfCPU(), pgCPU(filepath.Join(server.Dir, "data"))
+				ps0 := s.pool.Stat()
 				start := time.Now()
 				var wg sync.WaitGroup
 				for c := 0; c < clients; c++ {
@@ -164,6 +165,10 @@ func BenchmarkAPI(b *testing.B) {
 				wg.Wait()
 				elapsed := time.Since(start)
 				cpu, pg := selfCPU()-cpu0, pgCPU(filepath.Join(server.Dir, "data"))-pg0
+				ps := s.pool.Stat()
+				// Acquires that found no idle connection and waited for one
+				// (or dialled): a pool too small for the clients.
+				poolWaits := ps.EmptyAcquireCount() - ps0.EmptyAcquireCount()
 				b.StopTimer()
 				if err := errors.Join(errs...); err != nil {
 					b.Fatal(err)
@@ -176,6 +181,7 @@ func BenchmarkAPI(b *testing.B) {
 				b.ReportMetric(float64(len(s.fake.Calls()))/n, "ziti-calls/op")
 				b.ReportMetric(float64(cpu.Microseconds())/1000/n, "go-cpu-ms/op")
 				b.ReportMetric(float64(pg.Microseconds())/1000/n, "pg-cpu-ms/op")
+				b.ReportMetric(float64(poolWaits)/n, "pool-waits/op")
 				b.ReportMetric(100*(cpu+pg).Seconds()/elapsed.Seconds()/float64(runtime.NumCPU()), "cpu-%")
 				if ws != nil {
 					states, samples := ws.Stop()

@@ -122,8 +122,14 @@ if [ "$profile" = 1 ]; then
 		for c in 1 8; do
 			"$out/head.test" -test.run '^$' -test.bench "^BenchmarkAPI\$/^op=$op\$/^clients=$c\$" -test.benchtime "${ops}x" \
 				-test.timeout 900s -test.cpuprofile "$out/$op-$c.prof" >/dev/null 2>&1
-			share=$(go tool pprof -top -cum -nodecount=100000 "$out/head.test" "$out/$op-$c.prof" 2>/dev/null |
-				awk '/zititest\.\(\*Fake\)\.serve$/ { print $5; exit }')
+			# Of the samples outside the specification's loading (once,
+			# at the model controller's start).
+			share=$(go tool pprof -top -cum -nodecount=100000 "$out/head.test" "$out/$op-$c.prof" 2>/dev/null | awk '
+				function sec(v) { if (v ~ /ms$/) return substr(v, 1, length(v) - 2) / 1000; if (v ~ /us$/) return 0; sub(/s$/, "", v); return v + 0 }
+				/Total samples/ { for (i = 1; i <= NF; i++) if ($i == "=") total = sec($(i + 1)) }
+				/zititest\.\(\*Fake\)\.serve$/ && !fake { fake = sec($4) }
+				/zititest\.loadSpec$/ && !spec { spec = sec($4) }
+				END { if (total - spec > 0) printf "%.0f%% of %.2fs", 100 * fake / (total - spec), total - spec }')
 			echo "  $op clients=$c: ${share:-?}"
 		done
 	done

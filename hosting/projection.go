@@ -379,10 +379,26 @@ func isStandby(c ziti.Config) bool {
 	return v == TagStandbyHost
 }
 
+// find reads a share's objects: its services, configs and policies, with
+// the three lists sent at once.
 func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 	var o objects
 	byShare := ziti.And(ziti.Eq("tags."+TagShare, s.ID), ziti.Eq("tags."+TagFrontdoor, p.o.FrontdoorID))
-	svcs, err := p.z.ListServices(ctx, byShare)
+	var svcs []ziti.Service
+	var cfgs []ziti.Config
+	var pols []ziti.ServicePolicy
+	var ct string
+	err := concurrently(
+		func() (err error) { svcs, err = p.z.ListServices(ctx, byShare); return err },
+		func() (err error) {
+			if ct, err = p.hostConfigType(ctx); err != nil {
+				return err
+			}
+			cfgs, err = p.z.ListConfigs(ctx, byShare)
+			return err
+		},
+		func() (err error) { pols, err = p.z.ListServicePolicies(ctx, byShare); return err },
+	)
 	if err != nil {
 		return o, err
 	}
@@ -391,14 +407,6 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 	}
 	if len(svcs) == 1 {
 		o.service, o.serviceName, o.svc = svcs[0].ID, svcs[0].Name, svcs[0]
-	}
-	ct, err := p.hostConfigType(ctx)
-	if err != nil {
-		return o, err
-	}
-	cfgs, err := p.z.ListConfigs(ctx, byShare)
-	if err != nil {
-		return o, err
 	}
 	for i := range cfgs {
 		c := cfgs[i]
@@ -413,10 +421,6 @@ func (p *Projection) find(ctx context.Context, s Share) (objects, error) {
 			return o, fmt.Errorf("%w: share %s has two host.v1 configs of one kind", ErrZitiState, s.ID)
 		}
 		*slot = &c
-	}
-	pols, err := p.z.ListServicePolicies(ctx, byShare)
-	if err != nil {
-		return o, err
 	}
 	for i := range pols {
 		if pols[i].Type != ziti.PolicyBind {
@@ -463,7 +467,7 @@ func (p *Projection) Project(ctx context.Context, s Share) (err error) {
 		return err
 	}
 	o := objects{service: svc}
-	roles, err := p.standbySide(ctx, s, &o, ct, idents)
+	roles, err := p.standbySide(ctx, s, &o, ct, idents, true)
 	if err != nil {
 		return err
 	}
@@ -489,23 +493,32 @@ func agentRoles(agents []string) []string {
 // resolved fails with ErrNoIdentity (or ErrZitiState for several), unless
 // skipBroken: then it is left out and listed in broken.
 func (p *Projection) passiveIdentities(ctx context.Context, passives []string, deleted map[string]bool, skipBroken bool) (out map[string]string, broken []string, err error) {
-	out = map[string]string{}
+	var live []string
 	for _, a := range passives {
-		if deleted[a] {
-			continue
+		if !deleted[a] {
+			live = append(live, a)
 		}
-		id, pr, err := p.identity(ctx, a)
-		if err != nil {
-			return nil, nil, err
-		}
-		if pr != "" {
+	}
+	// The lookups go at once; the results are read in the passives' order.
+	ids := make([]string, len(live))
+	prs := make([]Problem, len(live))
+	fns := make([]func() error, len(live))
+	for i, a := range live {
+		fns[i] = func() (err error) { ids[i], prs[i], err = p.identity(ctx, a); return err }
+	}
+	if err := concurrently(fns...); err != nil {
+		return nil, nil, err
+	}
+	out = map[string]string{}
+	for i, a := range live {
+		if pr := prs[i]; pr != "" {
 			if !skipBroken {
 				return nil, nil, problemError(a, pr)
 			}
 			broken = append(broken, a)
 			continue
 		}
-		out[a] = id
+		out[a] = ids[i]
 	}
 	return out, broken, nil
 }
@@ -513,7 +526,7 @@ func (p *Projection) passiveIdentities(ctx context.Context, passives []string, d
 // standbySide makes sure the standby config exists (created or healed) when
 // s has passives, and that every passive with an identity holds its
 // override. It returns the bind-policy roles of the passives that hold one.
-func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct string, idents map[string]string) ([]string, error) {
+func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct string, idents map[string]string, fresh bool) ([]string, error) {
 	if len(s.Hosts.Passive) == 0 {
 		return nil, nil
 	}
@@ -530,23 +543,41 @@ func (p *Projection) standbySide(ctx context.Context, s Share, o *objects, ct st
 			return nil, err
 		}
 	}
-	var roles []string
+	// The passives' override lists are read at once, then the missing
+	// pairs assigned at once: each identity's writes are its own, and all
+	// of them come after the standby config and before the bind policy.
+	// A service created by this call (fresh) is named by no override yet,
+	// so its lists are not read.
+	pair := ziti.ServiceConfig{ServiceID: o.service, ConfigID: o.standby.ID}
+	var roles, holders []string
 	for _, a := range s.Hosts.Passive {
-		ident, ok := idents[a]
-		if !ok {
-			continue // a deleted agent (its cascade removes it) or a broken one
+		if _, ok := idents[a]; ok {
+			holders = append(holders, a) // not a deleted agent or a broken one
+			roles = append(roles, AgentRole(a))
 		}
-		have, err := p.z.ListServiceConfigs(ctx, ident)
-		if err != nil {
-			return nil, err
-		}
-		pair := ziti.ServiceConfig{ServiceID: o.service, ConfigID: o.standby.ID}
-		if !slices.Contains(have, pair) {
-			if err := p.z.AssignServiceConfigs(ctx, ident, []ziti.ServiceConfig{pair}); err != nil {
-				return nil, err
+	}
+	missing := make([]bool, len(holders))
+	if !fresh {
+		fns := make([]func() error, len(holders))
+		for i, a := range holders {
+			fns[i] = func() error {
+				have, err := p.z.ListServiceConfigs(ctx, idents[a])
+				missing[i] = !slices.Contains(have, pair)
+				return err
 			}
 		}
-		roles = append(roles, AgentRole(a))
+		if err := concurrently(fns...); err != nil {
+			return nil, err
+		}
+	}
+	var fns []func() error
+	for i, a := range holders {
+		if fresh || missing[i] {
+			fns = append(fns, func() error { return p.z.AssignServiceConfigs(ctx, idents[a], []ziti.ServiceConfig{pair}) })
+		}
+	}
+	if err := concurrently(fns...); err != nil {
+		return nil, err
 	}
 	return roles, nil
 }
@@ -583,32 +614,45 @@ func (p *Projection) UpdateWith(ctx context.Context, prev, cur Share, o UpdateOp
 	if err != nil {
 		return nil, err
 	}
-	obj, err := p.find(ctx, cur)
-	if err != nil {
-		return nil, err
+	// Lookups first, all at once: a failed one leaves nothing changed.
+	// Passives of prev that are not passives of cur are looked up with
+	// every identity that carries their tag: an override is removed from
+	// each, so none is left to name the standby config when it goes.
+	var leavers []string
+	for _, a := range prev.Hosts.Passive {
+		if _, still := slices.BinarySearch(cur.Hosts.Passive, a); !still {
+			leavers = append(leavers, a)
+		}
+	}
+	var obj objects
+	var idents map[string]string
+	var broken []string
+	leaverIDs := make([][]string, len(leavers))
+	var ferr error
+	fns := []func() error{
+		func() error { obj, ferr = p.find(ctx, cur); return nil },
+		func() (err error) {
+			idents, broken, err = p.passiveIdentities(ctx, cur.Hosts.Passive, o.Deleted, o.SkipBroken)
+			return err
+		},
+	}
+	for i, a := range leavers {
+		fns = append(fns, func() (err error) { leaverIDs[i], err = p.identities(ctx, a); return err })
+	}
+	err = concurrently(fns...)
+	if ferr != nil {
+		return nil, ferr
 	}
 	if obj.service == "" || obj.hostConfig == nil || obj.policy == nil {
 		return nil, fmt.Errorf("%w: share %s is not projected", ErrZitiState, cur.ID)
 	}
-	// Lookups first: a failed one leaves nothing changed.
-	idents, broken, err := p.passiveIdentities(ctx, cur.Hosts.Passive, o.Deleted, o.SkipBroken)
 	if err != nil {
 		return nil, err
 	}
-	// Passives of prev that are not passives of cur, with every identity
-	// that carries their tag: an override is removed from each, so none
-	// is left to name the standby config when it goes.
 	leaving := map[string][]string{}
-	for _, a := range prev.Hosts.Passive {
-		if _, still := slices.BinarySearch(cur.Hosts.Passive, a); still {
-			continue
-		}
-		ids, err := p.identities(ctx, a)
-		if err != nil {
-			return nil, err
-		}
-		if len(ids) > 0 {
-			leaving[a] = ids
+	for i, a := range leavers {
+		if len(leaverIDs[i]) > 0 {
+			leaving[a] = leaverIDs[i]
 		}
 	}
 	slices.Sort(broken)
@@ -632,7 +676,7 @@ func (p *Projection) write(ctx context.Context, cur Share, o *objects, ct string
 		}
 	}
 	// Standby config, then overrides.
-	passRoles, err := p.standbySide(ctx, cur, o, ct, idents)
+	passRoles, err := p.standbySide(ctx, cur, o, ct, idents, false)
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,7 @@ const ShutdownTimeout = 15 * time.Second
 func zitiClient(c Config, onErr func(op string, err error)) (*ziti.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	tr.MaxIdleConnsPerHost = ziti.MaxIdleConnsPerHost
 	if c.ZitiCA != "" {
 		pem, err := os.ReadFile(c.ZitiCA)
 		if err != nil {

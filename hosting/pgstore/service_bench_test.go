@@ -8,10 +8,16 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/vipkit/vipkit/hosting"
 	"github.com/vipkit/vipkit/hosting/api"
@@ -23,6 +29,7 @@ import (
 
 // stack is the service on PostgreSQL and the model controller.
 type stack struct {
+	pool *pgxpool.Pool
 	fake *zititest.Fake
 	st   *pgstore.Store
 	svc  *hosting.Service
@@ -34,7 +41,8 @@ func newStack(b *testing.B) *stack {
 		testenv.Skip(b, "PostgreSQL: %v", startErr)
 	}
 	f := zitifake.Start(b, zititest.Options{})
-	st := pgstore.New(poolTB(b, ""), pgstore.Options{})
+	pool := poolTB(b, "")
+	st := pgstore.New(pool, pgstore.Options{})
 	p, err := hosting.NewProjection(f.Client(), hosting.ProjectionOptions{FrontdoorID: "fd", HealthCheck: hosting.HealthCheck{Interval: 5 * time.Second, Timeout: 2 * time.Second, Failures: 3}})
 	if err != nil {
 		b.Fatal(err)
@@ -43,7 +51,7 @@ func newStack(b *testing.B) *stack {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &stack{fake: f, st: st, svc: svc}
+	return &stack{pool: pool, fake: f, st: st, svc: svc}
 }
 
 func (s *stack) agents(b *testing.B, ids ...string) {
@@ -64,14 +72,24 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkAPI measures creates and updates through the HTTP API, on
-// PostgreSQL with the model controller over loopback HTTP, at 1 and 8
-// concurrent clients: throughput (ops/s) and the p50 and p99 latency of
-// one request. A create writes the host.v1, the service, the standby
-// config, the passive's override and the bind policy; an update swaps the
-// active and the passive (override moved, two rebinds).
+// PostgreSQL with the model controller over loopback HTTP, at 1, 2, 4 and
+// 8 concurrent clients: throughput (ops/s), the p50 and p99 latency of one
+// request, the Ziti calls per operation, and the CPU time per operation of
+// this process (API, service, client and model controller together) and of
+// the PostgreSQL server, with the machine's CPU use (cpu-%, of every core).
+// A create writes the host.v1, the service, the standby config, the
+// passive's override and the bind policy; an update swaps the active and
+// the passive (override moved, two rebinds).
+//
+// Run it with a fixed count (-benchtime=400x), so that every client count
+// leaves the same number of objects in the controller; scripts/hosting-load.sh
+// runs it in rounds and prints the table. With VIPKIT_BENCH_PGWAITS=1 it
+// also samples pg_stat_activity every 5 ms and logs what the sessions were
+// waiting for (pg-lock-waits is the mean number of sessions waiting for a
+// lock). pool-waits/op counts the acquires that found the pgx pool empty.
 func BenchmarkAPI(b *testing.B) {
 	for _, op := range []string{"create", "update"} {
-		for _, clients := range []int{1, 8} {
+		for _, clients := range []int{1, 2, 4, 8} {
 			b.Run(fmt.Sprintf("op=%s/clients=%d", op, clients), func(b *testing.B) {
 				s := newStack(b)
 				s.agents(b, "a1", "p1")
@@ -116,7 +134,13 @@ func BenchmarkAPI(b *testing.B) {
 				errs := make([]error, clients)
 				per := (b.N + clients - 1) / clients
 				s.fake.ResetCalls()
+				var ws *waitSampler
+				if os.Getenv("VIPKIT_BENCH_PGWAITS") == "1" {
+					ws = startWaitSampler(s.pool, 5*time.Millisecond)
+				}
 				b.ResetTimer()
+				cpu0, pg0 := selfCPU(), pgCPU(filepath.Join(server.Dir, "data"))
+				ps0 := s.pool.Stat()
 				start := time.Now()
 				var wg sync.WaitGroup
 				for c := 0; c < clients; c++ {
@@ -140,15 +164,30 @@ func BenchmarkAPI(b *testing.B) {
 				}
 				wg.Wait()
 				elapsed := time.Since(start)
+				cpu, pg := selfCPU()-cpu0, pgCPU(filepath.Join(server.Dir, "data"))-pg0
+				ps := s.pool.Stat()
+				// Acquires that found no idle connection and waited for one
+				// (or dialled): a pool too small for the clients.
+				poolWaits := ps.EmptyAcquireCount() - ps0.EmptyAcquireCount()
 				b.StopTimer()
 				if err := errors.Join(errs...); err != nil {
 					b.Fatal(err)
 				}
 				all := slices.Concat(lat...)
-				b.ReportMetric(float64(len(all))/elapsed.Seconds(), "ops/s")
+				n := float64(len(all))
+				b.ReportMetric(n/elapsed.Seconds(), "ops/s")
 				b.ReportMetric(float64(percentile(all, 0.50).Microseconds())/1000, "p50-ms")
 				b.ReportMetric(float64(percentile(all, 0.99).Microseconds())/1000, "p99-ms")
-				b.ReportMetric(float64(len(s.fake.Calls()))/float64(len(all)), "ziti-calls/op")
+				b.ReportMetric(float64(len(s.fake.Calls()))/n, "ziti-calls/op")
+				b.ReportMetric(float64(cpu.Microseconds())/1000/n, "go-cpu-ms/op")
+				b.ReportMetric(float64(pg.Microseconds())/1000/n, "pg-cpu-ms/op")
+				b.ReportMetric(float64(poolWaits)/n, "pool-waits/op")
+				b.ReportMetric(100*(cpu+pg).Seconds()/elapsed.Seconds()/float64(runtime.NumCPU()), "cpu-%")
+				if ws != nil {
+					states, samples := ws.Stop()
+					b.ReportMetric(lockWaits(states), "pg-lock-waits")
+					b.Logf("pg_stat_activity, %d samples, sessions per sample: %s", samples, strings.Join(states, "; "))
+				}
 				b.ReportMetric(0, "ns/op")
 			})
 		}

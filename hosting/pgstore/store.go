@@ -279,7 +279,9 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx hostin
 		return storeErr(err)
 	}
 	defer t.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	if err := fn(ctx, &tx{t: t, locked: map[string]bool{}}); err != nil {
+	// A transaction this store began at READ COMMITTED is known to run at
+	// it (BEGIN named the level), so Lock need not ask the server.
+	if err := fn(ctx, &tx{t: t, locked: map[string]bool{}, hosts: map[string]hosting.Hosts{}, iso: s.iso == pgx.ReadCommitted}); err != nil {
 		return err
 	}
 	return storeErr(t.Commit(ctx))
@@ -288,7 +290,12 @@ func (s *Store) InTx(ctx context.Context, fn func(ctx context.Context, tx hostin
 type tx struct {
 	t      pgx.Tx
 	locked map[string]bool
-	iso    bool
+	// hosts holds the live host rows of each share this transaction
+	// locked or created, as they stand in it: Save reads them here
+	// rather than from the server, as nothing else can change them
+	// while the rows are locked.
+	hosts map[string]hosting.Hosts
+	iso   bool // the transaction is known to run at READ COMMITTED
 }
 
 func (t *tx) Agents(ctx context.Context, ids []string) (map[string]hosting.Agent, error) {
@@ -335,6 +342,7 @@ func (t *tx) Lock(ctx context.Context, ids ...string) ([]hosting.Share, error) {
 			return nil, storeErr(err)
 		}
 		t.locked[id] = true
+		t.hosts[id] = one[0].Hosts.Clone()
 		out = append(out, one[0])
 	}
 	return out, nil
@@ -374,7 +382,11 @@ func (t *tx) Create(ctx context.Context, s hosting.Share) error {
 	if err := t.insertHosts(ctx, s.ID, hosting.Active, s.Hosts.Active, s.CreatedAt, s.CreatedBy); err != nil {
 		return err
 	}
-	return t.insertHosts(ctx, s.ID, hosting.Passive, s.Hosts.Passive, s.CreatedAt, s.CreatedBy)
+	if err := t.insertHosts(ctx, s.ID, hosting.Passive, s.Hosts.Passive, s.CreatedAt, s.CreatedBy); err != nil {
+		return err
+	}
+	t.hosts[s.ID] = s.Hosts.Clone()
+	return nil
 }
 
 func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
@@ -386,11 +398,17 @@ func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
 		s.ID, s.Name, s.TargetAddress, int32(s.TargetPort), now, by); err != nil {
 		return storeErr(err)
 	}
-	cur := []hosting.Share{{ID: s.ID}}
-	if err := withHosts(ctx, t.t, cur, true); err != nil {
-		return storeErr(err)
+	old, ok := t.hosts[s.ID]
+	if !ok {
+		cur := []hosting.Share{{ID: s.ID}}
+		if err := withHosts(ctx, t.t, cur, true); err != nil {
+			return storeErr(err)
+		}
+		old = cur[0].Hosts
 	}
-	old := cur[0].Hosts
+	// Until every write below succeeded, the rows are unknown here: a
+	// failed statement aborts the transaction anyway.
+	delete(t.hosts, s.ID)
 	for _, a := range old.All() {
 		was, _ := old.RoleOf(a)
 		now2, still := s.Hosts.RoleOf(a)
@@ -422,6 +440,7 @@ func (t *tx) Save(ctx context.Context, s hosting.Share, now time.Time) error {
 			return err
 		}
 	}
+	t.hosts[s.ID] = s.Hosts.Clone()
 	return nil
 }
 

@@ -23,6 +23,14 @@ const BasePath = "/edge/management/v1"
 // DefaultMaxResponseBytes bounds the size of one answer the client reads.
 const DefaultMaxResponseBytes = 16 << 20
 
+// MaxIdleConnsPerHost is the number of idle connections to the
+// controller that a client's transport should keep (http.Transport's
+// MaxIdleConnsPerHost, whose default is 2). A hosting service has a
+// request in flight for each concurrent operation, and several for one
+// operation (its lookups go at once): with only 2 kept, every other
+// request opens a connection, and a TLS handshake, of its own.
+const MaxIdleConnsPerHost = 64
+
 // maxListItems bounds what one list call collects.
 const maxListItems = 100_000
 

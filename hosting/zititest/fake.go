@@ -186,6 +186,12 @@ func Start(o Options) (*Fake, error) {
 	} else {
 		f.srv.Start()
 	}
+	// The client keeps an idle connection for every request it may have
+	// in flight (a hosting service sends several at once), as a
+	// deployment's client does (ziti.MaxIdleConnsPerHost).
+	if tr, ok := f.srv.Client().Transport.(*http.Transport); ok {
+		tr.MaxIdleConnsPerHost = ziti.MaxIdleConnsPerHost
+	}
 	return f, nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,15 +21,6 @@ import (
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times; Linux fixes
 // it at 100 for user space.
 const clockTicks = 100
-
-// selfCPU is the CPU time (user and system) of this process so far.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // procStat returns the ppid and the utime, stime, cutime and cstime (in
 // clock ticks) of pid.

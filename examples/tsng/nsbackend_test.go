@@ -455,6 +455,13 @@ func TestReloadBackendPorts(t *testing.T) {
 	if got, err := vipGet(ctx, client.Host(), api90); err == nil || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("GET after the port is removed: %q, %v; want connection refused", got, err)
 	}
+	// The relay closes the held connection's two sides first and counts
+	// it gone when its goroutine has returned, a moment after the client
+	// sees the close: wait for the count.
+	pollUntil(t, 10*time.Second, "the held connection's relay ended", func() (bool, string) {
+		st := relayOf(server1).Stats()
+		return st.TCPActive == 0, fmt.Sprintf("%+v", st)
+	})
 	if st := relayOf(server1).Stats(); len(st.Allowed) != 0 || st.TCPActive != 0 {
 		t.Errorf("relay after the port is removed: %+v", st)
 	}

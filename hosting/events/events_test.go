@@ -294,6 +294,14 @@ func TestAgentDeletedCascadesAndRedeliveryDoesNothing(t *testing.T) {
 			t.Fatalf("the redelivery wrote to Ziti: %+v", call)
 		}
 	}
+	// The sink has the events as soon as the relay publishes them; the
+	// relay marks and counts them after the broker's confirms. Wait for
+	// that, then check that the redelivery (committed before its ack)
+	// added nothing.
+	until(t, "the relay marked its events", 30*time.Second, func() bool {
+		p, _ := e.store.Pending(e.ctx, 10)
+		return len(p) == 0 && r.Stats().Published >= 2
+	})
 	if p, _ := e.store.Pending(e.ctx, 10); len(p) != 0 || r.Stats().Published != 2 || e.outboxRows() != 2 {
 		t.Fatalf("pending %v, published %d: the redelivery made events", p, r.Stats().Published)
 	}
@@ -354,6 +362,9 @@ func TestTransientFailureIsRedeliveredThenDeadLettered(t *testing.T) {
 	if n := h.calls.Load(); n != int64(e.topo.DeliveryLimit)+1 {
 		t.Fatalf("handler ran %d times, want %d", n, e.topo.DeliveryLimit+1)
 	}
+	// The consumer counts a requeue after its nack, on which the broker
+	// may dead-letter the delivery before the count: wait for it.
+	until(t, "the requeues counted", 30*time.Second, func() bool { return c.Stats().Requeued >= int64(e.topo.DeliveryLimit)+1 })
 	if s := c.Stats(); s.Requeued != int64(e.topo.DeliveryLimit)+1 || s.Acked != 0 || s.DeadLettered != 0 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -376,6 +387,9 @@ func TestPermanentFailureGoesStraightToTheDeadLetterExchange(t *testing.T) {
 	if n := h.calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1: an ordering fault is not retried", n)
 	}
+	// Counted after the broker's confirm, which may come after the test
+	// took the dead letter: wait for the count.
+	until(t, "the dead letters counted", 30*time.Second, func() bool { return c.Stats().DeadLettered >= 2 })
 	if s := c.Stats(); s.DeadLettered != 2 || s.Requeued != 0 {
 		t.Fatalf("stats %+v", s)
 	}

@@ -84,6 +84,9 @@ func TestRelayFailoverKeepsCommitOrder(t *testing.T) {
 			t.Fatalf("event %d has port %d: out of commit order: %v", i, p, ports)
 		}
 	}
+	// A relay counts a batch after marking it published, a moment after
+	// the outbox reads empty: wait for the counts to cover every event.
+	until(t, "every event counted", 30*time.Second, func() bool { return a.r.Stats().Published+b.r.Stats().Published >= n })
 	sa, sb := a.r.Stats(), b.r.Stats()
 	if sa.Lost != 1 || sb.Leads != 1 || sb.Published == 0 || sa.Published+sb.Published < n {
 		t.Fatalf("a %+v, b %+v", sa, sb)

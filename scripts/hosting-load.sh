@@ -61,7 +61,7 @@ if [ -n "$base" ]; then
 	src=$(mktemp -d)
 	trap 'rm -rf "$src"' EXIT
 	git -C "$root" archive "$base" | tar -x -C "$src"
-	cp "$root/hosting/pgstore/service_bench_test.go" "$root/hosting/pgstore/loadstat_test.go" "$src/hosting/pgstore/"
+	cp "$root/hosting/pgstore/service_bench_test.go" "$root"/hosting/pgstore/loadstat*_test.go "$src/hosting/pgstore/"
 	(cd "$src" && go test -c -o "$out/base.test" ./hosting/pgstore)
 	variants=(base head)
 fi
